@@ -1,0 +1,1 @@
+//! Black-box integration tests live in `tests/`; this library is empty.
