@@ -3,3 +3,13 @@
 //! composition root the `bigfleet-libvirt` binary (and the simulator) call.
 
 pub mod config;
+pub mod fake;
+pub mod naming;
+pub mod store;
+pub mod system;
+pub mod grpc;
+pub mod metrics;
+pub mod app;
+pub mod http;
+pub mod telemetry;
+pub mod launch;

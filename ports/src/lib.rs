@@ -1,1 +1,27 @@
-//! placeholder
+//! The boundary of the provider: the port traits every adapter implements, and the
+//! [`Provider`] service that drives the pure domain core through them.
+//!
+//! Ports use static dispatch (`impl Future + Send` in trait methods, no boxing) because
+//! the provider is generic over its adapters; the binary and the simulator instantiate it
+//! with different ones through the same composition root.
+
+mod clock;
+mod hypervisor;
+mod network;
+mod provider;
+mod spawn;
+mod store;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+
+pub use crate::clock::Clock;
+pub use crate::hypervisor::{
+    BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
+    Hypervisor, HypervisorError, ReadinessRequest, Retry, SideEffects,
+};
+pub use crate::network::Network;
+pub use crate::provider::{
+    Provider, ProviderConfig, ProviderError, ReconcileError, StartError, TransitionEvent,
+};
+pub use crate::spawn::Spawner;
+pub use crate::store::{StateStore, StoreError};

@@ -1,0 +1,221 @@
+//! The composition root shared by the binary and the simulator: [`assemble`] builds the
+//! provider from config and adapters, [`serve`] runs it on already-bound listeners until a
+//! shutdown future completes. Nothing here parses flags or reads the environment.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_libvirt_domain::{MachineState, Timestamp};
+use bigfleet_libvirt_ports::{
+    Clock, Hypervisor, Provider, ProviderConfig, Spawner, StartError, StateStore, TransitionEvent,
+};
+use bigfleet_libvirt_proto::v1alpha1::capacity_provider_server::CapacityProviderServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::{info, warn};
+
+use crate::grpc::CapacityService;
+use crate::http::{self, Readiness};
+use crate::metrics::{KindLabels, Metrics, OutcomeLabels, StateLabels, TransitionLabels};
+
+/// How the servers run.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Register gRPC reflection (v1 and v1alpha).
+    pub reflection: bool,
+    /// Background reconcile period; `None` disables it.
+    pub reconcile_interval: Option<Duration>,
+    /// How long in-flight RPCs may finish after a shutdown signal.
+    pub drain_period: Duration,
+    /// Facts for the serving log line.
+    pub banner: Banner,
+}
+
+/// What the "serving CapacityProvider" line reports.
+#[derive(Clone, Debug, Default)]
+pub struct Banner {
+    /// `--provider`.
+    pub provider: String,
+    /// `fake` or `libvirt`.
+    pub backend: String,
+    /// `insecure`, `TLS` or `mTLS`.
+    pub security: String,
+    /// Number of offering entries.
+    pub offerings: usize,
+    /// Configured zones, sorted.
+    pub zones: Vec<String>,
+}
+
+/// Starts the provider over its adapters and wires its transition events into `metrics`.
+///
+/// # Errors
+/// When durable state cannot be loaded or first-boot seeding fails.
+pub async fn assemble<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    config: ProviderConfig,
+    hypervisor: H,
+    store: S,
+    clock: C,
+    spawner: E,
+    metrics: &Metrics,
+) -> Result<Provider<H, S, C, E>, StartError> {
+    let provider = Provider::start(config, hypervisor, store, clock, spawner).await?;
+    if !provider.readiness_gate() {
+        warn!("the hypervisor cannot observe node readiness: Configured is reported when bootstrap returns");
+    }
+    let metrics = metrics.clone();
+    Ok(provider.with_observer(move |event: &TransitionEvent| record_transition(&metrics, event)))
+}
+
+fn record_transition(metrics: &Metrics, event: &TransitionEvent) {
+    let outcome = match &event.machine {
+        Some(m) if m.state == MachineState::Failed => "failed",
+        Some(_) => "success",
+        None => "dropped",
+    };
+    let kind = event.kind.name().to_owned();
+    let labels = TransitionLabels { kind: kind.clone(), outcome: outcome.to_owned() };
+    metrics.transitions.get_or_create(&labels).inc();
+    if event.machine.is_some() {
+        let seconds = event.elapsed.as_secs_f64();
+        metrics.transition_duration.get_or_create(&KindLabels { kind }).observe(seconds);
+    }
+}
+
+/// Serves gRPC on `grpc` and, when given, HTTP on `http` until `shutdown` completes; then
+/// flips readiness and gRPC health first, lets in-flight RPCs finish for the drain period,
+/// and returns.
+///
+/// # Errors
+/// When a server fails while running.
+pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    provider: Provider<H, S, C, E>,
+    metrics: Metrics,
+    grpc: TcpListener,
+    http: Option<TcpListener>,
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let grpc_addr = grpc.local_addr()?;
+    let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
+    let readiness = Readiness::default();
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let service = CapacityProviderServer::new(CapacityService::new(provider.clone(), metrics.clone()))
+        .max_decoding_message_size(16 * 1024 * 1024);
+    let mut router = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(service);
+    if config.reflection {
+        // Both reflection versions: older grpcurl builds only speak v1alpha.
+        let set = bigfleet_libvirt_proto::FILE_DESCRIPTOR_SET;
+        let health_set = tonic_health::pb::FILE_DESCRIPTOR_SET;
+        let v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(set)
+            .register_encoded_file_descriptor_set(health_set)
+            .build_v1()?;
+        let v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(set)
+            .register_encoded_file_descriptor_set(health_set)
+            .build_v1alpha()?;
+        router = router.add_service(v1).add_service(v1alpha);
+    }
+    let (stop_grpc, grpc_stopped) = tokio::sync::oneshot::channel::<()>();
+    let grpc_task = tokio::spawn(router.serve_with_incoming_shutdown(
+        TcpListenerStream::new(grpc),
+        async move {
+            let _ = grpc_stopped.await;
+        },
+    ));
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http_task = http.map(|listener| {
+        let hook_provider = provider.clone();
+        let on_scrape: http::ScrapeHook = Arc::new(move |m: &Metrics| refresh_gauges(&hook_provider, m));
+        let app = http::router(metrics.clone(), readiness.clone(), on_scrape);
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = http_stopped.await;
+                })
+                .await
+        })
+    });
+    if let Some(interval) = config.reconcile_interval {
+        tokio::spawn(reconcile_loop(provider.clone(), metrics.clone(), interval));
+    }
+    health_reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
+    health_reporter
+        .set_serving::<CapacityProviderServer<CapacityService<H, S, C, E>>>()
+        .await;
+    readiness.set(true);
+    log_banner(&config.banner, grpc_addr, http_addr);
+    shutdown.await;
+    info!("shutting down");
+    readiness.set(false);
+    health_reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    health_reporter
+        .set_not_serving::<CapacityProviderServer<CapacityService<H, S, C, E>>>()
+        .await;
+    let _ = stop_grpc.send(());
+    let _ = stop_http.send(());
+    match tokio::time::timeout(config.drain_period, grpc_task).await {
+        Ok(joined) => joined??,
+        Err(_) => warn!(drain_period = ?config.drain_period, "in-flight RPCs did not finish in time"),
+    }
+    if let Some(task) = http_task {
+        if let Ok(joined) = tokio::time::timeout(Duration::from_secs(5), task).await {
+            joined??;
+        }
+    }
+    Ok(())
+}
+
+fn log_banner(banner: &Banner, grpc: SocketAddr, http: Option<SocketAddr>) {
+    let metrics_addr = http.map(|a| a.to_string()).unwrap_or_default();
+    info!(
+        addr = %grpc,
+        provider = banner.provider,
+        libvirt_backend = banner.backend,
+        security = banner.security,
+        offerings = banner.offerings,
+        zones = banner.zones.join(","),
+        metrics_addr,
+        "serving CapacityProvider"
+    );
+}
+
+fn refresh_gauges<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    provider: &Provider<H, S, C, E>,
+    metrics: &Metrics,
+) {
+    for (state, count) in provider.count_by_state() {
+        let labels = StateLabels { state: state.name().to_owned() };
+        metrics.machines.get_or_create(&labels).set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+}
+
+async fn reconcile_loop<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    provider: Provider<H, S, C, E>,
+    metrics: Metrics,
+    interval: Duration,
+) {
+    loop {
+        // The first pass runs one interval after start-up, as the reference does.
+        let next: Timestamp = provider.now().saturating_add(interval);
+        let wait = next.saturating_since(provider.now());
+        tokio::time::sleep(wait).await;
+        let outcome = match provider.reconcile().await {
+            Ok(report) => {
+                if !report.added.is_empty() || !report.refreshed.is_empty() {
+                    info!(added = report.added.len(), refreshed = report.refreshed.len(), "reconciled");
+                }
+                "success"
+            }
+            Err(e) => {
+                warn!(error = %e, "reconcile failed");
+                "error"
+            }
+        };
+        metrics.reconcile.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }).inc();
+    }
+}

@@ -1,0 +1,294 @@
+//! The instance-type catalog (libvirt-reference §3.5): the VM shapes offerings may name.
+//!
+//! The built-in `kvm.*` catalog covers a first run; `--instance-types` replaces it (no merge)
+//! with a JSON object `name -> {"vcpu": N, "memory_mib": N}`. The catalog is the only source of
+//! a machine's `allocatable`, so a shape is refused unless both numbers are positive, and a
+//! name is refused if it could not sit inside a machine id.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use bigfleet_libvirt_domain::StringMap;
+use serde::Deserialize;
+
+use super::ConfigError;
+
+const FLAG: &str = "--instance-types";
+
+/// One VM shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceType {
+    /// Virtual CPUs.
+    pub vcpu: u32,
+    /// Memory in MiB.
+    pub memory_mib: u64,
+}
+
+/// Instance types by name, in name order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceCatalog {
+    types: BTreeMap<String, InstanceType>,
+}
+
+/// The file's per-type entry. Missing numbers default to 0 so they fail the positivity check
+/// with the operator-facing message rather than a bare serde error.
+#[derive(Deserialize)]
+struct RawType {
+    #[serde(default)]
+    vcpu: i64,
+    #[serde(default)]
+    memory_mib: i64,
+}
+
+impl InstanceCatalog {
+    /// The built-in catalog: `kvm.small` 2/4096, `kvm.medium` 4/8192, `kvm.large` 8/16384,
+    /// `kvm.xlarge` 16/32768 (vCPU/MiB).
+    #[must_use]
+    pub fn builtin() -> Self {
+        let shapes = [
+            ("kvm.small", 2, 4096),
+            ("kvm.medium", 4, 8192),
+            ("kvm.large", 8, 16384),
+            ("kvm.xlarge", 16, 32768),
+        ];
+        let types = shapes
+            .into_iter()
+            .map(|(name, vcpu, memory_mib)| (name.to_owned(), InstanceType { vcpu, memory_mib }))
+            .collect();
+        Self { types }
+    }
+
+    /// Reads and parses an `--instance-types` file.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] when the file cannot be read, otherwise as [`Self::from_json`].
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            flag: FLAG,
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_json(&text, &path.display().to_string())
+    }
+
+    /// Parses catalog JSON; `source_name` names the file in errors. Unknown keys are ignored.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] for malformed JSON or non-integer numbers,
+    /// [`ConfigError::Empty`] for `{}` or `null`, [`ConfigError::InstanceTypeName`] for an
+    /// empty name or one containing `/`, [`ConfigError::InstanceTypeShape`] for a
+    /// non-positive (or, for vCPU, oversized) shape.
+    pub fn from_json(text: &str, source_name: &str) -> Result<Self, ConfigError> {
+        let raw: Option<BTreeMap<String, RawType>> =
+            serde_json::from_str(text).map_err(|source| ConfigError::Parse {
+                flag: FLAG,
+                source_name: source_name.to_owned(),
+                source,
+                expected: "a JSON object name -> {\"vcpu\": N, \"memory_mib\": N}",
+            })?;
+        let raw = raw.unwrap_or_default();
+        if raw.is_empty() {
+            return Err(ConfigError::Empty {
+                flag: FLAG,
+                source_name: source_name.to_owned(),
+                fix: "define at least one type, or drop the flag for the built-in kvm.* catalog",
+            });
+        }
+        let mut types = BTreeMap::new();
+        for (name, shape) in raw {
+            let name_error = || ConfigError::InstanceTypeName {
+                source_name: source_name.to_owned(),
+                name: name.clone(),
+            };
+            if name.is_empty() || name.contains('/') {
+                return Err(name_error());
+            }
+            let vcpu = u32::try_from(shape.vcpu).ok().filter(|v| *v > 0);
+            let memory_mib = u64::try_from(shape.memory_mib).ok().filter(|m| *m > 0);
+            let (Some(vcpu), Some(memory_mib)) = (vcpu, memory_mib) else {
+                return Err(ConfigError::InstanceTypeShape {
+                    source_name: source_name.to_owned(),
+                    name,
+                });
+            };
+            types.insert(name, InstanceType { vcpu, memory_mib });
+        }
+        Ok(Self { types })
+    }
+
+    /// The shape called `name`.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<InstanceType> {
+        self.types.get(name).copied()
+    }
+
+    /// The type names, sorted.
+    #[must_use]
+    pub fn names(&self) -> Vec<&str> {
+        self.types.keys().map(String::as_str).collect()
+    }
+
+    /// The names sorted and `", "`-joined, for error messages.
+    pub(super) fn known(&self) -> String {
+        self.names().join(", ")
+    }
+
+    /// The machine's `allocatable` for type `name`: `cpu` as the vCPU count and `memory` in
+    /// `Gi` when the MiB count is a whole number of GiB, else in `Mi`. `None` for an unknown
+    /// type.
+    #[must_use]
+    pub fn allocatable(&self, name: &str) -> Option<StringMap> {
+        let shape = self.get(name)?;
+        let memory = if shape.memory_mib % 1024 == 0 {
+            format!("{}Gi", shape.memory_mib / 1024)
+        } else {
+            format!("{}Mi", shape.memory_mib)
+        };
+        Some(StringMap::from([
+            ("cpu".to_owned(), shape.vcpu.to_string()),
+            ("memory".to_owned(), memory),
+        ]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    fn err(text: &str) -> String {
+        InstanceCatalog::from_json(text, "types.json")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn builtin_catalog_shapes_and_sorted_names() {
+        let catalog = InstanceCatalog::builtin();
+        assert_eq!(
+            catalog.names(),
+            ["kvm.large", "kvm.medium", "kvm.small", "kvm.xlarge"]
+        );
+        assert_eq!(
+            catalog.get("kvm.small"),
+            Some(InstanceType {
+                vcpu: 2,
+                memory_mib: 4096
+            })
+        );
+        assert_eq!(
+            catalog.get("kvm.medium"),
+            Some(InstanceType {
+                vcpu: 4,
+                memory_mib: 8192
+            })
+        );
+        assert_eq!(
+            catalog.get("kvm.large"),
+            Some(InstanceType {
+                vcpu: 8,
+                memory_mib: 16384
+            })
+        );
+        let xlarge = Some(InstanceType {
+            vcpu: 16,
+            memory_mib: 32768,
+        });
+        assert_eq!(catalog.get("kvm.xlarge"), xlarge);
+        assert_eq!(catalog.get("kvm.huge"), None);
+    }
+
+    #[test]
+    fn allocatable_uses_gi_for_whole_gib_and_mi_otherwise() {
+        let catalog = InstanceCatalog::builtin();
+        let map = |cpu: &str, mem: &str| {
+            Some(StringMap::from([
+                ("cpu".into(), cpu.into()),
+                ("memory".into(), mem.into()),
+            ]))
+        };
+        assert_eq!(catalog.allocatable("kvm.large"), map("8", "16Gi"));
+        assert_eq!(catalog.allocatable("kvm.small"), map("2", "4Gi"));
+        assert_eq!(catalog.allocatable("kvm.xlarge"), map("16", "32Gi"));
+        assert_eq!(catalog.allocatable("nope"), None);
+        let odd =
+            InstanceCatalog::from_json(r#"{"odd": {"vcpu": 3, "memory_mib": 1536}}"#, "t").unwrap();
+        assert_eq!(odd.allocatable("odd"), map("3", "1536Mi"));
+    }
+
+    #[test]
+    fn file_replaces_the_catalog_and_ignores_unknown_keys() {
+        let text = r#"{"b.big": {"vcpu": 32, "memory_mib": 65536, "gpu": "none"},
+                       "a.tiny": {"vcpu": 1, "memory_mib": 512}}"#;
+        let catalog = InstanceCatalog::from_json(text, "t").unwrap();
+        assert_eq!(catalog.names(), ["a.tiny", "b.big"]);
+        assert_eq!(catalog.get("kvm.small"), None);
+    }
+
+    #[test]
+    fn load_reads_a_file_and_names_the_flag_when_it_cannot() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        write!(file, r#"{{"x.one": {{"vcpu": 1, "memory_mib": 1024}}}}"#).unwrap();
+        let catalog = InstanceCatalog::load(file.path()).unwrap();
+        assert_eq!(catalog.names(), ["x.one"]);
+        let missing = Path::new("/nonexistent/types.json");
+        let msg = InstanceCatalog::load(missing).unwrap_err().to_string();
+        assert!(
+            msg.starts_with("read --instance-types /nonexistent/types.json: "),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn parse_errors_name_the_flag() {
+        for text in ["", "[1]", "{", r#"{"a": {"vcpu": 1.5, "memory_mib": 1}}"#] {
+            let msg = err(text);
+            assert!(
+                msg.starts_with("parse --instance-types types.json: "),
+                "{msg}"
+            );
+        }
+        assert!(err(r#"{"a": {"vcpu": "2", "memory_mib": 1}}"#).starts_with("parse "));
+    }
+
+    #[test]
+    fn empty_catalogs_are_refused() {
+        for text in ["{}", "null"] {
+            assert!(
+                err(text).starts_with("--instance-types types.json is empty; "),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn non_positive_or_missing_shapes_are_refused() {
+        for entry in [
+            r#"{"vcpu": 0, "memory_mib": 1024}"#,
+            r#"{"vcpu": 2, "memory_mib": -1}"#,
+            r#"{"vcpu": 2}"#,
+            r#"{"memory_mib": 2048}"#,
+            r#"{"vcpu": 4294967296, "memory_mib": 2048}"#,
+        ] {
+            let msg = err(&format!(r#"{{"k.bad": {entry}}}"#));
+            let want = "--instance-types types.json: \"k.bad\" must have positive vcpu and \
+                        memory_mib";
+            assert!(msg.starts_with(want), "{entry}: {msg}");
+        }
+    }
+
+    #[test]
+    fn names_that_break_machine_ids_are_refused() {
+        for name in ["a/b", ""] {
+            let msg = err(&format!(
+                r#"{{"{name}": {{"vcpu": 1, "memory_mib": 1024}}}}"#
+            ));
+            assert!(msg.contains("must not contain '/'"), "{msg}");
+            assert!(
+                msg.starts_with("--instance-types types.json: name"),
+                "{msg}"
+            );
+        }
+    }
+}

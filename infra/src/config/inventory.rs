@@ -1,0 +1,218 @@
+//! Offerings → the Speculative inventory (libvirt-reference §3.2, §3.4, §3.6).
+//!
+//! Each offering is validated in the reference's order, then expanded into one Speculative
+//! machine per slot, offering by offering. Unlike the reference, slot numbers count per
+//! (capacity, type, zone) across all offerings rather than restarting per offering, so two
+//! offerings on the same (type, zone) — a single host, a single-type catalog, a repeated
+//! entry, or the fault slots — continue the numbering instead of producing duplicate ids that
+//! would stop the provider from starting.
+
+use std::collections::BTreeMap;
+
+use bigfleet_libvirt_domain::{CapacityType, Machine, MachineId, MachineState, StringMap};
+use serde::Serialize;
+
+use super::{
+    ConfigError, InstanceCatalog, Offering, PriceTable, format_machine_id, parse_capacity_type,
+};
+
+/// Most slots one provider will hold, so a typo in a count fails loudly instead of exhausting
+/// memory.
+pub const MAX_SLOTS: i64 = 1_000_000;
+
+/// Label keys an offering may not set: they would shadow top-level machine fields.
+pub const RESERVED_LABEL_KEYS: [&str; 9] = [
+    "instance-type",
+    "instance_type",
+    "instanceType",
+    "zone",
+    "availability-zone",
+    "availability_zone",
+    "capacity-type",
+    "capacity_type",
+    "capacityType",
+];
+
+/// What `build_inventory` needs besides the offerings.
+#[derive(Clone, Copy, Debug)]
+pub struct InventoryConfig<'a> {
+    /// The provider label, first component of every id.
+    pub provider: &'a str,
+    /// The instance-type catalog.
+    pub catalog: &'a InstanceCatalog,
+    /// The price table.
+    pub prices: &'a PriceTable,
+    /// With the real backend, the `--connect` zones every offering must be placed on; `None`
+    /// for the fake, whose zones are synthetic.
+    pub require_zones: Option<&'a [String]>,
+}
+
+/// The validated inventory.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Inventory {
+    /// Every slot, Speculative and hostless, offering by offering.
+    pub machines: Vec<Machine>,
+    /// The pool's class: `BareMetal` when every offering is bare metal, else `OnDemand`.
+    pub capacity: CapacityType,
+    /// Whether Delete is offered: false exactly when the pool is bare metal.
+    pub delete_supported: bool,
+}
+
+/// Validates `offerings` and expands them into Speculative machines.
+///
+/// Per offering, first failure wins: capacity type, empty type, type not in the catalog,
+/// empty zone, zone containing `/` or `:`, zone without a `--connect` host (only with
+/// `require_zones`), `count <= 0`, reserved label keys. Then across offerings: bare metal
+/// mixed with deletable capacity, no offerings, more than [`MAX_SLOTS`] slots.
+///
+/// # Errors
+/// The first [`ConfigError`] found, in the order above.
+pub fn build_inventory(
+    offerings: &[Offering],
+    cfg: &InventoryConfig<'_>,
+) -> Result<Inventory, ConfigError> {
+    let capacities = offerings
+        .iter()
+        .map(|offering| validate_offering(offering, cfg))
+        .collect::<Result<Vec<_>, _>>()?;
+    let bare_metal = capacities
+        .iter()
+        .filter(|c| **c == CapacityType::BareMetal)
+        .count();
+    if bare_metal > 0 && bare_metal < capacities.len() {
+        return Err(ConfigError::MixedCapacity);
+    }
+    if offerings.is_empty() {
+        return Err(ConfigError::NoOfferings);
+    }
+    let total = offerings
+        .iter()
+        .try_fold(0i64, |sum, o| sum.checked_add(o.count));
+    if total.is_none_or(|total| total > MAX_SLOTS) {
+        return Err(ConfigError::TooManySlots);
+    }
+    let mut next_index: BTreeMap<(CapacityType, &str, &str), u64> = BTreeMap::new();
+    let mut machines = Vec::new();
+    for (offering, capacity) in offerings.iter().zip(capacities) {
+        let key = (
+            capacity,
+            offering.instance_type.as_str(),
+            offering.zone.as_str(),
+        );
+        let next = next_index.entry(key).or_insert(0);
+        for _ in 0..offering.count {
+            machines.push(slot(offering, capacity, *next, cfg));
+            *next += 1;
+        }
+    }
+    let capacity = if bare_metal > 0 {
+        CapacityType::BareMetal
+    } else {
+        CapacityType::OnDemand
+    };
+    Ok(Inventory {
+        machines,
+        capacity,
+        delete_supported: capacity != CapacityType::BareMetal,
+    })
+}
+
+/// Checks one offering and returns its capacity class.
+fn validate_offering(
+    offering: &Offering,
+    cfg: &InventoryConfig<'_>,
+) -> Result<CapacityType, ConfigError> {
+    let (instance_type, zone) = (&offering.instance_type, &offering.zone);
+    let capacity = parse_capacity_type(&offering.capacity_type).map_err(|source| {
+        ConfigError::OfferingCapacity {
+            instance_type: instance_type.clone(),
+            zone: zone.clone(),
+            source: Box::new(source),
+        }
+    })?;
+    if instance_type.is_empty() {
+        return Err(ConfigError::OfferingEmptyType {
+            known: cfg.catalog.known(),
+        });
+    }
+    if cfg.catalog.get(instance_type).is_none() {
+        let known = cfg.catalog.known();
+        return Err(ConfigError::OfferingUnknownType {
+            instance_type: instance_type.clone(),
+            known,
+        });
+    }
+    if zone.is_empty() {
+        return Err(ConfigError::OfferingEmptyZone {
+            instance_type: instance_type.clone(),
+        });
+    }
+    if zone.contains(['/', ':']) {
+        let (instance_type, zone) = (instance_type.clone(), zone.clone());
+        return Err(ConfigError::OfferingZoneChars {
+            instance_type,
+            zone,
+        });
+    }
+    if let Some(zones) = cfg.require_zones.filter(|zones| !zones.contains(zone)) {
+        let mut configured: Vec<&str> = zones.iter().map(String::as_str).collect();
+        configured.sort_unstable();
+        return Err(ConfigError::OfferingZoneNotConnected {
+            instance_type: instance_type.clone(),
+            zone: zone.clone(),
+            configured: configured.join(", "),
+        });
+    }
+    if offering.count <= 0 {
+        let (instance_type, zone) = (instance_type.clone(), zone.clone());
+        return Err(ConfigError::OfferingCount {
+            instance_type,
+            zone,
+            count: offering.count,
+        });
+    }
+    if let Some(key) = RESERVED_LABEL_KEYS
+        .iter()
+        .find(|key| offering.labels.contains_key(**key))
+    {
+        let (instance_type, zone) = (instance_type.clone(), zone.clone());
+        return Err(ConfigError::OfferingReservedLabel {
+            instance_type,
+            zone,
+            key: (*key).into(),
+        });
+    }
+    Ok(capacity)
+}
+
+/// One Speculative slot of a validated offering.
+fn slot(
+    offering: &Offering,
+    capacity: CapacityType,
+    index: u64,
+    cfg: &InventoryConfig<'_>,
+) -> Machine {
+    let (instance_type, zone) = (&offering.instance_type, &offering.zone);
+    let id = format_machine_id(cfg.provider, capacity, instance_type, zone, index);
+    let id = MachineId::new(id).unwrap_or_else(|_| unreachable!("a slot id is never empty"));
+    Machine {
+        id,
+        state: MachineState::Speculative,
+        host: None,
+        instance_type: instance_type.clone(),
+        zone: zone.clone(),
+        capacity_type: capacity,
+        price_per_hour: cfg.prices.price(instance_type, capacity, cfg.catalog),
+        interruption_probability: 0.0,
+        resources: offering.resources.clone(),
+        allocatable: cfg.catalog.allocatable(instance_type).unwrap_or_default(),
+        labels: offering.labels.clone(),
+        last_error: String::new(),
+        cluster: String::new(),
+        shard_metadata: StringMap::new(),
+    }
+}
+
+#[cfg(test)]
+#[path = "inventory_tests.rs"]
+mod tests;

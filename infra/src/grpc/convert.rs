@@ -1,0 +1,115 @@
+//! Conversions between wire messages and domain values, one function per request type.
+//! Past this module nothing handles raw proto types.
+
+use std::collections::BTreeSet;
+use std::hash::BuildHasher;
+
+use bigfleet_libvirt_domain::{
+    FenceToken, HostRef, ListQuery, Machine, MachineState, MutateRequest, Mutation, StringMap,
+    parse_cursor,
+};
+use bigfleet_libvirt_ports::BootstrapBlob;
+use bigfleet_libvirt_proto::v1alpha1 as pb;
+
+/// A Create request as a domain mutation.
+#[must_use]
+pub fn create(request: pb::CreateRequest) -> Mutation {
+    Mutation {
+        machine_id: request.machine_id,
+        token: token(request.shard_id, request.shard_epoch, request.sequence_number),
+        request: MutateRequest::Create,
+    }
+}
+
+/// A Configure request as a domain mutation plus the blob, which never enters the core.
+#[must_use]
+pub fn configure(request: pb::ConfigureRequest) -> (Mutation, BootstrapBlob) {
+    let mutation = Mutation {
+        machine_id: request.machine_id,
+        token: token(request.shard_id, request.shard_epoch, request.sequence_number),
+        request: MutateRequest::Configure {
+            cluster: request.cluster_id,
+            shard_metadata: to_map(request.shard_metadata),
+        },
+    };
+    (mutation, BootstrapBlob::new(request.bootstrap_blob))
+}
+
+/// A Drain request as a domain mutation.
+#[must_use]
+pub fn drain(request: pb::DrainRequest) -> Mutation {
+    Mutation {
+        machine_id: request.machine_id,
+        token: token(request.shard_id, request.shard_epoch, request.sequence_number),
+        request: MutateRequest::Drain { grace_period_seconds: request.grace_period_seconds },
+    }
+}
+
+/// A Delete request as a domain mutation.
+#[must_use]
+pub fn delete(request: pb::DeleteRequest) -> Mutation {
+    Mutation {
+        machine_id: request.machine_id,
+        token: token(request.shard_id, request.shard_epoch, request.sequence_number),
+        request: MutateRequest::Delete,
+    }
+}
+
+/// A List filter as a domain query. Unknown or unspecified state numbers match nothing;
+/// a cursor that does not parse means a full list.
+#[must_use]
+pub fn list_query(filter: &pb::ListFilter) -> ListQuery {
+    let states = (!filter.states.is_empty()).then(|| {
+        filter.states.iter().filter_map(|n| MachineState::from_wire(*n)).collect::<BTreeSet<_>>()
+    });
+    let max_results = usize::try_from(filter.max_results).ok().filter(|n| *n > 0);
+    ListQuery { states, max_results, since_revision: parse_cursor(&filter.since_revision) }
+}
+
+fn token(shard_id: String, epoch: i64, sequence: i64) -> FenceToken {
+    FenceToken { shard_id, epoch, sequence }
+}
+
+fn to_map<S: BuildHasher>(map: std::collections::HashMap<String, String, S>) -> StringMap {
+    map.into_iter().collect()
+}
+
+fn resources(map: &StringMap) -> Option<pb::Resources> {
+    (!map.is_empty()).then(|| pb::Resources { resources: to_proto_map(map) })
+}
+
+fn to_proto_map(map: &StringMap) -> std::collections::HashMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// A domain machine on the wire. `host`, `resources` and `allocatable` are emitted only
+/// when they carry something, as the reference does.
+#[must_use]
+pub fn machine(machine: &Machine) -> pb::Machine {
+    pb::Machine {
+        id: machine.id.to_string(),
+        state: machine.state as i32,
+        host: machine.host.as_ref().filter(|h| h.is_set()).map(host),
+        instance_type: machine.instance_type.clone(),
+        zone: machine.zone.clone(),
+        capacity_type: machine.capacity_type as i32,
+        price_per_hour: machine.price_per_hour,
+        interruption_probability: machine.interruption_probability,
+        resources: resources(&machine.resources),
+        labels: to_proto_map(&machine.labels),
+        last_error: machine.last_error.clone(),
+        allocatable: resources(&machine.allocatable),
+        cluster: machine.cluster.clone(),
+        shard_metadata: to_proto_map(&machine.shard_metadata),
+    }
+}
+
+fn host(host: &HostRef) -> pb::HostRef {
+    pb::HostRef { provider: host.provider.clone(), r#ref: host.reference.clone() }
+}
+
+/// A revision counter as the opaque cursor bytes (ASCII decimal).
+#[must_use]
+pub fn revision(revision: i64) -> Vec<u8> {
+    revision.to_string().into_bytes()
+}

@@ -1,0 +1,177 @@
+//! The `bigfleet.v1alpha1.CapacityProvider` service over the Provider.
+//!
+//! Each handler opens one span (`rpc.<method>`), converts the request, calls the provider,
+//! and maps the answer; a panicking handler is caught, counted and answered with INTERNAL
+//! so the process keeps serving. Mutating calls log at info, reads at debug, errors at warn.
+//! The bootstrap blob is never logged: it leaves this module only inside a `BootstrapBlob`.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use bigfleet_libvirt_domain::Ack;
+use bigfleet_libvirt_ports::{Clock, Hypervisor, Provider, Spawner, StateStore};
+use bigfleet_libvirt_proto::v1alpha1 as pb;
+use futures::FutureExt;
+use tonic::{Code, Request, Response, Status};
+use tracing::{Instrument, Level, debug, error, info, info_span, warn};
+
+use crate::grpc::{convert, status};
+use crate::metrics::{GrpcLabels, Metrics, MethodLabels};
+use crate::system::Stopwatch;
+
+/// The tonic service.
+pub struct CapacityService<H, S, C, E> {
+    provider: Provider<H, S, C, E>,
+    metrics: Metrics,
+}
+
+impl<H, S, C, E> CapacityService<H, S, C, E> {
+    /// Serves `provider`, recording into `metrics`.
+    pub fn new(provider: Provider<H, S, C, E>, metrics: Metrics) -> Self {
+        Self { provider, metrics }
+    }
+}
+
+/// The gRPC code's name as Prometheus labels and logs show it.
+#[must_use]
+pub fn code_name(code: Code) -> String {
+    match code {
+        Code::Ok => "OK".to_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C, E> {
+    /// Runs one handler body: span, panic guard, metrics and the rpc log line.
+    async fn observe<T>(
+        &self,
+        method: &'static str,
+        mutating: bool,
+        machine_id: &str,
+        body: impl Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let watch = Stopwatch::start();
+        let span = info_span!("rpc", method, machine_id, code = tracing::field::Empty);
+        let result = AssertUnwindSafe(body).catch_unwind().instrument(span.clone()).await;
+        let result = result.unwrap_or_else(|panic| {
+            self.metrics.panics.inc();
+            let cause = panic_message(panic.as_ref());
+            error!(parent: &span, method, cause, "recovered panic in gRPC handler");
+            Err(status::internal())
+        });
+        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        let code = code_name(code);
+        span.record("code", code.as_str());
+        let labels = GrpcLabels { method: method.to_owned(), code: code.clone() };
+        self.metrics.grpc_requests.get_or_create(&labels).inc();
+        let seconds = watch.seconds();
+        let method_labels = MethodLabels { method: method.to_owned() };
+        self.metrics.grpc_duration.get_or_create(&method_labels).observe(seconds);
+        let dur_ms = seconds * 1000.0;
+        match (&result, mutating) {
+            (Err(e), _) => warn!(parent: &span, code, message = e.message(), dur_ms, "rpc"),
+            (Ok(_), true) => info!(parent: &span, code, dur_ms, "rpc"),
+            (Ok(_), false) => debug!(parent: &span, code, dur_ms, "rpc"),
+        }
+        result
+    }
+
+    async fn mutate(
+        &self,
+        mutation: bigfleet_libvirt_domain::Mutation,
+        blob: bigfleet_libvirt_ports::BootstrapBlob,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let ack = self.provider.mutate(mutation, blob).await;
+        ack.map(|ack| Response::new(transition_ack(&ack)))
+            .map_err(|e| status::for_provider_error(&e))
+    }
+}
+
+fn transition_ack(ack: &Ack) -> pb::TransitionAck {
+    pb::TransitionAck {
+        operation_id: ack.operation_id.to_string(),
+        machine: Some(convert::machine(&ack.machine)),
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
+
+#[tonic::async_trait]
+impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> pb::capacity_provider_server::CapacityProvider
+    for CapacityService<H, S, C, E>
+{
+    async fn create(
+        &self,
+        request: Request<pb::CreateRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let mutation = convert::create(request.into_inner());
+        let id = mutation.machine_id.clone();
+        let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
+        self.observe("Create", true, &id, self.mutate(mutation, blob)).await
+    }
+
+    async fn configure(
+        &self,
+        request: Request<pb::ConfigureRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let (mutation, blob) = convert::configure(request.into_inner());
+        let id = mutation.machine_id.clone();
+        self.observe("Configure", true, &id, self.mutate(mutation, blob)).await
+    }
+
+    async fn drain(
+        &self,
+        request: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let mutation = convert::drain(request.into_inner());
+        let id = mutation.machine_id.clone();
+        let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
+        self.observe("Drain", true, &id, self.mutate(mutation, blob)).await
+    }
+
+    async fn delete(
+        &self,
+        request: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let mutation = convert::delete(request.into_inner());
+        let id = mutation.machine_id.clone();
+        let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
+        self.observe("Delete", true, &id, self.mutate(mutation, blob)).await
+    }
+
+    async fn get(&self, request: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
+        let id = request.into_inner().id;
+        let body = async {
+            if id.is_empty() {
+                return Err(status::missing_get_id());
+            }
+            let machine = self.provider.get(&id).ok_or_else(|| status::unknown_machine(&id))?;
+            Ok(Response::new(convert::machine(&machine)))
+        };
+        self.observe("Get", false, &id, body).await
+    }
+
+    async fn list(
+        &self,
+        request: Request<pb::ListFilter>,
+    ) -> Result<Response<pb::MachineList>, Status> {
+        let query = convert::list_query(&request.into_inner());
+        let body = async {
+            let page = self.provider.list(&query);
+            if tracing::enabled!(Level::DEBUG) {
+                debug!(machines = page.machines.len(), revision = page.revision, "list");
+            }
+            Ok(Response::new(pb::MachineList {
+                machines: page.machines.iter().map(|m| convert::machine(m)).collect(),
+                revision: convert::revision(page.revision),
+            }))
+        };
+        self.observe("List", false, "", body).await
+    }
+}

@@ -1,0 +1,96 @@
+//! The only module that knows gRPC status codes.
+//!
+//! `FAILED_PRECONDITION` means a stale fencing token and nothing else: the shard treats it
+//! as a zombie-shard incident and pages a human. An out-of-position call (Drain on a
+//! Speculative machine, anything on a Failed one) is answered with `ABORTED` and a message
+//! naming the current and the required state; the reference used `INTERNAL`, which reads
+//! like a provider bug. A decision that could not be persisted is `UNAVAILABLE`: nothing was
+//! acknowledged and the shard may retry.
+
+use bigfleet_libvirt_domain::MutateError;
+use bigfleet_libvirt_ports::{ProviderError, StoreError};
+use tonic::{Code, Status};
+
+/// The status for a refused or failed mutating call. Every variant is matched explicitly so
+/// a new one forces a decision here.
+#[must_use]
+pub fn for_provider_error(error: &ProviderError) -> Status {
+    match error {
+        ProviderError::Rejected(rejection) => for_rejection(rejection),
+        ProviderError::Store(store) => for_store_error(store),
+    }
+}
+
+fn for_rejection(error: &MutateError) -> Status {
+    let code = match error {
+        MutateError::MissingMachineId | MutateError::MissingClusterId => Code::InvalidArgument,
+        MutateError::DeleteUnsupported => Code::Unimplemented,
+        MutateError::Fenced { .. } => Code::FailedPrecondition,
+        MutateError::NotFound { .. } => Code::NotFound,
+        MutateError::OutOfPosition { .. } => Code::Aborted,
+    };
+    Status::new(code, error.to_string())
+}
+
+fn for_store_error(error: &StoreError) -> Status {
+    match error {
+        StoreError::Unusable { .. } | StoreError::Locked { .. } | StoreError::Io(_) => {
+            Status::unavailable(format!("the decision could not be persisted: {error}"))
+        }
+    }
+}
+
+/// Get with an empty id.
+#[must_use]
+pub fn missing_get_id() -> Status {
+    Status::invalid_argument("id required")
+}
+
+/// Get of an unknown id.
+#[must_use]
+pub fn unknown_machine(id: &str) -> Status {
+    Status::not_found(format!("machine {id:?} not found"))
+}
+
+/// A handler panicked: the cause is logged, never echoed.
+#[must_use]
+pub fn internal() -> Status {
+    Status::internal("internal error")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::for_provider_error;
+    use bigfleet_libvirt_domain::{FenceKey, FenceMark, Kind, MachineState, MutateError};
+    use bigfleet_libvirt_ports::{ProviderError, StoreError};
+
+    #[test]
+    fn every_error_maps_to_its_documented_code() {
+        let key = FenceKey { shard_id: "s".into(), machine_id: "m".into() };
+        let mark = FenceMark { epoch: 2, sequence: 5 };
+        let cases: Vec<ProviderError> = vec![
+            MutateError::MissingMachineId.into(),
+            MutateError::MissingClusterId.into(),
+            MutateError::DeleteUnsupported.into(),
+            MutateError::Fenced { key, presented: FenceMark { epoch: 1, sequence: 9 }, mark }.into(),
+            MutateError::NotFound { machine_id: "ghost".into() }.into(),
+            MutateError::OutOfPosition {
+                machine_id: "m".into(),
+                kind: Kind::Drain,
+                state: MachineState::Speculative,
+            }
+            .into(),
+            StoreError::Io("disk full".into()).into(),
+            StoreError::Locked { path: "/var/lib/state.redb".into() }.into(),
+            StoreError::Unusable { path: "/x".into(), reason: "truncated".into() }.into(),
+        ];
+        let table: String = cases
+            .iter()
+            .map(|e| {
+                let status = for_provider_error(e);
+                format!("{:?} | {}\n", status.code(), status.message())
+            })
+            .collect();
+        insta::assert_snapshot!(table);
+    }
+}

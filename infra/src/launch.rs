@@ -1,0 +1,302 @@
+//! Turns the operator's flags (as plain values, already parsed by clap in the binary) into
+//! a validated launch plan, in the reference's start-up order so the same error wins:
+//! `--connect`, `--instance-types`, `--prices`, backend selection, offerings, then the rest.
+//! Every error names the flag to fix. The `offerings` dry run uses the same path.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bigfleet_libvirt_domain::{Machine, Policy, Timeouts};
+use bigfleet_libvirt_ports::ProviderConfig;
+
+use crate::config::{
+    self, ConfigError, HostConnection, InstanceCatalog, Inventory, InventoryConfig, Offering,
+    PriceTable,
+};
+
+/// Every flag, as typed values. Field names are the flag names.
+#[derive(Clone, Debug)]
+pub struct Flags {
+    pub addr: String,
+    pub provider: String,
+    pub libvirt_backend: String,
+    pub use_fake_backend: bool,
+    pub connect: String,
+    pub default_zone: String,
+    pub state: Option<PathBuf>,
+    pub image: String,
+    pub storage_pool: String,
+    pub network: String,
+    pub base_user_data: Option<PathBuf>,
+    pub capacity_type: String,
+    pub instance_types: Option<PathBuf>,
+    pub prices: String,
+    pub price_per_vcpu_hour: f64,
+    pub price_per_gib_hour: f64,
+    pub offerings: Option<PathBuf>,
+    pub seed_count: i64,
+    pub reconcile_interval: Duration,
+    pub metrics_addr: String,
+    pub reflection: bool,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_ca: Option<PathBuf>,
+    pub fake_fault_hooks: bool,
+    pub transition_timeout: Option<Duration>,
+    pub fake_delay_min: Duration,
+    pub fake_delay_max: Duration,
+    pub fake_seed: u64,
+}
+
+/// Which hypervisor the provider drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The in-memory fake.
+    Fake,
+    /// Real libvirt hosts.
+    Libvirt,
+}
+
+/// Everything needed to start the provider.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub backend: Backend,
+    pub provider_label: String,
+    pub connections: Vec<HostConnection>,
+    pub offerings: Vec<Offering>,
+    pub inventory: Inventory,
+    pub provider: ProviderConfig,
+    pub grpc_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub state: Option<PathBuf>,
+    pub reconcile_interval: Option<Duration>,
+    pub fake: FakeSettings,
+}
+
+/// How the fake behaves (ignored by the real backend).
+#[derive(Clone, Debug)]
+pub struct FakeSettings {
+    pub fault_hooks: bool,
+    pub delay_min: Duration,
+    pub delay_max: Duration,
+    pub seed: u64,
+}
+
+/// Why the provider may not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// A configuration value or file was refused.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Some other flag was refused.
+    #[error("{0}")]
+    Flag(String),
+}
+
+fn flag(message: impl Into<String>) -> LaunchError {
+    LaunchError::Flag(message.into())
+}
+
+/// Validates the flags and builds the launch plan.
+///
+/// # Errors
+/// The first refused flag, with a message naming it and the fix.
+pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
+    config::validate_default_zone(&flags.default_zone)?;
+    let connections = config::parse_connect(&flags.connect, &flags.default_zone)?;
+    let catalog = match &flags.instance_types {
+        Some(path) => InstanceCatalog::load(path)?,
+        None => InstanceCatalog::builtin(),
+    };
+    let overrides = config::parse_prices(&flags.prices)?;
+    let prices =
+        PriceTable::new(overrides, flags.price_per_vcpu_hour, flags.price_per_gib_hour, &catalog)?;
+    let backend = select_backend(flags, &connections)?;
+    check_tls(flags)?;
+    if flags.fake_fault_hooks && backend != Backend::Fake {
+        return Err(flag(
+            "--fake-fault-hooks only works with the fake backend; remove it or pass --use-fake-backend",
+        ));
+    }
+    if flags.fake_delay_min > flags.fake_delay_max {
+        return Err(flag("--fake-delay-min must not exceed --fake-delay-max"));
+    }
+    if flags.transition_timeout.is_some_and(|t| t.is_zero()) {
+        return Err(flag("--transition-timeout must be above 0 (e.g. 2s); omit it for the defaults"));
+    }
+    let zones: Vec<String> = connections.iter().map(|c| c.zone.clone()).collect();
+    let mut offerings = match &flags.offerings {
+        Some(path) => config::load_offerings(path)?,
+        None => config::default_offerings(
+            flags.seed_count,
+            &zones,
+            &flags.default_zone,
+            &flags.capacity_type,
+            &catalog,
+        ),
+    };
+    if flags.fake_fault_hooks {
+        let capacity = offerings.first().map_or(flags.capacity_type.clone(), |o| o.capacity_type.clone());
+        offerings.push(config::fault_offering(&catalog, &zones, &flags.default_zone, &capacity));
+    }
+    if let Some(path) = &flags.base_user_data {
+        std::fs::read(path).map_err(|e| {
+            flag(format!("--base-user-data {}: cannot read the file: {e}", path.display()))
+        })?;
+    }
+    let require_zones = (backend == Backend::Libvirt).then_some(zones.as_slice());
+    let inventory_config = InventoryConfig {
+        provider: &flags.provider,
+        catalog: &catalog,
+        prices: &prices,
+        require_zones,
+    };
+    let inventory = config::build_inventory(&offerings, &inventory_config)?;
+    let timeouts = flags.transition_timeout.map_or_else(Timeouts::default, Timeouts::uniform);
+    let policy = Policy {
+        delete_supported: inventory.delete_supported,
+        require_zone: true,
+        timeouts,
+        operation_prefix: "op".to_owned(),
+    };
+    Ok(Plan {
+        backend,
+        provider_label: flags.provider.clone(),
+        connections,
+        offerings,
+        inventory,
+        provider: ProviderConfig { policy, seed_timeout: Duration::from_secs(30) },
+        grpc_addr: listen_addr("--addr", &flags.addr)?
+            .ok_or_else(|| flag("--addr must not be empty; the default is :9000"))?,
+        metrics_addr: listen_addr("--metrics-addr", &flags.metrics_addr)?,
+        state: flags.state.clone(),
+        reconcile_interval: (!flags.reconcile_interval.is_zero()).then_some(flags.reconcile_interval),
+        fake: FakeSettings {
+            fault_hooks: flags.fake_fault_hooks,
+            delay_min: flags.fake_delay_min,
+            delay_max: flags.fake_delay_max,
+            seed: flags.fake_seed,
+        },
+    })
+}
+
+/// Backend selection: `--use-fake-backend` forces the fake; `auto` (or empty) means libvirt
+/// when `--connect` names hosts, else the fake (with a loud warning at start-up).
+fn select_backend(flags: &Flags, connections: &[HostConnection]) -> Result<Backend, LaunchError> {
+    if flags.use_fake_backend {
+        return Ok(Backend::Fake);
+    }
+    let backend = match flags.libvirt_backend.to_ascii_lowercase().as_str() {
+        "" | "auto" if connections.is_empty() => Backend::Fake,
+        "" | "auto" | "libvirt" => Backend::Libvirt,
+        "fake" => Backend::Fake,
+        _ => {
+            return Err(flag(format!(
+                "--libvirt-backend must be libvirt, fake, or auto (got {:?})",
+                flags.libvirt_backend
+            )));
+        }
+    };
+    if backend == Backend::Libvirt {
+        if connections.is_empty() {
+            return Err(flag(
+                "--libvirt-backend libvirt needs --connect (a libvirt URI, or zone=uri,...)",
+            ));
+        }
+        return Err(flag(
+            "the libvirt backend is not available in this build yet (it lands with the libvirt \
+             adapter); drop --connect or pass --use-fake-backend to run the fake",
+        ));
+    }
+    Ok(backend)
+}
+
+/// TLS flags must come whole: cert and key together, a CA only with both.
+fn check_tls(flags: &Flags) -> Result<(), LaunchError> {
+    match (&flags.tls_cert, &flags.tls_key, &flags.tls_ca) {
+        (None, None, None) => Ok(()),
+        (None, None, Some(_)) => Err(flag(
+            "--tls-ca set without --tls-cert/--tls-key; mTLS needs the server certificate too",
+        )),
+        (Some(_), None, _) | (None, Some(_), _) => Err(flag(
+            "both --tls-cert and --tls-key are required to enable TLS",
+        )),
+        (Some(_), Some(_), _) => Err(flag(
+            "TLS termination is not available in this build yet (it lands with the operations \
+             surface); serve plaintext on a trusted network or terminate TLS in front",
+        )),
+    }
+}
+
+/// Parses a listen address: `:9000` (all interfaces), `host:port`, or empty (disabled).
+fn listen_addr(name: &str, raw: &str) -> Result<Option<SocketAddr>, LaunchError> {
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let full = if raw.starts_with(':') { format!("0.0.0.0{raw}") } else { raw.to_owned() };
+    let mut addrs = full.to_socket_addrs().map_err(|e| {
+        flag(format!("{name} {raw:?} is not a listen address ({e}); use :PORT or HOST:PORT"))
+    })?;
+    addrs
+        .next()
+        .map(Some)
+        .ok_or_else(|| flag(format!("{name} {raw:?} resolves to no address; use :PORT or HOST:PORT")))
+}
+
+/// The Speculative inventory a plan would serve.
+#[must_use]
+pub fn slots(plan: &Plan) -> &[Machine] {
+    &plan.inventory.machines
+}
+
+/// One slot as the `offerings` dry run prints it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SlotView {
+    pub id: String,
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: &'static str,
+    pub price_per_hour: f64,
+    pub interruption_probability: f64,
+    pub resources: bigfleet_libvirt_domain::StringMap,
+    pub allocatable: bigfleet_libvirt_domain::StringMap,
+    pub labels: bigfleet_libvirt_domain::StringMap,
+}
+
+/// What the `offerings` subcommand prints: the backend, whether Delete is offered, and
+/// every Speculative slot.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DryRun {
+    pub backend: &'static str,
+    pub delete_supported: bool,
+    pub slots: Vec<SlotView>,
+}
+
+/// The dry-run view of a plan.
+#[must_use]
+pub fn dry_run(plan: &Plan) -> DryRun {
+    let slots = slots(plan)
+        .iter()
+        .map(|m| SlotView {
+            id: m.id.to_string(),
+            instance_type: m.instance_type.clone(),
+            zone: m.zone.clone(),
+            capacity_type: m.capacity_type.token(),
+            price_per_hour: m.price_per_hour,
+            interruption_probability: m.interruption_probability,
+            resources: m.resources.clone(),
+            allocatable: m.allocatable.clone(),
+            labels: m.labels.clone(),
+        })
+        .collect();
+    DryRun {
+        backend: match plan.backend {
+            Backend::Fake => "fake",
+            Backend::Libvirt => "libvirt",
+        },
+        delete_supported: plan.inventory.delete_supported,
+        slots,
+    }
+}

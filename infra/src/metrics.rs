@@ -1,0 +1,159 @@
+//! The provider's Prometheus metrics on an explicit registry (no process-global state).
+//!
+//! Series names follow the reference provider (`bigfleet_libvirt_*`) so existing
+//! dashboards keep working; machines by state and transition outcomes are additions.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of `bigfleet_libvirt_grpc_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcLabels {
+    /// Short method name (`Create`, `List`, …).
+    pub method: String,
+    /// gRPC code name (`OK`, `NotFound`, `FailedPrecondition`, …).
+    pub code: String,
+}
+
+/// A single `method` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    /// Short method name.
+    pub method: String,
+}
+
+/// Labels of transition series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    /// `create`, `configure`, `drain` or `delete`.
+    pub kind: String,
+    /// `success`, `failed` or `dropped`.
+    pub outcome: String,
+}
+
+/// A single `kind` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// Transition kind.
+    pub kind: String,
+}
+
+/// A single `state` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// Machine state name.
+    pub state: String,
+}
+
+/// A single `outcome` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `success` or `error`.
+    pub outcome: String,
+}
+
+/// Every series the provider exports.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    /// Unary gRPC requests by method and code.
+    pub grpc_requests: Family<GrpcLabels, Counter>,
+    /// Unary gRPC latency by method.
+    pub grpc_duration: Family<MethodLabels, Histogram>,
+    /// Handler panics caught and answered with INTERNAL.
+    pub panics: Counter,
+    /// Finished transitions by kind and outcome.
+    pub transitions: Family<TransitionLabels, Counter>,
+    /// Transition duration from accept to completion, by kind.
+    pub transition_duration: Family<KindLabels, Histogram>,
+    /// Machines by state (set at scrape time).
+    pub machines: Family<StateLabels, Gauge>,
+    /// Background reconcile runs by outcome.
+    pub reconcile: Family<OutcomeLabels, Counter>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+fn transition_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 18))
+}
+
+impl Metrics {
+    /// Registers every series on a fresh registry.
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let grpc_requests = Family::<GrpcLabels, Counter>::default();
+        let grpc_duration =
+            Family::<MethodLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
+        let panics = Counter::default();
+        let transitions = Family::<TransitionLabels, Counter>::default();
+        let transition_duration = Family::<KindLabels, Histogram>::new_with_constructor(
+            transition_histogram as fn() -> _,
+        );
+        let machines = Family::<StateLabels, Gauge>::default();
+        let reconcile = Family::<OutcomeLabels, Counter>::default();
+        let prefix = "bigfleet_libvirt";
+        registry.register(
+            format!("{prefix}_grpc_requests"),
+            "Unary gRPC requests by method and status code",
+            grpc_requests.clone(),
+        );
+        registry.register(
+            format!("{prefix}_grpc_request_duration_seconds"),
+            "Unary gRPC request latency",
+            grpc_duration.clone(),
+        );
+        registry.register(format!("{prefix}_panics"), "Recovered handler panics", panics.clone());
+        registry.register(
+            format!("{prefix}_transitions"),
+            "Finished transitions by kind and outcome",
+            transitions.clone(),
+        );
+        registry.register(
+            format!("{prefix}_transition_duration_seconds"),
+            "Time from accept to completion of a transition",
+            transition_duration.clone(),
+        );
+        registry.register(format!("{prefix}_machines"), "Machines by state", machines.clone());
+        registry.register(
+            format!("{prefix}_reconcile"),
+            "Background reconcile runs by outcome",
+            reconcile.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            grpc_requests,
+            grpc_duration,
+            panics,
+            transitions,
+            transition_duration,
+            machines,
+            reconcile,
+        }
+    }
+
+    /// The text exposition of every series.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("encode metrics into a string");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,6 @@
+//! State store adapters. The in-memory store keeps everything for the life of the process
+//! only; the durable redb store arrives with `--state`.
+
+mod memory;
+
+pub use memory::MemoryStateStore;

@@ -1,0 +1,368 @@
+//! The Provider service: accept → persist → acknowledge → run the transition under its
+//! deadline → complete → persist.
+//!
+//! The domain core sits behind one mutex. A decision and the enqueueing of its change set
+//! happen under that lock, so the store sees change sets in decision order; waiting for
+//! durability happens outside it, so concurrent calls can share one durable write. Work on
+//! the hypervisor never runs under the lock.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bigfleet_libvirt_domain::{
+    Ack, Completion, CompletionOutcome, Core, Dispatch, Kind, ListPage, ListQuery,
+    Machine, MachineState, MutateError, Mutation, Policy, ReconcileReport, SeedError, Timestamp,
+    TransitionResult,
+};
+use futures::FutureExt;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::clock::Clock;
+use crate::hypervisor::{
+    BootstrapBlob, ConfigureRequest, CreateRequest, DeleteRequest, DrainRequest, Hypervisor,
+    HypervisorError, ReadinessRequest,
+};
+use crate::spawn::Spawner;
+use crate::store::{StateStore, StoreError};
+
+/// Settings of the provider service.
+#[derive(Clone, Debug)]
+pub struct ProviderConfig {
+    /// Decision policy (Delete capability, zone rule, deadlines, op-id prefix).
+    pub policy: Policy,
+    /// How long the first-boot `describe` may take.
+    pub seed_timeout: Duration,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        Self { policy: Policy::default(), seed_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// Why the provider could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// First boot: the hypervisor could not describe its inventory.
+    #[error("describe the inventory to seed an empty store: {0}")]
+    Describe(HypervisorError),
+    /// First boot: describing the inventory took longer than the seed timeout.
+    #[error("describe the inventory to seed an empty store: no answer within {0:?}")]
+    DescribeTimedOut(Duration),
+    /// The described or stored inventory is unusable.
+    #[error(transparent)]
+    Inventory(#[from] SeedError),
+}
+
+/// Why a mutating call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// The core refused the call.
+    #[error(transparent)]
+    Rejected(#[from] MutateError),
+    /// The decision could not be made durable, so it was not acknowledged.
+    #[error("the decision could not be persisted: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// The end of one transition, for metrics and tests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransitionEvent {
+    /// The transition kind.
+    pub kind: Kind,
+    /// The machine as it ended (target state or Failed), or `None` if the result was dropped.
+    pub machine: Option<Arc<Machine>>,
+    /// Time from dispatch to completion.
+    pub elapsed: Duration,
+}
+
+type Observer = Arc<dyn Fn(&TransitionEvent) + Send + Sync>;
+
+struct Inner<H, S, C, E> {
+    core: Mutex<Core>,
+    hypervisor: H,
+    store: S,
+    clock: C,
+    spawner: E,
+    observer: Option<Observer>,
+}
+
+/// The provider service, cheap to clone (one shared instance behind an `Arc`).
+pub struct Provider<H, S, C, E> {
+    inner: Arc<Inner<H, S, C, E>>,
+}
+
+impl<H, S, C, E> Clone for Provider<H, S, C, E> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+}
+
+impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
+    /// Loads durable state (seeding from the hypervisor on first boot, failing interrupted
+    /// transitions after a restart) and returns a provider ready to serve.
+    ///
+    /// # Errors
+    /// When the store cannot be read or committed, or first-boot seeding fails.
+    pub async fn start(
+        config: ProviderConfig,
+        hypervisor: H,
+        store: S,
+        clock: C,
+        spawner: E,
+    ) -> Result<Self, StartError> {
+        let snapshot = store.load().await?;
+        let (core, changes) = if snapshot.is_fresh() {
+            let deadline = clock.now().saturating_add(config.seed_timeout);
+            let described = futures::select_biased! {
+                described = hypervisor.describe().fuse() => described.map_err(StartError::Describe)?,
+                () = clock.sleep_until(deadline).fuse() =>
+                    return Err(StartError::DescribeTimedOut(config.seed_timeout)),
+            };
+            let (core, changes) = Core::seed(config.policy, described)?;
+            info!(machines = core.len(), "seeded an empty store from the hypervisor");
+            (core, Some(changes))
+        } else {
+            let (core, changes) = Core::restore(config.policy, snapshot)?;
+            let failed = changes.as_ref().map_or(0, |c| c.machines.len());
+            info!(machines = core.len(), interrupted = failed, "restored durable state");
+            (core, changes)
+        };
+        if let Some(changes) = changes {
+            store.commit(changes).await?;
+        }
+        let inner = Inner { core: Mutex::new(core), hypervisor, store, clock, spawner, observer: None };
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Registers a callback told about every finished transition. Call before serving.
+    #[must_use]
+    pub fn with_observer(self, observer: impl Fn(&TransitionEvent) + Send + Sync + 'static) -> Self {
+        let inner = Arc::try_unwrap(self.inner)
+            .unwrap_or_else(|_| panic!("with_observer must be called before the provider is shared"));
+        let inner = Inner { observer: Some(Arc::new(observer)), ..inner };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// Decides a mutating call, makes the decision durable, starts the transition it
+    /// accepted, and returns the acknowledgement.
+    ///
+    /// # Errors
+    /// The core's rejection, or a store failure (then nothing was acknowledged).
+    pub async fn mutate(&self, mutation: Mutation, blob: BootstrapBlob) -> Result<Ack, ProviderError> {
+        let now = self.inner.clock.now();
+        let (decision, durable) = {
+            let mut core = self.lock();
+            let decision = core.mutate(mutation, now);
+            let durable = decision.changes.clone().map(|c| self.inner.store.commit(c));
+            (decision, durable)
+        };
+        if let Some(durable) = durable {
+            if let Err(store_error) = durable.await {
+                error!(error = %store_error, "decision not persisted; call not acknowledged");
+                if let Ok(Ack { dispatch: Some(dispatch), .. }) = decision.outcome {
+                    let reason = format!("the accepted transition could not be persisted: {store_error}");
+                    self.finish(&dispatch, TransitionResult::Failed(reason)).await;
+                }
+                return Err(ProviderError::Store(store_error));
+            }
+        }
+        let ack = decision.outcome?;
+        if let Some(dispatch) = ack.dispatch.clone() {
+            let provider = self.clone();
+            let span = info_span!(
+                "transition",
+                kind = %dispatch.kind,
+                machine_id = %dispatch.machine.id,
+                operation_id = %dispatch.operation_id,
+            );
+            self.inner.spawner.spawn("transition", provider.run(dispatch, blob).instrument(span));
+        }
+        Ok(ack)
+    }
+
+    /// One machine by id.
+    #[must_use]
+    pub fn get(&self, id: &str) -> Option<Arc<Machine>> {
+        self.lock().get(id)
+    }
+
+    /// The machines a List call returns.
+    #[must_use]
+    pub fn list(&self, query: &ListQuery) -> ListPage {
+        self.lock().list(query)
+    }
+
+    /// Whether Delete is offered.
+    #[must_use]
+    pub fn delete_supported(&self) -> bool {
+        self.lock().policy().delete_supported
+    }
+
+    /// Whether the hypervisor enforces the node-readiness gate.
+    #[must_use]
+    pub fn readiness_gate(&self) -> bool {
+        self.inner.hypervisor.readiness_gate()
+    }
+
+    /// Number of machines by state.
+    #[must_use]
+    pub fn count_by_state(&self) -> Vec<(MachineState, usize)> {
+        let page = self.list(&ListQuery::default());
+        MachineState::ALL
+            .into_iter()
+            .map(|s| (s, page.machines.iter().filter(|m| m.state == s).count()))
+            .collect()
+    }
+
+    /// Describes the hypervisor and folds the result into the inventory.
+    ///
+    /// # Errors
+    /// When describe fails or the result cannot be persisted.
+    pub async fn reconcile(&self) -> Result<ReconcileReport, ReconcileError> {
+        let described = self.inner.hypervisor.describe().await?;
+        let (report, durable) = {
+            let mut core = self.lock();
+            let report = core.reconcile(described);
+            let durable = report.changes.clone().map(|c| self.inner.store.commit(c));
+            (report, durable)
+        };
+        for skipped in &report.skipped {
+            warn!(error = %skipped, "reconcile skipped an invalid record");
+        }
+        if let Some(durable) = durable {
+            durable.await?;
+        }
+        Ok(report)
+    }
+
+    /// The current time, from the provider's clock.
+    #[must_use]
+    pub fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic while holding the lock means an invariant broke; keep serving reads of
+        // the last consistent state rather than poisoning every later call.
+        self.inner.core.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs one accepted transition to completion or to its deadline.
+    async fn run(self, dispatch: Dispatch, blob: BootstrapBlob) {
+        let deadline = self.inner.clock.sleep_until(dispatch.deadline);
+        // Biased: when the call finishes in the same instant as the deadline, take the
+        // result; the core still turns a success at or after the deadline into a timeout.
+        let result = futures::select_biased! {
+            result = self.call(&dispatch, blob).fuse() => result,
+            () = deadline.fuse() => TransitionResult::TimedOut,
+        };
+        self.finish(&dispatch, result).await;
+    }
+
+    async fn call(&self, dispatch: &Dispatch, blob: BootstrapBlob) -> TransitionResult {
+        let hv = &self.inner.hypervisor;
+        let machine = Arc::clone(&dispatch.machine);
+        let operation_id = dispatch.operation_id.clone();
+        let outcome = match dispatch.kind {
+            Kind::Create => hv.create(CreateRequest { machine, operation_id }).await.map(|c| {
+                TransitionResult::Created {
+                    host: c.host,
+                    resources: c.resources,
+                    allocatable: c.allocatable,
+                }
+            }),
+            Kind::Configure => self.configure(machine, operation_id, blob).await,
+            Kind::Drain => {
+                let grace_period_seconds = dispatch.grace_period_seconds;
+                let request = DrainRequest { machine, grace_period_seconds, operation_id };
+                hv.drain(request).await.map(|()| TransitionResult::Drained)
+            }
+            Kind::Delete => hv
+                .delete(DeleteRequest { machine, operation_id })
+                .await
+                .map(|()| TransitionResult::Deleted),
+        };
+        outcome.unwrap_or_else(|e| TransitionResult::Failed(e.message))
+    }
+
+    async fn configure(
+        &self,
+        machine: Arc<Machine>,
+        operation_id: bigfleet_libvirt_domain::OperationId,
+        blob: BootstrapBlob,
+    ) -> Result<TransitionResult, HypervisorError> {
+        let hv = &self.inner.hypervisor;
+        let cluster_id = machine.cluster.clone();
+        let request = ConfigureRequest {
+            machine: Arc::clone(&machine),
+            cluster_id: cluster_id.clone(),
+            bootstrap_blob: blob,
+            operation_id: operation_id.clone(),
+        };
+        hv.configure(request).await?;
+        let readiness = ReadinessRequest { machine, cluster_id, operation_id };
+        hv.confirm_node_ready(readiness).await.map_err(|e| HypervisorError {
+            message: format!("node readiness: {}", e.message),
+            ..e
+        })?;
+        Ok(TransitionResult::Configured)
+    }
+
+    async fn finish(&self, dispatch: &Dispatch, result: TransitionResult) {
+        let now = self.inner.clock.now();
+        let completion = Completion {
+            machine_id: dispatch.machine.id.clone(),
+            kind: dispatch.kind,
+            operation_id: dispatch.operation_id.clone(),
+            result,
+        };
+        let (outcome, durable) = {
+            let mut core = self.lock();
+            let (outcome, changes) = core.complete(completion, now);
+            (outcome, changes.map(|c| self.inner.store.commit(c)))
+        };
+        if let Some(durable) = durable {
+            if let Err(e) = durable.await {
+                error!(error = %e, "transition outcome not persisted; durability at risk");
+            }
+        }
+        let accepted_at = dispatch.deadline.0.saturating_sub(duration_nanos(dispatch.timeout));
+        let elapsed = now.saturating_since(Timestamp(accepted_at));
+        let machine = match outcome {
+            CompletionOutcome::Applied(machine) => {
+                if machine.state == MachineState::Failed {
+                    warn!(error = %machine.last_error, "transition failed");
+                } else {
+                    info!(state = %machine.state, "transition completed");
+                }
+                Some(machine)
+            }
+            CompletionOutcome::Dropped => {
+                info!("transition result dropped: the machine moved on");
+                None
+            }
+        };
+        if let Some(observer) = &self.inner.observer {
+            observer(&TransitionEvent { kind: dispatch.kind, machine, elapsed });
+        }
+    }
+}
+
+/// Why a reconcile pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Describe failed.
+    #[error("describe: {0}")]
+    Describe(#[from] HypervisorError),
+    /// The refreshed records could not be persisted.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
