@@ -219,7 +219,7 @@ fn harness_exercises_every_step_kind() {
     let mut harness = Harness::new();
     let script = [
         Step::Mutate { machine: 0, kind: Kind::Create, token: token("s-a", 1, 1) },
-        Step::Complete { machine: 0, finish: Finish::Success },
+        Step::Complete { pick: 0, finish: Finish::Success },
         Step::Reconcile { cents: 55, adopt: true },
         Step::Mutate { machine: 3, kind: Kind::Create, token: unfenced() },
         Step::Restart,

@@ -1,1 +1,19 @@
+//! One integration-test binary: the real `bigfleet-libvirt` over real gRPC on loopback.
+//! Each module names the conformance behaviour ids (`Bxxx`) or upstream baseline tests it
+//! covers.
 
+mod harness;
+
+mod bare_metal;
+mod baseline;
+mod concurrency;
+mod errors;
+mod fault;
+mod fencing;
+mod fieldshape;
+mod lifecycle;
+mod list;
+mod metadata;
+mod property;
+mod scale;
+mod smoke;

@@ -2,11 +2,10 @@
 //! core while folding every change set into a store snapshot, as the runtime does.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
-    ChangeSet, Completion, Core, Dispatch, FenceToken, Kind, MachineId, Mutation, OperationId,
-    Snapshot, Timestamp, TransitionResult,
+    ChangeSet, Completion, Core, Dispatch, FenceToken, Kind, MachineId, MachineState, Mutation,
+    OperationId, Snapshot, Timestamp, TransitionResult,
 };
 use proptest::prelude::*;
 
@@ -36,8 +35,12 @@ pub enum Finish {
 pub enum Step {
     /// A mutating call.
     Mutate { machine: usize, kind: Kind, token: FenceToken },
-    /// The end of the transition last dispatched for `machine` (if any).
-    Complete { machine: usize, finish: Finish },
+    /// The call that leaves the machine's current stable state (Delete instead of Configure
+    /// from Idle when `delete`); Create for any other state.
+    Advance { machine: usize, delete: bool, token: FenceToken },
+    /// The end of one transition: the `pick`-th still in flight, or (when none is) a
+    /// completion for machine `pick` that nobody is waiting for.
+    Complete { pick: usize, finish: Finish },
     /// A Describe pass: every known slot priced at `cents`, plus `m-003` when `adopt`.
     Reconcile { cents: u8, adopt: bool },
     /// A provider restart from the store.
@@ -50,15 +53,15 @@ fn kind() -> impl Strategy<Value = Kind> {
 
 fn fence_token() -> impl Strategy<Value = FenceToken> {
     prop_oneof![
-        1 => Just(unfenced()),
-        4 => (prop::sample::select(vec!["s-a", "s-b", ""]), -2i64..4, -3i64..6)
+        2 => Just(unfenced()),
+        3 => (prop::sample::select(vec!["s-a", "s-b", ""]), -2i64..4, -3i64..6)
             .prop_map(|(shard, epoch, seq)| token(shard, epoch, seq)),
     ]
 }
 
 fn finish() -> impl Strategy<Value = Finish> {
     prop_oneof![
-        6 => Just(Finish::Success),
+        16 => Just(Finish::Success),
         1 => Just(Finish::LateSuccess),
         2 => Just(Finish::Fail),
         1 => Just(Finish::Timeout),
@@ -71,8 +74,10 @@ pub fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         8 => (0..MACHINES, kind(), fence_token())
             .prop_map(|(machine, kind, token)| Step::Mutate { machine, kind, token }),
-        6 => (0..MACHINES, finish()).prop_map(|(machine, finish)| Step::Complete { machine, finish }),
-        1 => (40u8..60, any::<bool>()).prop_map(|(cents, adopt)| Step::Reconcile { cents, adopt }),
+        12 => (0..MACHINES, any::<bool>(), fence_token())
+            .prop_map(|(machine, delete, token)| Step::Advance { machine, delete, token }),
+        16 => (0..MACHINES, finish()).prop_map(|(pick, finish)| Step::Complete { pick, finish }),
+        2 => (40u8..60, any::<bool>()).prop_map(|(cents, adopt)| Step::Reconcile { cents, adopt }),
         1 => Just(Step::Restart),
     ]
 }
@@ -122,7 +127,11 @@ impl Harness {
         let before = self.core.revision();
         let changes = match step {
             Step::Mutate { machine, kind, token } => self.mutate(*machine, *kind, token.clone()),
-            Step::Complete { machine, finish } => self.complete(*machine, *finish),
+            Step::Advance { machine, delete, token } => {
+                let kind = self.next_kind(*machine, *delete);
+                self.mutate(*machine, kind, token.clone())
+            }
+            Step::Complete { pick, finish } => self.complete(*pick, *finish),
             Step::Reconcile { cents, adopt } => self.reconcile(*cents, *adopt),
             Step::Restart => self.restart(),
         };
@@ -146,10 +155,30 @@ impl Harness {
         decision.changes
     }
 
-    fn complete(&mut self, machine: usize, finish: Finish) -> Option<ChangeSet> {
-        let (completion, now) = match self.dispatched.get(&id(machine)) {
+    fn next_kind(&self, machine: usize, delete: bool) -> Kind {
+        match self.core.get(&id(machine)).map(|m| m.state) {
+            Some(MachineState::Idle) if delete => Kind::Delete,
+            Some(MachineState::Idle) => Kind::Configure,
+            Some(MachineState::Configured) => Kind::Drain,
+            _ => Kind::Create,
+        }
+    }
+
+    fn complete(&mut self, pick: usize, finish: Finish) -> Option<ChangeSet> {
+        let live: Vec<&Dispatch> = self
+            .dispatched
+            .values()
+            .filter(|d| {
+                let current = self.core.get(d.machine.id.as_str()).map(|m| m.state);
+                current == Some(d.kind.transitional())
+            })
+            .collect();
+        let (completion, now) = match live.get(pick % live.len().max(1)) {
             Some(d) => completion(d, finish),
-            None => (orphan(machine), T0),
+            None => match self.dispatched.get(&id(pick)) {
+                Some(d) => completion(d, finish),
+                None => (orphan(pick), T0),
+            },
         };
         self.core.complete(completion, now).1
     }
@@ -199,9 +228,4 @@ fn orphan(machine: usize) -> Completion {
         operation_id: OperationId::from_stored("op-0".to_owned()),
         result: success(Kind::Create),
     }
-}
-
-/// How long past `T0` a dispatch made at `T0` times out.
-pub fn deadline_offset() -> Duration {
-    super::TIMEOUT
 }

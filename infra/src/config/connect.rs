@@ -15,7 +15,7 @@ use super::uri::{redact, validate_connect_uri};
 /// One libvirt host: the zone it serves and the URI the client dials (verbatim).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostConnection {
-    /// The BigFleet zone this host is.
+    /// The zone this host serves.
     pub zone: String,
     /// The libvirt connection URI.
     pub uri: String,
@@ -76,7 +76,9 @@ pub fn parse_connect(raw: &str, default_zone: &str) -> Result<Vec<HostConnection
         connections.push(connection);
     }
     if connections.is_empty() {
-        return Err(ConfigError::ConnectEmpty { raw: redact(raw) });
+        return Err(ConfigError::ConnectEmpty {
+            raw: redact(trimmed),
+        });
     }
     Ok(connections)
 }

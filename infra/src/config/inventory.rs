@@ -142,6 +142,13 @@ fn validate_offering(
             known,
         });
     }
+    validate_placement(offering, cfg)?;
+    Ok(capacity)
+}
+
+/// Checks an offering's zone, count and labels.
+fn validate_placement(offering: &Offering, cfg: &InventoryConfig<'_>) -> Result<(), ConfigError> {
+    let (instance_type, zone) = (&offering.instance_type, &offering.zone);
     if zone.is_empty() {
         return Err(ConfigError::OfferingEmptyZone {
             instance_type: instance_type.clone(),
@@ -182,7 +189,7 @@ fn validate_offering(
             key: (*key).into(),
         });
     }
-    Ok(capacity)
+    Ok(())
 }
 
 /// One Speculative slot of a validated offering.

@@ -155,7 +155,9 @@ fn validation_order_and_messages() {
         "{empty_type}"
     );
     let unknown = error(&[offering("kvm.huge", "", "", 0)]);
-    assert!(unknown.starts_with("offering instance_type \"kvm.huge\" is not in the instance-type catalog (known types: kvm.large"), "{unknown}");
+    let want = "offering instance_type \"kvm.huge\" is not in the instance-type catalog \
+                (known types: kvm.large, kvm.medium, kvm.small, kvm.xlarge); fix the offering";
+    assert!(unknown.starts_with(want), "{unknown}");
     let empty_zone = error(&[offering("kvm.small", "", "", 0)]);
     assert!(empty_zone.starts_with("offering kvm.small with empty zone (libvirt host)"));
     for zone in ["a/b", "a:b"] {

@@ -1,0 +1,165 @@
+//! Spawning and stopping provider processes.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bigfleet_libvirt_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// A generated client with generous message limits (big metadata and full lists).
+pub type Client = CapacityProviderClient<Channel>;
+
+/// The provider binary under test.
+pub fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("BIGFLEET_LIBVIRT_BIN") {
+        return PathBuf::from(path);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let path = target.join("debug").join("bigfleet-libvirt");
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (cargo build --bin bigfleet-libvirt), as scripts/test.sh does",
+        path.display()
+    );
+    path
+}
+
+/// A running provider process; killed when dropped.
+pub struct Server {
+    child: Option<Child>,
+    /// The gRPC address it serves on.
+    pub addr: SocketAddr,
+    /// The HTTP side-server address, when enabled.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Every stderr line so far.
+    pub log: Arc<Mutex<Vec<String>>>,
+    /// Machine ids handed out by `pick_*`, so one test never picks the same slot twice.
+    pub claimed: Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl Server {
+    /// Starts the binary with `args` (plus loopback `--addr`/`--metrics-addr` and JSON logs,
+    /// unless `args` sets them) and waits until it serves.
+    pub fn start(args: &[&str]) -> Server {
+        let mut command = Command::new(binary());
+        if !args.iter().any(|a| a.starts_with("--addr")) {
+            command.arg("--addr=127.0.0.1:0");
+        }
+        if !args.iter().any(|a| a.starts_with("--metrics-addr")) {
+            command.arg("--metrics-addr=127.0.0.1:0");
+        }
+        command.args(["--log-format=json"]).args(args);
+        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        command.env_remove("RUST_LOG");
+        let mut child = command.spawn().expect("spawn bigfleet-libvirt");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addrs) = serving_addrs(&line) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addrs);
+                    }
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let (addr, metrics_addr) = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(addrs) => addrs,
+            Err(_) => {
+                let _ = child.kill();
+                let lines = log.lock().unwrap().join("\n");
+                panic!("bigfleet-libvirt did not start serving within 30s; its log:\n{lines}");
+            }
+        };
+        Server { child: Some(child), addr, metrics_addr, log, claimed: Mutex::default() }
+    }
+
+    /// A new connection (its own HTTP/2 connection) to the provider.
+    pub async fn client(&self) -> Client {
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr)).unwrap();
+        let channel = endpoint
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .connect()
+            .await
+            .expect("connect to the provider");
+        CapacityProviderClient::new(channel)
+            .max_decoding_message_size(256 * 1024 * 1024)
+            .max_encoding_message_size(64 * 1024 * 1024)
+    }
+
+    /// Sends SIGKILL and waits for the process.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        if let Some(child) = &self.child {
+            let pid = i32::try_from(child.id()).expect("pid fits");
+            let rc = send_signal(pid, libc::SIGTERM);
+            assert_eq!(rc, 0, "send SIGTERM");
+        }
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let child = self.child.as_mut()?;
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return status.code();
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The log so far, one line per entry.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn send_signal(pid: i32, signal: i32) -> i32 {
+    // kill(1) keeps the test crate free of unsafe code.
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    if status.success() { 0 } else { 1 }
+}
+
+/// Parses the JSON "serving CapacityProvider" line into (grpc, metrics) addresses.
+fn serving_addrs(line: &str) -> Option<(SocketAddr, Option<SocketAddr>)> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = value.get("fields")?;
+    if fields.get("message")?.as_str()? != "serving CapacityProvider" {
+        return None;
+    }
+    let addr = fields.get("addr")?.as_str()?.parse().ok()?;
+    let metrics = fields.get("metrics_addr").and_then(|v| v.as_str()).and_then(|s| s.parse().ok());
+    Some((addr, metrics))
+}
