@@ -86,7 +86,11 @@ impl Snapshot {
             }
         }
         for (id, kind, op) in &changes.operations {
-            match self.operations.iter_mut().find(|(i, k, _)| i == id && k == kind) {
+            match self
+                .operations
+                .iter_mut()
+                .find(|(i, k, _)| i == id && k == kind)
+            {
                 Some(slot) => slot.2 = op.clone(),
                 None => self.operations.push((id.clone(), *kind, op.clone())),
             }

@@ -34,7 +34,12 @@ impl Timeouts {
     /// The same deadline for every kind (`--transition-timeout`).
     #[must_use]
     pub fn uniform(timeout: Duration) -> Self {
-        Self { create: timeout, configure: timeout, drain: timeout, delete: timeout }
+        Self {
+            create: timeout,
+            configure: timeout,
+            drain: timeout,
+            delete: timeout,
+        }
     }
 
     /// The deadline for `kind`.
@@ -152,7 +157,11 @@ impl Core {
             }
             core.records.insert(
                 machine.id.clone(),
-                Record { machine: Arc::new(machine.clone()), modified: 0, in_flight: None },
+                Record {
+                    machine: Arc::new(machine.clone()),
+                    modified: 0,
+                    in_flight: None,
+                },
             );
         }
         let mut changes = ChangeSet::default();
@@ -172,7 +181,10 @@ impl Core {
     ///
     /// # Errors
     /// A stored record that is out of shape for its state.
-    pub fn restore(policy: Policy, snapshot: Snapshot) -> Result<(Self, Option<ChangeSet>), SeedError> {
+    pub fn restore(
+        policy: Policy,
+        snapshot: Snapshot,
+    ) -> Result<(Self, Option<ChangeSet>), SeedError> {
         let mut core = Self::empty(policy);
         core.revision = snapshot.revision;
         core.next_operation = snapshot.next_operation;
@@ -181,7 +193,11 @@ impl Core {
                 return Err(SeedError::Corrupt(problem));
             }
             core.by_revision.insert((core.revision, machine.id.clone()));
-            let record = Record { machine: Arc::new(machine), modified: core.revision, in_flight: None };
+            let record = Record {
+                machine: Arc::new(machine),
+                modified: core.revision,
+                in_flight: None,
+            };
             core.records.insert(record.machine.id.clone(), record);
         }
         core.fences.extend(snapshot.fences);
@@ -252,7 +268,11 @@ impl Core {
     #[must_use]
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
-            machines: self.records.values().map(|r| Machine::clone(&r.machine)).collect(),
+            machines: self
+                .records
+                .values()
+                .map(|r| Machine::clone(&r.machine))
+                .collect(),
             fences: self.fences.iter().map(|(k, m)| (k.clone(), *m)).collect(),
             operations: self
                 .operations
@@ -266,8 +286,15 @@ impl Core {
 
     /// Applies `edit` to a record, bumps the revision and re-indexes it. Returns the new
     /// record, checked for shape.
-    pub(crate) fn update(&mut self, id: &MachineId, edit: impl FnOnce(&mut Machine)) -> Arc<Machine> {
-        let record = self.records.get_mut(id).expect("update of a record that exists");
+    pub(crate) fn update(
+        &mut self,
+        id: &MachineId,
+        edit: impl FnOnce(&mut Machine),
+    ) -> Arc<Machine> {
+        let record = self
+            .records
+            .get_mut(id)
+            .expect("update of a record that exists");
         edit(Arc::make_mut(&mut record.machine));
         record.machine.assert_shape();
         self.touch(id)
@@ -276,7 +303,10 @@ impl Core {
     /// Bumps the revision and stamps the record with it.
     pub(crate) fn touch(&mut self, id: &MachineId) -> Arc<Machine> {
         self.revision += 1;
-        let record = self.records.get_mut(id).expect("touch of a record that exists");
+        let record = self
+            .records
+            .get_mut(id)
+            .expect("touch of a record that exists");
         self.by_revision.remove(&(record.modified, id.clone()));
         record.modified = self.revision;
         self.by_revision.insert((self.revision, id.clone()));

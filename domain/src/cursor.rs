@@ -23,7 +23,15 @@ mod tests {
         assert_eq!(parse_cursor(b"+7"), Some(7));
         assert_eq!(parse_cursor(b"-3"), Some(-3));
         assert_eq!(parse_cursor(b"9223372036854775807"), Some(i64::MAX));
-        for junk in [&b""[..], b"+", b"-", b"42!", b"~42", b"not-a-real-cursor", b"\x00\xff"] {
+        for junk in [
+            &b""[..],
+            b"+",
+            b"-",
+            b"42!",
+            b"~42",
+            b"not-a-real-cursor",
+            b"\x00\xff",
+        ] {
             assert_eq!(parse_cursor(junk), None, "{junk:?}");
         }
         assert_eq!(parse_cursor(b"9223372036854775808"), None);

@@ -27,7 +27,10 @@ impl FenceToken {
     /// The (epoch, sequence) pair this token would record as a mark.
     #[must_use]
     pub fn mark(&self) -> FenceMark {
-        FenceMark { epoch: self.epoch, sequence: self.sequence }
+        FenceMark {
+            epoch: self.epoch,
+            sequence: self.sequence,
+        }
     }
 }
 

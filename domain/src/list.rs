@@ -43,7 +43,12 @@ impl Core {
     /// The machines a List call returns.
     #[must_use]
     pub fn list(&self, query: &ListQuery) -> ListPage {
-        let wanted = |r: &&Record| query.states.as_ref().is_none_or(|s| s.contains(&r.machine.state));
+        let wanted = |r: &&Record| {
+            query
+                .states
+                .as_ref()
+                .is_none_or(|s| s.contains(&r.machine.state))
+        };
         let cap = query.max_results.unwrap_or(usize::MAX);
         let machines = match query.since_revision {
             None => self
@@ -56,7 +61,12 @@ impl Core {
             Some(cursor) => {
                 let start = match cursor.checked_add(1) {
                     Some(next) => Bound::Included((next, MachineId::lowest())),
-                    None => return ListPage { machines: Vec::new(), revision: self.revision },
+                    None => {
+                        return ListPage {
+                            machines: Vec::new(),
+                            revision: self.revision,
+                        };
+                    }
                 };
                 self.by_revision
                     .range((start, Bound::Unbounded))
@@ -67,6 +77,9 @@ impl Core {
                     .collect()
             }
         };
-        ListPage { machines, revision: self.revision }
+        ListPage {
+            machines,
+            revision: self.revision,
+        }
     }
 }

@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 pub type StringMap = BTreeMap<String, String>;
 
 /// A point in time, in nanoseconds since the Unix epoch. Only the `Clock` port makes these.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct Timestamp(pub u64);
 
 impl Timestamp {
@@ -50,7 +52,11 @@ impl MachineId {
     /// [`MachineIdError`] when `id` is empty.
     pub fn new(id: impl Into<String>) -> Result<Self, MachineIdError> {
         let id = id.into();
-        if id.is_empty() { Err(MachineIdError) } else { Ok(Self(id)) }
+        if id.is_empty() {
+            Err(MachineIdError)
+        } else {
+            Ok(Self(id))
+        }
     }
 
     /// The id as a string slice.
@@ -114,7 +120,10 @@ impl MachineState {
     /// Whether this is one of the four transitional states.
     #[must_use]
     pub fn is_transitional(self) -> bool {
-        matches!(self, Self::Creating | Self::Configuring | Self::Draining | Self::Deleting)
+        matches!(
+            self,
+            Self::Creating | Self::Configuring | Self::Draining | Self::Deleting
+        )
     }
 
     /// The state's name as operators read it (`Speculative`, `Creating`, …).

@@ -34,7 +34,11 @@ impl Core {
             }
             let id = fresh.id.clone();
             let Some(record) = self.records.get(&id) else {
-                let record = Record { machine: Arc::new(fresh), modified: 0, in_flight: None };
+                let record = Record {
+                    machine: Arc::new(fresh),
+                    modified: 0,
+                    in_flight: None,
+                };
                 self.records.insert(id.clone(), record);
                 changes.machines.push(self.touch(&id));
                 report.added.push(id);

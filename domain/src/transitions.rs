@@ -65,7 +65,10 @@ impl Core {
     /// Decides one mutating call at time `now`.
     pub fn mutate(&mut self, mutation: Mutation, now: Timestamp) -> MutateDecision {
         let kind = mutation.request.kind();
-        let rejected = |error| MutateDecision { outcome: Err(error), changes: None };
+        let rejected = |error| MutateDecision {
+            outcome: Err(error),
+            changes: None,
+        };
         let Ok(id) = MachineId::new(mutation.machine_id.clone()) else {
             return rejected(MutateError::MissingMachineId);
         };
@@ -85,7 +88,11 @@ impl Core {
             let presented = mutation.token.mark();
             if let Some(&mark) = self.fences.get(&key) {
                 if presented <= mark {
-                    return rejected(MutateError::Fenced { key, presented, mark });
+                    return rejected(MutateError::Fenced {
+                        key,
+                        presented,
+                        mark,
+                    });
                 }
             }
             self.fences.insert(key.clone(), presented);
@@ -107,39 +114,62 @@ impl Core {
     ) -> Result<Ack, MutateError> {
         let kind = request.kind();
         let Some(record) = self.records.get(id) else {
-            return Err(MutateError::NotFound { machine_id: id.to_string() });
+            return Err(MutateError::NotFound {
+                machine_id: id.to_string(),
+            });
         };
         let state = record.machine.state;
         if let Some(op) = self.operations.get(&(id.clone(), kind)) {
             if kind.reuses_in(state) {
                 let machine = Arc::clone(&record.machine);
-                return Ok(Ack { operation_id: op.clone(), machine, dispatch: None });
+                return Ok(Ack {
+                    operation_id: op.clone(),
+                    machine,
+                    dispatch: None,
+                });
             }
         }
         if state != kind.source() {
-            return Err(MutateError::OutOfPosition { machine_id: id.to_string(), kind, state });
+            return Err(MutateError::OutOfPosition {
+                machine_id: id.to_string(),
+                kind,
+                state,
+            });
         }
         self.next_operation += 1;
         let operation_id = OperationId::mint(&self.policy.operation_prefix, self.next_operation);
         let timeout = self.policy.timeouts.for_kind(kind);
         let deadline = now.saturating_add(timeout);
         let grace_period_seconds = match &request {
-            MutateRequest::Drain { grace_period_seconds } => *grace_period_seconds,
+            MutateRequest::Drain {
+                grace_period_seconds,
+            } => *grace_period_seconds,
             _ => 0,
         };
         let machine = self.update(id, |m| {
             m.state = kind.transitional();
-            if let MutateRequest::Configure { cluster, shard_metadata } = request {
+            if let MutateRequest::Configure {
+                cluster,
+                shard_metadata,
+            } = request
+            {
                 m.cluster = cluster;
                 m.shard_metadata = shard_metadata;
             }
         });
         let record = self.records.get_mut(id).expect("accepted record exists");
-        record.in_flight =
-            Some(InFlight { kind, operation_id: operation_id.clone(), deadline, timeout });
-        self.operations.insert((id.clone(), kind), operation_id.clone());
+        record.in_flight = Some(InFlight {
+            kind,
+            operation_id: operation_id.clone(),
+            deadline,
+            timeout,
+        });
+        self.operations
+            .insert((id.clone(), kind), operation_id.clone());
         changes.machines.push(Arc::clone(&machine));
-        changes.operations.push((id.clone(), kind, operation_id.clone()));
+        changes
+            .operations
+            .push((id.clone(), kind, operation_id.clone()));
         let dispatch = Dispatch {
             kind,
             operation_id: operation_id.clone(),
@@ -148,7 +178,11 @@ impl Core {
             timeout,
             grace_period_seconds,
         };
-        Ok(Ack { operation_id, machine, dispatch: Some(dispatch) })
+        Ok(Ack {
+            operation_id,
+            machine,
+            dispatch: Some(dispatch),
+        })
     }
 
     /// Finishes a dispatched transition at time `now`. A completion for anything but the
@@ -159,7 +193,12 @@ impl Core {
         completion: Completion,
         now: Timestamp,
     ) -> (CompletionOutcome, Option<ChangeSet>) {
-        let Completion { machine_id, kind, operation_id, result } = completion;
+        let Completion {
+            machine_id,
+            kind,
+            operation_id,
+            result,
+        } = completion;
         let Some(record) = self.records.get(&machine_id) else {
             return (CompletionOutcome::Dropped, None);
         };
@@ -173,11 +212,21 @@ impl Core {
             return (CompletionOutcome::Dropped, None);
         }
         let late = now >= in_flight.deadline && !matches!(result, TransitionResult::Failed(_));
-        let result = if late { TransitionResult::TimedOut } else { result };
+        let result = if late {
+            TransitionResult::TimedOut
+        } else {
+            result
+        };
         let timeout = in_flight.timeout;
         let machine = self.update(&machine_id, |m| settle(m, kind, result, timeout));
-        self.records.get_mut(&machine_id).expect("completed record exists").in_flight = None;
-        let mut changes = ChangeSet { machines: vec![Arc::clone(&machine)], ..ChangeSet::default() };
+        self.records
+            .get_mut(&machine_id)
+            .expect("completed record exists")
+            .in_flight = None;
+        let mut changes = ChangeSet {
+            machines: vec![Arc::clone(&machine)],
+            ..ChangeSet::default()
+        };
         self.stamp(&mut changes);
         (CompletionOutcome::Applied(machine), Some(changes))
     }
@@ -202,9 +251,19 @@ fn settle(machine: &mut Machine, kind: Kind, result: TransitionResult, timeout: 
                 go_duration(timeout)
             ),
         ),
-        (Kind::Create, TransitionResult::Created { host, resources, allocatable }) => {
+        (
+            Kind::Create,
+            TransitionResult::Created {
+                host,
+                resources,
+                allocatable,
+            },
+        ) => {
             if !host.is_set() {
-                return fail(machine, "create returned no host for a created machine".to_owned());
+                return fail(
+                    machine,
+                    "create returned no host for a created machine".to_owned(),
+                );
             }
             machine.state = MachineState::Idle;
             machine.host = Some(host);
@@ -238,7 +297,11 @@ pub(crate) fn go_duration(duration: Duration) -> String {
     }
     let secs = duration.as_secs();
     let millis = duration.subsec_millis();
-    let frac = if millis == 0 { String::new() } else { format!(".{millis:03}").trim_end_matches('0').to_owned() };
+    let frac = if millis == 0 {
+        String::new()
+    } else {
+        format!(".{millis:03}").trim_end_matches('0').to_owned()
+    };
     let (h, m, s) = (secs / 3600, (secs / 60) % 60, secs % 60);
     match (h, m) {
         (0, 0) => format!("{s}{frac}s"),

@@ -50,7 +50,9 @@ pub enum InvalidMachine {
         id: String,
     },
     /// Described records may only be Speculative without a host or Idle with one.
-    #[error("machine {id}: a described machine must be Speculative without a host or Idle with one (got {state} {host})")]
+    #[error(
+        "machine {id}: a described machine must be Speculative without a host or Idle with one (got {state} {host})"
+    )]
     BadState {
         /// The machine.
         id: String,
@@ -99,8 +101,16 @@ pub fn validate_instance(machine: &Machine, require_zone: bool) -> Result<(), In
         _ => false,
     };
     if !shape_ok {
-        let host = if machine.has_host() { "with a host" } else { "without a host" };
-        return Err(InvalidMachine::BadState { id, state: machine.state, host });
+        let host = if machine.has_host() {
+            "with a host"
+        } else {
+            "without a host"
+        };
+        return Err(InvalidMachine::BadState {
+            id,
+            state: machine.state,
+            host,
+        });
     }
     Ok(())
 }

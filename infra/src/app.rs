@@ -62,7 +62,9 @@ pub async fn assemble<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
 ) -> Result<Provider<H, S, C, E>, StartError> {
     let provider = Provider::start(config, hypervisor, store, clock, spawner).await?;
     if !provider.readiness_gate() {
-        warn!("the hypervisor cannot observe node readiness: Configured is reported when bootstrap returns");
+        warn!(
+            "the hypervisor cannot observe node readiness: Configured is reported when bootstrap returns"
+        );
     }
     let metrics = metrics.clone();
     Ok(provider.with_observer(move |event: &TransitionEvent| record_transition(&metrics, event)))
@@ -75,11 +77,17 @@ fn record_transition(metrics: &Metrics, event: &TransitionEvent) {
         None => "dropped",
     };
     let kind = event.kind.name().to_owned();
-    let labels = TransitionLabels { kind: kind.clone(), outcome: outcome.to_owned() };
+    let labels = TransitionLabels {
+        kind: kind.clone(),
+        outcome: outcome.to_owned(),
+    };
     metrics.transitions.get_or_create(&labels).inc();
     if event.machine.is_some() {
         let seconds = event.elapsed.as_secs_f64();
-        metrics.transition_duration.get_or_create(&KindLabels { kind }).observe(seconds);
+        metrics
+            .transition_duration
+            .get_or_create(&KindLabels { kind })
+            .observe(seconds);
     }
 }
 
@@ -101,8 +109,9 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
     let readiness = Readiness::default();
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let service = CapacityProviderServer::new(CapacityService::new(provider.clone(), metrics.clone()))
-        .max_decoding_message_size(16 * 1024 * 1024);
+    let service =
+        CapacityProviderServer::new(CapacityService::new(provider.clone(), metrics.clone()))
+            .max_decoding_message_size(16 * 1024 * 1024);
     let mut router = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(service);
@@ -130,7 +139,8 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http_task = http.map(|listener| {
         let hook_provider = provider.clone();
-        let on_scrape: http::ScrapeHook = Arc::new(move |m: &Metrics| refresh_gauges(&hook_provider, m));
+        let on_scrape: http::ScrapeHook =
+            Arc::new(move |m: &Metrics| refresh_gauges(&hook_provider, m));
         let app = http::router(metrics.clone(), readiness.clone(), on_scrape);
         tokio::spawn(async move {
             axum::serve(listener, app)
@@ -143,7 +153,9 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     if let Some(interval) = config.reconcile_interval {
         tokio::spawn(reconcile_loop(provider.clone(), metrics.clone(), interval));
     }
-    health_reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
     health_reporter
         .set_serving::<CapacityProviderServer<CapacityService<H, S, C, E>>>()
         .await;
@@ -152,7 +164,9 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     shutdown.await;
     info!("shutting down");
     readiness.set(false);
-    health_reporter.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
     health_reporter
         .set_not_serving::<CapacityProviderServer<CapacityService<H, S, C, E>>>()
         .await;
@@ -160,7 +174,9 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let _ = stop_http.send(());
     match tokio::time::timeout(config.drain_period, grpc_task).await {
         Ok(joined) => joined??,
-        Err(_) => warn!(drain_period = ?config.drain_period, "in-flight RPCs did not finish in time"),
+        Err(_) => {
+            warn!(drain_period = ?config.drain_period, "in-flight RPCs did not finish in time")
+        }
     }
     if let Some(task) = http_task {
         if let Ok(joined) = tokio::time::timeout(Duration::from_secs(5), task).await {
@@ -189,8 +205,13 @@ fn refresh_gauges<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     metrics: &Metrics,
 ) {
     for (state, count) in provider.count_by_state() {
-        let labels = StateLabels { state: state.name().to_owned() };
-        metrics.machines.get_or_create(&labels).set(i64::try_from(count).unwrap_or(i64::MAX));
+        let labels = StateLabels {
+            state: state.name().to_owned(),
+        };
+        metrics
+            .machines
+            .get_or_create(&labels)
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 }
 
@@ -207,7 +228,11 @@ async fn reconcile_loop<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         let outcome = match provider.reconcile().await {
             Ok(report) => {
                 if !report.added.is_empty() || !report.refreshed.is_empty() {
-                    info!(added = report.added.len(), refreshed = report.refreshed.len(), "reconciled");
+                    info!(
+                        added = report.added.len(),
+                        refreshed = report.refreshed.len(),
+                        "reconciled"
+                    );
                 }
                 "success"
             }
@@ -216,6 +241,11 @@ async fn reconcile_loop<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
                 "error"
             }
         };
-        metrics.reconcile.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }).inc();
+        metrics
+            .reconcile
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 }

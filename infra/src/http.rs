@@ -46,7 +46,11 @@ pub fn router(metrics: Metrics, readiness: Readiness, on_scrape: ScrapeHook) -> 
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(HttpState { metrics, readiness, on_scrape })
+        .with_state(HttpState {
+            metrics,
+            readiness,
+            on_scrape,
+        })
 }
 
 async fn metrics_page(State(state): State<HttpState>) -> impl IntoResponse {

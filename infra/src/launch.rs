@@ -110,8 +110,12 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         None => InstanceCatalog::builtin(),
     };
     let overrides = config::parse_prices(&flags.prices)?;
-    let prices =
-        PriceTable::new(overrides, flags.price_per_vcpu_hour, flags.price_per_gib_hour, &catalog)?;
+    let prices = PriceTable::new(
+        overrides,
+        flags.price_per_vcpu_hour,
+        flags.price_per_gib_hour,
+        &catalog,
+    )?;
     let backend = select_backend(flags, &connections)?;
     check_tls(flags)?;
     if flags.fake_fault_hooks && backend != Backend::Fake {
@@ -123,7 +127,9 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         return Err(flag("--fake-delay-min must not exceed --fake-delay-max"));
     }
     if flags.transition_timeout.is_some_and(|t| t.is_zero()) {
-        return Err(flag("--transition-timeout must be above 0 (e.g. 2s); omit it for the defaults"));
+        return Err(flag(
+            "--transition-timeout must be above 0 (e.g. 2s); omit it for the defaults",
+        ));
     }
     let zones: Vec<String> = connections.iter().map(|c| c.zone.clone()).collect();
     let mut offerings = match &flags.offerings {
@@ -137,12 +143,22 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         ),
     };
     if flags.fake_fault_hooks {
-        let capacity = offerings.first().map_or(flags.capacity_type.clone(), |o| o.capacity_type.clone());
-        offerings.push(config::fault_offering(&catalog, &zones, &flags.default_zone, &capacity));
+        let capacity = offerings
+            .first()
+            .map_or(flags.capacity_type.clone(), |o| o.capacity_type.clone());
+        offerings.push(config::fault_offering(
+            &catalog,
+            &zones,
+            &flags.default_zone,
+            &capacity,
+        ));
     }
     if let Some(path) = &flags.base_user_data {
         std::fs::read(path).map_err(|e| {
-            flag(format!("--base-user-data {}: cannot read the file: {e}", path.display()))
+            flag(format!(
+                "--base-user-data {}: cannot read the file: {e}",
+                path.display()
+            ))
         })?;
     }
     let require_zones = (backend == Backend::Libvirt).then_some(zones.as_slice());
@@ -153,7 +169,9 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         require_zones,
     };
     let inventory = config::build_inventory(&offerings, &inventory_config)?;
-    let timeouts = flags.transition_timeout.map_or_else(Timeouts::default, Timeouts::uniform);
+    let timeouts = flags
+        .transition_timeout
+        .map_or_else(Timeouts::default, Timeouts::uniform);
     let policy = Policy {
         delete_supported: inventory.delete_supported,
         require_zone: true,
@@ -166,12 +184,16 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         connections,
         offerings,
         inventory,
-        provider: ProviderConfig { policy, seed_timeout: Duration::from_secs(30) },
+        provider: ProviderConfig {
+            policy,
+            seed_timeout: Duration::from_secs(30),
+        },
         grpc_addr: listen_addr("--addr", &flags.addr)?
             .ok_or_else(|| flag("--addr must not be empty; the default is :9000"))?,
         metrics_addr: listen_addr("--metrics-addr", &flags.metrics_addr)?,
         state: flags.state.clone(),
-        reconcile_interval: (!flags.reconcile_interval.is_zero()).then_some(flags.reconcile_interval),
+        reconcile_interval: (!flags.reconcile_interval.is_zero())
+            .then_some(flags.reconcile_interval),
         fake: FakeSettings {
             fault_hooks: flags.fake_fault_hooks,
             delay_min: flags.fake_delay_min,
@@ -235,14 +257,21 @@ fn listen_addr(name: &str, raw: &str) -> Result<Option<SocketAddr>, LaunchError>
     if raw.is_empty() {
         return Ok(None);
     }
-    let full = if raw.starts_with(':') { format!("0.0.0.0{raw}") } else { raw.to_owned() };
+    let full = if raw.starts_with(':') {
+        format!("0.0.0.0{raw}")
+    } else {
+        raw.to_owned()
+    };
     let mut addrs = full.to_socket_addrs().map_err(|e| {
-        flag(format!("{name} {raw:?} is not a listen address ({e}); use :PORT or HOST:PORT"))
+        flag(format!(
+            "{name} {raw:?} is not a listen address ({e}); use :PORT or HOST:PORT"
+        ))
     })?;
-    addrs
-        .next()
-        .map(Some)
-        .ok_or_else(|| flag(format!("{name} {raw:?} resolves to no address; use :PORT or HOST:PORT")))
+    addrs.next().map(Some).ok_or_else(|| {
+        flag(format!(
+            "{name} {raw:?} resolves to no address; use :PORT or HOST:PORT"
+        ))
+    })
 }
 
 /// The Speculative inventory a plan would serve.

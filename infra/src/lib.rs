@@ -2,14 +2,14 @@
 //! in-memory store, the tonic gRPC service, the axum HTTP side server, telemetry, and the
 //! composition root the `bigfleet-libvirt` binary (and the simulator) call.
 
+pub mod app;
 pub mod config;
 pub mod fake;
+pub mod grpc;
+pub mod http;
+pub mod launch;
+pub mod metrics;
 pub mod naming;
 pub mod store;
 pub mod system;
-pub mod grpc;
-pub mod metrics;
-pub mod app;
-pub mod http;
 pub mod telemetry;
-pub mod launch;

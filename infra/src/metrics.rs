@@ -112,7 +112,11 @@ impl Metrics {
             "Unary gRPC request latency",
             grpc_duration.clone(),
         );
-        registry.register(format!("{prefix}_panics"), "Recovered handler panics", panics.clone());
+        registry.register(
+            format!("{prefix}_panics"),
+            "Recovered handler panics",
+            panics.clone(),
+        );
         registry.register(
             format!("{prefix}_transitions"),
             "Finished transitions by kind and outcome",
@@ -123,7 +127,11 @@ impl Metrics {
             "Time from accept to completion of a transition",
             transition_duration.clone(),
         );
-        registry.register(format!("{prefix}_machines"), "Machines by state", machines.clone());
+        registry.register(
+            format!("{prefix}_machines"),
+            "Machines by state",
+            machines.clone(),
+        );
         registry.register(
             format!("{prefix}_reconcile"),
             "Background reconcile runs by outcome",

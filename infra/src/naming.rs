@@ -27,10 +27,19 @@ mod tests {
     #[test]
     fn names_are_stable_short_and_scoped_by_provider() {
         let a = domain_name("libvirt", "libvirt/OnDemand/kvm.large/local-a/000");
-        assert_eq!(a, domain_name("libvirt", "libvirt/OnDemand/kvm.large/local-a/000"));
+        assert_eq!(
+            a,
+            domain_name("libvirt", "libvirt/OnDemand/kvm.large/local-a/000")
+        );
         assert_eq!(a.len(), "bigfleet-".len() + 24);
-        assert_ne!(a, domain_name("libvirt-dc2", "libvirt/OnDemand/kvm.large/local-a/000"));
-        assert_ne!(a, domain_name("libvirt", "libvirt/OnDemand/kvm.large/local-a/001"));
+        assert_ne!(
+            a,
+            domain_name("libvirt-dc2", "libvirt/OnDemand/kvm.large/local-a/000")
+        );
+        assert_ne!(
+            a,
+            domain_name("libvirt", "libvirt/OnDemand/kvm.large/local-a/001")
+        );
         // The separator keeps (ab, c) and (a, bc) apart.
         assert_ne!(domain_name("ab", "c"), domain_name("a", "bc"));
     }

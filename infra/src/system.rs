@@ -16,7 +16,9 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
         // The single sanctioned wall-clock read: everything else asks this port.
-        let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
         Timestamp(u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX))
     }
 

@@ -48,13 +48,21 @@ impl HypervisorError {
     /// A failure that changed nothing and will fail again if retried as is.
     #[must_use]
     pub fn permanent(message: impl Into<String>) -> Self {
-        Self { message: message.into(), retry: Retry::Never, side_effects: SideEffects::None }
+        Self {
+            message: message.into(),
+            retry: Retry::Never,
+            side_effects: SideEffects::None,
+        }
     }
 
     /// A failure whose effect on the host is unknown.
     #[must_use]
     pub fn indefinite(message: impl Into<String>) -> Self {
-        Self { message: message.into(), retry: Retry::Unsafe, side_effects: SideEffects::Unknown }
+        Self {
+            message: message.into(),
+            retry: Retry::Unsafe,
+            side_effects: SideEffects::Unknown,
+        }
     }
 }
 

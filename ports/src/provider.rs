@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
-    Ack, Completion, CompletionOutcome, Core, Dispatch, Kind, ListPage, ListQuery,
-    Machine, MachineState, MutateError, Mutation, Policy, ReconcileReport, SeedError, Timestamp,
+    Ack, Completion, CompletionOutcome, Core, Dispatch, Kind, ListPage, ListQuery, Machine,
+    MachineState, MutateError, Mutation, Policy, ReconcileReport, SeedError, Timestamp,
     TransitionResult,
 };
 use futures::FutureExt;
@@ -36,7 +36,10 @@ pub struct ProviderConfig {
 
 impl Default for ProviderConfig {
     fn default() -> Self {
-        Self { policy: Policy::default(), seed_timeout: Duration::from_secs(30) }
+        Self {
+            policy: Policy::default(),
+            seed_timeout: Duration::from_secs(30),
+        }
     }
 }
 
@@ -97,7 +100,9 @@ pub struct Provider<H, S, C, E> {
 
 impl<H, S, C, E> Clone for Provider<H, S, C, E> {
     fn clone(&self) -> Self {
-        Self { inner: Arc::clone(&self.inner) }
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
     }
 }
 
@@ -123,28 +128,53 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                     return Err(StartError::DescribeTimedOut(config.seed_timeout)),
             };
             let (core, changes) = Core::seed(config.policy, described)?;
-            info!(machines = core.len(), "seeded an empty store from the hypervisor");
+            info!(
+                machines = core.len(),
+                "seeded an empty store from the hypervisor"
+            );
             (core, Some(changes))
         } else {
             let (core, changes) = Core::restore(config.policy, snapshot)?;
             let failed = changes.as_ref().map_or(0, |c| c.machines.len());
-            info!(machines = core.len(), interrupted = failed, "restored durable state");
+            info!(
+                machines = core.len(),
+                interrupted = failed,
+                "restored durable state"
+            );
             (core, changes)
         };
         if let Some(changes) = changes {
             store.commit(changes).await?;
         }
-        let inner = Inner { core: Mutex::new(core), hypervisor, store, clock, spawner, observer: None };
-        Ok(Self { inner: Arc::new(inner) })
+        let inner = Inner {
+            core: Mutex::new(core),
+            hypervisor,
+            store,
+            clock,
+            spawner,
+            observer: None,
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
     }
 
     /// Registers a callback told about every finished transition. Call before serving.
     #[must_use]
-    pub fn with_observer(self, observer: impl Fn(&TransitionEvent) + Send + Sync + 'static) -> Self {
-        let inner = Arc::try_unwrap(self.inner)
-            .unwrap_or_else(|_| panic!("with_observer must be called before the provider is shared"));
-        let inner = Inner { observer: Some(Arc::new(observer)), ..inner };
-        Self { inner: Arc::new(inner) }
+    pub fn with_observer(
+        self,
+        observer: impl Fn(&TransitionEvent) + Send + Sync + 'static,
+    ) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|_| {
+            panic!("with_observer must be called before the provider is shared")
+        });
+        let inner = Inner {
+            observer: Some(Arc::new(observer)),
+            ..inner
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
     }
 
     /// Decides a mutating call, makes the decision durable, starts the transition it
@@ -152,7 +182,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     ///
     /// # Errors
     /// The core's rejection, or a store failure (then nothing was acknowledged).
-    pub async fn mutate(&self, mutation: Mutation, blob: BootstrapBlob) -> Result<Ack, ProviderError> {
+    pub async fn mutate(
+        &self,
+        mutation: Mutation,
+        blob: BootstrapBlob,
+    ) -> Result<Ack, ProviderError> {
         let now = self.inner.clock.now();
         let (decision, durable) = {
             let mut core = self.lock();
@@ -163,9 +197,15 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         if let Some(durable) = durable {
             if let Err(store_error) = durable.await {
                 error!(error = %store_error, "decision not persisted; call not acknowledged");
-                if let Ok(Ack { dispatch: Some(dispatch), .. }) = decision.outcome {
-                    let reason = format!("the accepted transition could not be persisted: {store_error}");
-                    self.finish(&dispatch, TransitionResult::Failed(reason)).await;
+                if let Ok(Ack {
+                    dispatch: Some(dispatch),
+                    ..
+                }) = decision.outcome
+                {
+                    let reason =
+                        format!("the accepted transition could not be persisted: {store_error}");
+                    self.finish(&dispatch, TransitionResult::Failed(reason))
+                        .await;
                 }
                 return Err(ProviderError::Store(store_error));
             }
@@ -179,7 +219,9 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 machine_id = %dispatch.machine.id,
                 operation_id = %dispatch.operation_id,
             );
-            self.inner.spawner.spawn("transition", provider.run(dispatch, blob).instrument(span));
+            self.inner
+                .spawner
+                .spawn("transition", provider.run(dispatch, blob).instrument(span));
         }
         Ok(ack)
     }
@@ -248,7 +290,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     fn lock(&self) -> MutexGuard<'_, Core> {
         // A panic while holding the lock means an invariant broke; keep serving reads of
         // the last consistent state rather than poisoning every later call.
-        self.inner.core.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .core
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Runs one accepted transition to completion or to its deadline.
@@ -268,21 +313,32 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let machine = Arc::clone(&dispatch.machine);
         let operation_id = dispatch.operation_id.clone();
         let outcome = match dispatch.kind {
-            Kind::Create => hv.create(CreateRequest { machine, operation_id }).await.map(|c| {
-                TransitionResult::Created {
+            Kind::Create => hv
+                .create(CreateRequest {
+                    machine,
+                    operation_id,
+                })
+                .await
+                .map(|c| TransitionResult::Created {
                     host: c.host,
                     resources: c.resources,
                     allocatable: c.allocatable,
-                }
-            }),
+                }),
             Kind::Configure => self.configure(machine, operation_id, blob).await,
             Kind::Drain => {
                 let grace_period_seconds = dispatch.grace_period_seconds;
-                let request = DrainRequest { machine, grace_period_seconds, operation_id };
+                let request = DrainRequest {
+                    machine,
+                    grace_period_seconds,
+                    operation_id,
+                };
                 hv.drain(request).await.map(|()| TransitionResult::Drained)
             }
             Kind::Delete => hv
-                .delete(DeleteRequest { machine, operation_id })
+                .delete(DeleteRequest {
+                    machine,
+                    operation_id,
+                })
                 .await
                 .map(|()| TransitionResult::Deleted),
         };
@@ -304,11 +360,17 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             operation_id: operation_id.clone(),
         };
         hv.configure(request).await?;
-        let readiness = ReadinessRequest { machine, cluster_id, operation_id };
-        hv.confirm_node_ready(readiness).await.map_err(|e| HypervisorError {
-            message: format!("node readiness: {}", e.message),
-            ..e
-        })?;
+        let readiness = ReadinessRequest {
+            machine,
+            cluster_id,
+            operation_id,
+        };
+        hv.confirm_node_ready(readiness)
+            .await
+            .map_err(|e| HypervisorError {
+                message: format!("node readiness: {}", e.message),
+                ..e
+            })?;
         Ok(TransitionResult::Configured)
     }
 
@@ -330,7 +392,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 error!(error = %e, "transition outcome not persisted; durability at risk");
             }
         }
-        let accepted_at = dispatch.deadline.0.saturating_sub(duration_nanos(dispatch.timeout));
+        let accepted_at = dispatch
+            .deadline
+            .0
+            .saturating_sub(duration_nanos(dispatch.timeout));
         let elapsed = now.saturating_since(Timestamp(accepted_at));
         let machine = match outcome {
             CompletionOutcome::Applied(machine) => {
@@ -347,7 +412,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             }
         };
         if let Some(observer) = &self.inner.observer {
-            observer(&TransitionEvent { kind: dispatch.kind, machine, elapsed });
+            observer(&TransitionEvent {
+                kind: dispatch.kind,
+                machine,
+                elapsed,
+            });
         }
     }
 }

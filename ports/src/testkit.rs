@@ -1,8 +1,8 @@
 //! Contract test suites every adapter runs (one suite, many adapters).
 
 use bigfleet_libvirt_domain::{
-    ChangeSet, Core, FenceToken, Machine, MachineId, MachineState, MutateRequest, Mutation,
-    Policy, Snapshot, StringMap, Timestamp,
+    ChangeSet, Core, FenceToken, Machine, MachineId, MachineState, MutateRequest, Mutation, Policy,
+    Snapshot, StringMap, Timestamp,
 };
 
 use crate::store::StateStore;
@@ -45,15 +45,34 @@ where
     let (mut core, seed) = Core::seed(Policy::default(), machines).expect("seed");
     let mut expected = Snapshot::default();
     let mut pending = vec![seed];
-    let token = |seq| FenceToken { shard_id: "s".to_owned(), epoch: 1, sequence: seq };
-    for (i, request) in [MutateRequest::Create, MutateRequest::Delete].into_iter().enumerate() {
-        let mutation = Mutation { machine_id: "m-1".to_owned(), token: token(i as i64 + 1), request };
+    let token = |seq| FenceToken {
+        shard_id: "s".to_owned(),
+        epoch: 1,
+        sequence: seq,
+    };
+    for (i, request) in [MutateRequest::Create, MutateRequest::Delete]
+        .into_iter()
+        .enumerate()
+    {
+        let mutation = Mutation {
+            machine_id: "m-1".to_owned(),
+            token: token(i as i64 + 1),
+            request,
+        };
         pending.extend(core.mutate(mutation, Timestamp(1)).changes);
     }
-    let ghost = Mutation { machine_id: "ghost".to_owned(), token: token(9), request: MutateRequest::Create };
+    let ghost = Mutation {
+        machine_id: "ghost".to_owned(),
+        token: token(9),
+        request: MutateRequest::Create,
+    };
     pending.extend(core.mutate(ghost, Timestamp(2)).changes);
     // Enqueue every change set before awaiting any: the order of calls is the commit order.
-    let futures: Vec<_> = pending.iter().cloned().map(|c: ChangeSet| store.commit(c)).collect();
+    let futures: Vec<_> = pending
+        .iter()
+        .cloned()
+        .map(|c: ChangeSet| store.commit(c))
+        .collect();
     for f in futures {
         f.await.expect("commit");
     }
@@ -64,7 +83,10 @@ where
     let mut loaded = store.load().await.expect("load after commits");
     normalise(&mut loaded);
     normalise(&mut expected);
-    assert_eq!(loaded, expected, "load must equal the in-order application of every commit");
+    assert_eq!(
+        loaded, expected,
+        "load must equal the in-order application of every commit"
+    );
     assert_eq!(loaded, {
         let mut s = core.snapshot();
         normalise(&mut s);

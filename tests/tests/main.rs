@@ -17,3 +17,4 @@ mod metadata;
 mod property;
 mod scale;
 mod smoke;
+mod tidy;

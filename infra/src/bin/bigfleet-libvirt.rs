@@ -19,84 +19,193 @@ use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use tracing::warn;
 
 #[derive(Parser, Debug)]
-#[command(name = "bigfleet-libvirt", version, about = "BigFleet capacity provider for libvirt hosts")]
+#[command(
+    name = "bigfleet-libvirt",
+    version,
+    about = "BigFleet capacity provider for libvirt hosts"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// gRPC listen address (`:PORT` listens on every interface).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_ADDR", default_value = ":9000")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_ADDR",
+        default_value = ":9000"
+    )]
     addr: String,
     /// Label stamped on every HostRef.provider and used in machine ids.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_PROVIDER", default_value = "libvirt")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_PROVIDER",
+        default_value = "libvirt"
+    )]
     provider: String,
     /// libvirt | fake | auto (auto = libvirt when --connect is set, else the fake).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_LIBVIRT_BACKEND", default_value = "auto")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_LIBVIRT_BACKEND",
+        default_value = "auto"
+    )]
     libvirt_backend: String,
     /// Force the in-memory fake hypervisor whatever else is set (conformance runs).
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_USE_FAKE_BACKEND", action = ArgAction::Set,
           num_args = 0..=1, default_value_t = false, default_missing_value = "true")]
     use_fake_backend: bool,
     /// A bare libvirt URI for --default-zone, or a zone=uri,... list (libvirt backend: not in this build yet).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_CONNECT", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_CONNECT",
+        default_value = ""
+    )]
     connect: String,
     /// Zone label for a single bare --connect URI; also the stem of the fake's zones.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_DEFAULT_ZONE", default_value = "local")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_DEFAULT_ZONE",
+        default_value = "local"
+    )]
     default_zone: String,
     /// Durable state file; empty = in-memory only (durable state: not in this build yet).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_STATE", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_STATE",
+        default_value = ""
+    )]
     state: String,
     /// Golden base-image volume (libvirt backend; not in this build yet).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_IMAGE", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_IMAGE",
+        default_value = ""
+    )]
     image: String,
     /// Storage pool for overlay and cloud-init volumes (libvirt backend).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_STORAGE_POOL", default_value = "default")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_STORAGE_POOL",
+        default_value = "default"
+    )]
     storage_pool: String,
     /// libvirt network for the domain NIC (libvirt backend).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_NETWORK", default_value = "default")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_NETWORK",
+        default_value = "default"
+    )]
     network: String,
     /// Cloud-init user-data file baked into every new domain (libvirt backend).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_BASE_USER_DATA", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_BASE_USER_DATA",
+        default_value = ""
+    )]
     base_user_data: String,
     /// on_demand (Delete implemented) or bare_metal (fixed pool) for the built-in offerings.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_CAPACITY_TYPE", default_value = "on_demand")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_CAPACITY_TYPE",
+        default_value = "on_demand"
+    )]
     capacity_type: String,
     /// JSON catalog name -> {vcpu, memory_mib}; replaces the built-in kvm.* sizes.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_INSTANCE_TYPES", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_INSTANCE_TYPES",
+        default_value = ""
+    )]
     instance_types: String,
     /// Explicit USD/hour prices, type=usd,...
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_PRICES", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_PRICES",
+        default_value = ""
+    )]
     prices: String,
     /// Synthetic USD/hour per vCPU.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_PRICE_PER_VCPU_HOUR", default_value_t = 0.0030)]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_PRICE_PER_VCPU_HOUR",
+        default_value_t = 0.0030
+    )]
     price_per_vcpu_hour: f64,
     /// Synthetic USD/hour per GiB of RAM.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_PRICE_PER_GIB_HOUR", default_value_t = 0.0008)]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_PRICE_PER_GIB_HOUR",
+        default_value_t = 0.0008
+    )]
     price_per_gib_hour: f64,
     /// JSON offerings file; empty = a built-in mix sized by --seed-count.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_OFFERINGS", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_OFFERINGS",
+        default_value = ""
+    )]
     offerings: String,
     /// Speculative slots in the built-in offerings (values <= 0 mean 16).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_SEED_COUNT", default_value_t = 32)]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_SEED_COUNT",
+        default_value_t = 32
+    )]
     seed_count: i64,
     /// Background reconcile interval (0 = off), e.g. 30s, 2m.
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_RECONCILE_INTERVAL", default_value = "2m",
           value_parser = parse_duration)]
     reconcile_interval: Duration,
     /// HTTP address for /metrics, /healthz, /readyz; empty disables it.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_METRICS_ADDR", default_value = ":9090")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_METRICS_ADDR",
+        default_value = ":9090"
+    )]
     metrics_addr: String,
     /// Register gRPC server reflection (v1 and v1alpha).
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_REFLECTION", action = ArgAction::Set,
           num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
     reflection: bool,
     /// Server certificate (PEM); enables TLS (not in this build yet).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_TLS_CERT", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_TLS_CERT",
+        default_value = ""
+    )]
     tls_cert: String,
     /// Server private key (PEM).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_TLS_KEY", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_TLS_KEY",
+        default_value = ""
+    )]
     tls_key: String,
     /// Client CA bundle (PEM); enables mTLS.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_TLS_CA", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_TLS_CA",
+        default_value = ""
+    )]
     tls_ca: String,
     /// Fake only: honour the conformance fault hooks (fault slots and fault-* cluster ids).
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_FAKE_FAULT_HOOKS", action = ArgAction::Set,
@@ -114,13 +223,23 @@ struct Cli {
           value_parser = parse_duration)]
     fake_delay_max: Duration,
     /// Fake only: seed of the latency generator.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_FAKE_SEED", default_value_t = 1)]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_FAKE_SEED",
+        default_value_t = 1
+    )]
     fake_seed: u64,
     /// Log format.
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_LOG_FORMAT", value_enum, default_value_t = Format::Text)]
     log_format: Format,
     /// Log level (RUST_LOG, when set, wins).
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_LOG_LEVEL", default_value = "info")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_LOG_LEVEL",
+        default_value = "info"
+    )]
     log_level: String,
 }
 
@@ -195,7 +314,10 @@ fn main() -> ExitCode {
         eprintln!("bigfleet-libvirt: {e:#}");
         return ExitCode::FAILURE;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("bigfleet-libvirt: start the async runtime: {e}");
@@ -247,8 +369,15 @@ async fn serve(cli: &Cli, plan: Plan) -> anyhow::Result<()> {
     let fake = FakeHypervisor::new(fake_config, clock);
     let metrics = Metrics::new();
     let store = MemoryStateStore::new();
-    let provider =
-        app::assemble(plan.provider.clone(), fake, store, clock, TokioSpawner, &metrics).await?;
+    let provider = app::assemble(
+        plan.provider.clone(),
+        fake,
+        store,
+        clock,
+        TokioSpawner,
+        &metrics,
+    )
+    .await?;
     let grpc = tokio::net::TcpListener::bind(plan.grpc_addr)
         .await
         .with_context(|| format!("--addr: listen on {}", plan.grpc_addr))?;

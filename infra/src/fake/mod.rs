@@ -76,7 +76,11 @@ impl<C: Clock> FakeHypervisor<C> {
             rng: Xoshiro256PlusPlus::seed_from_u64(config.seed),
             domains: BTreeMap::new(),
         };
-        Self { clock, config: Arc::new(config), state: Arc::new(Mutex::new(state)) }
+        Self {
+            clock,
+            config: Arc::new(config),
+            state: Arc::new(Mutex::new(state)),
+        }
     }
 
     /// How many domains exist (for tests).
@@ -86,15 +90,24 @@ impl<C: Clock> FakeHypervisor<C> {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Sleeps a seeded random latency in [delay_min, delay_max].
     fn latency(&self) -> impl Future<Output = ()> + Send + 'static {
         let (min, max) = (self.config.delay_min, self.config.delay_max);
         let span = u64::try_from(max.saturating_sub(min).as_nanos()).unwrap_or(u64::MAX);
-        let jitter = if span == 0 { 0 } else { self.state().rng.next_u64() % (span + 1) };
-        let deadline = self.clock.now().saturating_add(min + Duration::from_nanos(jitter));
+        let jitter = if span == 0 {
+            0
+        } else {
+            self.state().rng.next_u64() % (span + 1)
+        };
+        let deadline = self
+            .clock
+            .now()
+            .saturating_add(min + Duration::from_nanos(jitter));
         self.clock.sleep_until(deadline)
     }
 
@@ -152,21 +165,31 @@ impl<C: Clock> Hypervisor for FakeHypervisor<C> {
     async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
         self.latency().await;
         let machine = &request.machine;
-        let faulty = machine.labels.get(CREATE_FAULT_LABEL).is_some_and(|v| v == "error");
+        let faulty = machine
+            .labels
+            .get(CREATE_FAULT_LABEL)
+            .is_some_and(|v| v == "error");
         if self.config.fault_hooks && faulty {
             return Err(injected("create"));
         }
         let mut state = self.state();
-        let domain = state.domains.entry(machine.id.clone()).or_insert_with(|| FakeDomain {
-            name: domain_name(&self.config.provider, machine.id.as_str()),
-            zone: machine.zone.clone(),
-            running: true,
-            cluster: String::new(),
-            drain_fault: false,
-        });
+        let domain = state
+            .domains
+            .entry(machine.id.clone())
+            .or_insert_with(|| FakeDomain {
+                name: domain_name(&self.config.provider, machine.id.as_str()),
+                zone: machine.zone.clone(),
+                running: true,
+                cluster: String::new(),
+                drain_fault: false,
+            });
         domain.running = true;
         let host = self.host(domain);
-        Ok(Created { host, resources: None, allocatable: None })
+        Ok(Created {
+            host,
+            resources: None,
+            allocatable: None,
+        })
     }
 
     async fn configure(&self, request: ConfigureRequest) -> Result<(), HypervisorError> {

@@ -16,7 +16,11 @@ use bigfleet_libvirt_proto::v1alpha1 as pb;
 pub fn create(request: pb::CreateRequest) -> Mutation {
     Mutation {
         machine_id: request.machine_id,
-        token: token(request.shard_id, request.shard_epoch, request.sequence_number),
+        token: token(
+            request.shard_id,
+            request.shard_epoch,
+            request.sequence_number,
+        ),
         request: MutateRequest::Create,
     }
 }
@@ -26,7 +30,11 @@ pub fn create(request: pb::CreateRequest) -> Mutation {
 pub fn configure(request: pb::ConfigureRequest) -> (Mutation, BootstrapBlob) {
     let mutation = Mutation {
         machine_id: request.machine_id,
-        token: token(request.shard_id, request.shard_epoch, request.sequence_number),
+        token: token(
+            request.shard_id,
+            request.shard_epoch,
+            request.sequence_number,
+        ),
         request: MutateRequest::Configure {
             cluster: request.cluster_id,
             shard_metadata: to_map(request.shard_metadata),
@@ -40,8 +48,14 @@ pub fn configure(request: pb::ConfigureRequest) -> (Mutation, BootstrapBlob) {
 pub fn drain(request: pb::DrainRequest) -> Mutation {
     Mutation {
         machine_id: request.machine_id,
-        token: token(request.shard_id, request.shard_epoch, request.sequence_number),
-        request: MutateRequest::Drain { grace_period_seconds: request.grace_period_seconds },
+        token: token(
+            request.shard_id,
+            request.shard_epoch,
+            request.sequence_number,
+        ),
+        request: MutateRequest::Drain {
+            grace_period_seconds: request.grace_period_seconds,
+        },
     }
 }
 
@@ -50,7 +64,11 @@ pub fn drain(request: pb::DrainRequest) -> Mutation {
 pub fn delete(request: pb::DeleteRequest) -> Mutation {
     Mutation {
         machine_id: request.machine_id,
-        token: token(request.shard_id, request.shard_epoch, request.sequence_number),
+        token: token(
+            request.shard_id,
+            request.shard_epoch,
+            request.sequence_number,
+        ),
         request: MutateRequest::Delete,
     }
 }
@@ -60,14 +78,26 @@ pub fn delete(request: pb::DeleteRequest) -> Mutation {
 #[must_use]
 pub fn list_query(filter: &pb::ListFilter) -> ListQuery {
     let states = (!filter.states.is_empty()).then(|| {
-        filter.states.iter().filter_map(|n| MachineState::from_wire(*n)).collect::<BTreeSet<_>>()
+        filter
+            .states
+            .iter()
+            .filter_map(|n| MachineState::from_wire(*n))
+            .collect::<BTreeSet<_>>()
     });
     let max_results = usize::try_from(filter.max_results).ok().filter(|n| *n > 0);
-    ListQuery { states, max_results, since_revision: parse_cursor(&filter.since_revision) }
+    ListQuery {
+        states,
+        max_results,
+        since_revision: parse_cursor(&filter.since_revision),
+    }
 }
 
 fn token(shard_id: String, epoch: i64, sequence: i64) -> FenceToken {
-    FenceToken { shard_id, epoch, sequence }
+    FenceToken {
+        shard_id,
+        epoch,
+        sequence,
+    }
 }
 
 fn to_map<S: BuildHasher>(map: std::collections::HashMap<String, String, S>) -> StringMap {
@@ -75,7 +105,9 @@ fn to_map<S: BuildHasher>(map: std::collections::HashMap<String, String, S>) -> 
 }
 
 fn resources(map: &StringMap) -> Option<pb::Resources> {
-    (!map.is_empty()).then(|| pb::Resources { resources: to_proto_map(map) })
+    (!map.is_empty()).then(|| pb::Resources {
+        resources: to_proto_map(map),
+    })
 }
 
 fn to_proto_map(map: &StringMap) -> std::collections::HashMap<String, String> {
@@ -105,7 +137,10 @@ pub fn machine(machine: &Machine) -> pb::Machine {
 }
 
 fn host(host: &HostRef) -> pb::HostRef {
-    pb::HostRef { provider: host.provider.clone(), r#ref: host.reference.clone() }
+    pb::HostRef {
+        provider: host.provider.clone(),
+        r#ref: host.reference.clone(),
+    }
 }
 
 /// A revision counter as the opaque cursor bytes (ASCII decimal).

@@ -16,7 +16,7 @@ use tonic::{Code, Request, Response, Status};
 use tracing::{Instrument, Level, debug, error, info, info_span, warn};
 
 use crate::grpc::{convert, status};
-use crate::metrics::{GrpcLabels, Metrics, MethodLabels};
+use crate::metrics::{GrpcLabels, MethodLabels, Metrics};
 use crate::system::Stopwatch;
 
 /// The tonic service.
@@ -52,7 +52,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
     ) -> Result<T, Status> {
         let watch = Stopwatch::start();
         let span = info_span!("rpc", method, machine_id, code = tracing::field::Empty);
-        let result = AssertUnwindSafe(body).catch_unwind().instrument(span.clone()).await;
+        let result = AssertUnwindSafe(body)
+            .catch_unwind()
+            .instrument(span.clone())
+            .await;
         let result = result.unwrap_or_else(|panic| {
             self.metrics.panics.inc();
             let cause = panic_message(panic.as_ref());
@@ -62,11 +65,19 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
         let code = code_name(code);
         span.record("code", code.as_str());
-        let labels = GrpcLabels { method: method.to_owned(), code: code.clone() };
+        let labels = GrpcLabels {
+            method: method.to_owned(),
+            code: code.clone(),
+        };
         self.metrics.grpc_requests.get_or_create(&labels).inc();
         let seconds = watch.seconds();
-        let method_labels = MethodLabels { method: method.to_owned() };
-        self.metrics.grpc_duration.get_or_create(&method_labels).observe(seconds);
+        let method_labels = MethodLabels {
+            method: method.to_owned(),
+        };
+        self.metrics
+            .grpc_duration
+            .get_or_create(&method_labels)
+            .observe(seconds);
         let dur_ms = seconds * 1000.0;
         match (&result, mutating) {
             (Err(e), _) => warn!(parent: &span, code, message = e.message(), dur_ms, "rpc"),
@@ -103,8 +114,8 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 #[tonic::async_trait]
-impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> pb::capacity_provider_server::CapacityProvider
-    for CapacityService<H, S, C, E>
+impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
+    pb::capacity_provider_server::CapacityProvider for CapacityService<H, S, C, E>
 {
     async fn create(
         &self,
@@ -113,7 +124,8 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> pb::capacity_provider_s
         let mutation = convert::create(request.into_inner());
         let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
-        self.observe("Create", true, &id, self.mutate(mutation, blob)).await
+        self.observe("Create", true, &id, self.mutate(mutation, blob))
+            .await
     }
 
     async fn configure(
@@ -122,7 +134,8 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> pb::capacity_provider_s
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let (mutation, blob) = convert::configure(request.into_inner());
         let id = mutation.machine_id.clone();
-        self.observe("Configure", true, &id, self.mutate(mutation, blob)).await
+        self.observe("Configure", true, &id, self.mutate(mutation, blob))
+            .await
     }
 
     async fn drain(
@@ -132,7 +145,8 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> pb::capacity_provider_s
         let mutation = convert::drain(request.into_inner());
         let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
-        self.observe("Drain", true, &id, self.mutate(mutation, blob)).await
+        self.observe("Drain", true, &id, self.mutate(mutation, blob))
+            .await
     }
 
     async fn delete(
@@ -142,7 +156,8 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> pb::capacity_provider_s
         let mutation = convert::delete(request.into_inner());
         let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
-        self.observe("Delete", true, &id, self.mutate(mutation, blob)).await
+        self.observe("Delete", true, &id, self.mutate(mutation, blob))
+            .await
     }
 
     async fn get(&self, request: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
@@ -151,7 +166,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> pb::capacity_provider_s
             if id.is_empty() {
                 return Err(status::missing_get_id());
             }
-            let machine = self.provider.get(&id).ok_or_else(|| status::unknown_machine(&id))?;
+            let machine = self
+                .provider
+                .get(&id)
+                .ok_or_else(|| status::unknown_machine(&id))?;
             Ok(Response::new(convert::machine(&machine)))
         };
         self.observe("Get", false, &id, body).await
@@ -165,7 +183,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> pb::capacity_provider_s
         let body = async {
             let page = self.provider.list(&query);
             if tracing::enabled!(Level::DEBUG) {
-                debug!(machines = page.machines.len(), revision = page.revision, "list");
+                debug!(
+                    machines = page.machines.len(),
+                    revision = page.revision,
+                    "list"
+                );
             }
             Ok(Response::new(pb::MachineList {
                 machines: page.machines.iter().map(|m| convert::machine(m)).collect(),

@@ -66,14 +66,31 @@ mod tests {
 
     #[test]
     fn every_error_maps_to_its_documented_code() {
-        let key = FenceKey { shard_id: "s".into(), machine_id: "m".into() };
-        let mark = FenceMark { epoch: 2, sequence: 5 };
+        let key = FenceKey {
+            shard_id: "s".into(),
+            machine_id: "m".into(),
+        };
+        let mark = FenceMark {
+            epoch: 2,
+            sequence: 5,
+        };
         let cases: Vec<ProviderError> = vec![
             MutateError::MissingMachineId.into(),
             MutateError::MissingClusterId.into(),
             MutateError::DeleteUnsupported.into(),
-            MutateError::Fenced { key, presented: FenceMark { epoch: 1, sequence: 9 }, mark }.into(),
-            MutateError::NotFound { machine_id: "ghost".into() }.into(),
+            MutateError::Fenced {
+                key,
+                presented: FenceMark {
+                    epoch: 1,
+                    sequence: 9,
+                },
+                mark,
+            }
+            .into(),
+            MutateError::NotFound {
+                machine_id: "ghost".into(),
+            }
+            .into(),
             MutateError::OutOfPosition {
                 machine_id: "m".into(),
                 kind: Kind::Drain,
@@ -81,8 +98,15 @@ mod tests {
             }
             .into(),
             StoreError::Io("disk full".into()).into(),
-            StoreError::Locked { path: "/var/lib/state.redb".into() }.into(),
-            StoreError::Unusable { path: "/x".into(), reason: "truncated".into() }.into(),
+            StoreError::Locked {
+                path: "/var/lib/state.redb".into(),
+            }
+            .into(),
+            StoreError::Unusable {
+                path: "/x".into(),
+                reason: "truncated".into(),
+            }
+            .into(),
         ];
         let table: String = cases
             .iter()

@@ -34,7 +34,9 @@ impl MemoryStateStore {
     }
 
     fn tables(&self) -> std::sync::MutexGuard<'_, Tables> {
-        self.tables.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.tables
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -42,7 +44,11 @@ impl StateStore for MemoryStateStore {
     fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
         let tables = self.tables();
         let snapshot = Snapshot {
-            machines: tables.machines.values().map(|m| Machine::clone(m)).collect(),
+            machines: tables
+                .machines
+                .values()
+                .map(|m| Machine::clone(m))
+                .collect(),
             fences: tables.fences.iter().map(|(k, m)| (k.clone(), *m)).collect(),
             operations: tables
                 .operations
