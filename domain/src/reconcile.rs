@@ -45,9 +45,10 @@ impl Core {
                 continue;
             };
             let current = &record.machine;
-            let unchanged = current.price_per_hour.to_bits() == fresh.price_per_hour.to_bits()
-                && current.interruption_probability.to_bits()
-                    == fresh.interruption_probability.to_bits()
+            // Validated numbers are never NaN, so `==` is exact (and treats -0.0 as 0.0).
+            #[allow(clippy::float_cmp)]
+            let unchanged = current.price_per_hour == fresh.price_per_hour
+                && current.interruption_probability == fresh.interruption_probability
                 && current.resources == fresh.resources
                 && current.allocatable == fresh.allocatable
                 && current.labels == fresh.labels;

@@ -17,7 +17,10 @@ fn fenced_create(core: &mut Core, shard: &str, e: i64, s: i64, machine: &str) ->
 }
 
 fn mark(e: i64, s: i64) -> FenceMark {
-    FenceMark { epoch: e, sequence: s }
+    FenceMark {
+        epoch: e,
+        sequence: s,
+    }
 }
 
 #[test]
@@ -28,16 +31,27 @@ fn zero_token_bypasses_the_fence_entirely() {
         assert!(decision.outcome.is_ok());
         assert!(decision.changes.is_none_or(|c| c.fences.is_empty()));
     }
-    assert!(core.snapshot().fences.is_empty(), "the zero token must not write a mark");
+    assert!(
+        core.snapshot().fences.is_empty(),
+        "the zero token must not write a mark"
+    );
 }
 
 #[test]
 fn empty_shard_with_non_zero_numbers_is_fenced_under_the_empty_shard() {
     for (e, s) in [(0, 1), (1, 0), (-1, 0), (0, -1)] {
         let mut core = seeded(1);
-        assert_eq!(fenced_create(&mut core, "", e, s, &id(0)), Ok(()), "({e},{s}) first contact");
+        assert_eq!(
+            fenced_create(&mut core, "", e, s, &id(0)),
+            Ok(()),
+            "({e},{s}) first contact"
+        );
         assert_eq!(core.fence_mark(&key("", &id(0))), Some(mark(e, s)));
-        assert_eq!(fenced_create(&mut core, "", e, s, &id(0)), Err(()), "({e},{s}) replay");
+        assert_eq!(
+            fenced_create(&mut core, "", e, s, &id(0)),
+            Err(()),
+            "({e},{s}) replay"
+        );
     }
 }
 
@@ -47,9 +61,16 @@ fn first_contact_accepts_any_values_including_zero_and_negative() {
     for (e, s) in firsts {
         let mut core = seeded(1);
         let decision = call(&mut core, mutation(&id(0), Kind::Create, token("s", e, s)));
-        assert!(decision.outcome.is_ok(), "({e},{s}) must be accepted on first contact");
+        assert!(
+            decision.outcome.is_ok(),
+            "({e},{s}) must be accepted on first contact"
+        );
         assert_eq!(core.fence_mark(&key("s", &id(0))), Some(mark(e, s)));
-        assert_eq!(fenced_create(&mut core, "s", e, s, &id(0)), Err(()), "({e},{s}) replay");
+        assert_eq!(
+            fenced_create(&mut core, "s", e, s, &id(0)),
+            Err(()),
+            "({e},{s}) replay"
+        );
     }
 }
 
@@ -85,11 +106,26 @@ fn b303_strict_lexicographic_order_on_one_pair() {
 #[test]
 fn maximal_token_is_a_valid_mark_and_nothing_passes_it() {
     let mut core = seeded(1);
-    assert_eq!(fenced_create(&mut core, "s", i64::MAX, i64::MAX, &id(0)), Ok(()));
-    for (e, s) in [(i64::MAX, i64::MAX), (i64::MAX, i64::MAX - 1), (0, 0), (i64::MIN, i64::MIN)] {
-        assert_eq!(fenced_create(&mut core, "s", e, s, &id(0)), Err(()), "({e},{s})");
+    assert_eq!(
+        fenced_create(&mut core, "s", i64::MAX, i64::MAX, &id(0)),
+        Ok(())
+    );
+    for (e, s) in [
+        (i64::MAX, i64::MAX),
+        (i64::MAX, i64::MAX - 1),
+        (0, 0),
+        (i64::MIN, i64::MIN),
+    ] {
+        assert_eq!(
+            fenced_create(&mut core, "s", e, s, &id(0)),
+            Err(()),
+            "({e},{s})"
+        );
     }
-    assert_eq!(core.fence_mark(&key("s", &id(0))), Some(mark(i64::MAX, i64::MAX)));
+    assert_eq!(
+        core.fence_mark(&key("s", &id(0))),
+        Some(mark(i64::MAX, i64::MAX))
+    );
 }
 
 #[test]
@@ -119,7 +155,11 @@ fn b302_cross_machine_marks_within_one_shard_are_independent() {
     let mut core = seeded(2);
     let (a, b) = (id(0), id(1));
     assert_eq!(fenced_create(&mut core, "D", 5, 30, &a), Ok(()));
-    assert_eq!(fenced_create(&mut core, "D", 5, 7, &b), Ok(()), "lower seq on another machine");
+    assert_eq!(
+        fenced_create(&mut core, "D", 5, 7, &b),
+        Ok(()),
+        "lower seq on another machine"
+    );
     assert_eq!(fenced_create(&mut core, "D", 5, 7, &b), Err(()));
     assert_eq!(fenced_create(&mut core, "D", 5, 30, &a), Err(()));
     assert_eq!(fenced_create(&mut core, "D", 4, 999, &b), Err(()));
@@ -140,7 +180,10 @@ fn b301_fence_runs_before_not_found_and_marks_unknown_ids() {
     let ghost = "conformance-b301-ghost-machine";
     let rev = core.revision();
     let decision = call(&mut core, mutation(ghost, Kind::Create, token("S", 5, 5)));
-    assert!(matches!(decision.outcome, Err(MutateError::NotFound { .. })));
+    assert!(matches!(
+        decision.outcome,
+        Err(MutateError::NotFound { .. })
+    ));
     let changes = decision.changes.expect("the mark advance is persisted");
     assert_eq!(changes.fences, vec![(key("S", ghost), mark(5, 5))]);
     assert!(changes.machines.is_empty() && changes.operations.is_empty());
@@ -150,7 +193,11 @@ fn b301_fence_runs_before_not_found_and_marks_unknown_ids() {
     }
     let err = reject(&mut core, mutation(ghost, Kind::Create, token("S", 9, 9)));
     assert!(matches!(err, MutateError::NotFound { .. }));
-    assert_eq!(core.revision(), rev, "fence-only advances never bump the revision");
+    assert_eq!(
+        core.revision(),
+        rev,
+        "fence-only advances never bump the revision"
+    );
 }
 
 #[test]
@@ -171,7 +218,10 @@ fn mark_advances_on_an_out_of_position_rejection_without_touching_the_machine() 
     let mut core = seeded(1);
     let rev = core.revision();
     let decision = call(&mut core, mutation(&id(0), Kind::Drain, token("s", 3, 3)));
-    assert!(matches!(decision.outcome, Err(MutateError::OutOfPosition { .. })));
+    assert!(matches!(
+        decision.outcome,
+        Err(MutateError::OutOfPosition { .. })
+    ));
     let changes = decision.changes.expect("mark advance persisted");
     assert_eq!(changes.fences, vec![(key("s", &id(0)), mark(3, 3))]);
     assert!(changes.machines.is_empty());
@@ -185,12 +235,20 @@ fn stale_token_is_rejected_with_no_changes_and_nothing_applied() {
     call(&mut core, mutation(&id(0), Kind::Drain, token("s", 3, 3)));
     let before = core.snapshot();
     let decision = call(&mut core, mutation(&id(0), Kind::Create, token("s", 3, 2)));
-    let expected = MutateError::Fenced { key: key("s", &id(0)), presented: mark(3, 2), mark: mark(3, 3) };
+    let expected = MutateError::Fenced {
+        key: key("s", &id(0)),
+        presented: mark(3, 2),
+        mark: mark(3, 3),
+    };
     assert_eq!(decision.outcome, Err(expected));
     assert_eq!(decision.changes, None);
     assert_eq!(core.snapshot(), before, "a fenced call changes nothing");
     let ack = accept(&mut core, mutation(&id(0), Kind::Create, token("s", 3, 4)));
-    assert_eq!(ack.operation_id.as_str(), "op-1", "the fenced call minted nothing");
+    assert_eq!(
+        ack.operation_id.as_str(),
+        "op-1",
+        "the fenced call minted nothing"
+    );
 }
 
 #[test]
@@ -206,45 +264,88 @@ fn fence_precedes_idempotency_so_a_zombie_gets_no_cached_op() {
 fn mark_stays_advanced_when_the_accepted_transition_fails() {
     let mut core = seeded(1);
     let ack = accept(&mut core, mutation(&id(0), Kind::Create, token("s", 3, 7)));
-    settle(&mut core, &ack, TransitionResult::Failed("hypervisor down".to_owned()));
+    settle(
+        &mut core,
+        &ack,
+        TransitionResult::Failed("hypervisor down".to_owned()),
+    );
     assert_eq!(state(&core, &id(0)), MachineState::Failed);
     for s in [7, 6] {
         let err = reject(&mut core, mutation(&id(0), Kind::Create, token("s", 3, s)));
-        assert!(matches!(err, MutateError::Fenced { .. }), "(3,{s}): {err:?}");
+        assert!(
+            matches!(err, MutateError::Fenced { .. }),
+            "(3,{s}): {err:?}"
+        );
     }
     let err = reject(&mut core, mutation(&id(0), Kind::Create, token("s", 3, 8)));
-    assert!(matches!(err, MutateError::OutOfPosition { .. }), "fresh token on Failed: {err:?}");
+    assert!(
+        matches!(err, MutateError::OutOfPosition { .. }),
+        "fresh token on Failed: {err:?}"
+    );
 }
 
 #[test]
 fn unsupported_delete_is_refused_before_the_fence() {
-    let policy = Policy { delete_supported: false, ..policy() };
+    let policy = Policy {
+        delete_supported: false,
+        ..policy()
+    };
     let mut core = seeded_with(policy, vec![idle(0)]);
     for machine in [id(0), "ghost".to_owned()] {
-        let decision = call(&mut core, mutation(&machine, Kind::Delete, token("s", 1, 1)));
-        assert_eq!(decision.outcome, Err(MutateError::DeleteUnsupported), "{machine}");
+        let decision = call(
+            &mut core,
+            mutation(&machine, Kind::Delete, token("s", 1, 1)),
+        );
+        assert_eq!(
+            decision.outcome,
+            Err(MutateError::DeleteUnsupported),
+            "{machine}"
+        );
         assert_eq!(decision.changes, None);
-        assert_eq!(core.fence_mark(&key("s", &machine)), None, "{machine}: mark must not move");
+        assert_eq!(
+            core.fence_mark(&key("s", &machine)),
+            None,
+            "{machine}: mark must not move"
+        );
     }
     assert_eq!(state(&core, &id(0)), MachineState::Idle);
-    assert_eq!(fenced_create(&mut core, "s", 1, 1, &id(0)), Ok(()), "(1,1) is still first contact");
+    assert_eq!(
+        fenced_create(&mut core, "s", 1, 1, &id(0)),
+        Ok(()),
+        "(1,1) is still first contact"
+    );
 }
 
 #[test]
 fn delete_on_an_unknown_id_is_not_found_when_supported() {
     let mut core = seeded(1);
-    let err = reject(&mut core, mutation("b215-ghost", Kind::Delete, token("s", 1, 1)));
-    assert_eq!(err, MutateError::NotFound { machine_id: "b215-ghost".to_owned() });
+    let err = reject(
+        &mut core,
+        mutation("b215-ghost", Kind::Delete, token("s", 1, 1)),
+    );
+    assert_eq!(
+        err,
+        MutateError::NotFound {
+            machine_id: "b215-ghost".to_owned()
+        }
+    );
 }
 
 #[test]
 fn empty_machine_id_is_refused_first_with_no_mark() {
-    let policy = Policy { delete_supported: false, ..policy() };
+    let policy = Policy {
+        delete_supported: false,
+        ..policy()
+    };
     for p in [policy, common::policy()] {
         let mut core = seeded_with(p, vec![speculative(0)]);
         for kind in Kind::ALL {
             let decision = call(&mut core, mutation("", kind, token("s", 1, 1)));
-            assert_eq!(decision.outcome, Err(MutateError::MissingMachineId), "{kind}");
+            assert_eq!(
+                decision.outcome,
+                Err(MutateError::MissingMachineId),
+                "{kind}"
+            );
             assert_eq!(decision.changes, None, "{kind}");
         }
         assert!(core.snapshot().fences.is_empty());
@@ -260,10 +361,18 @@ fn configure_without_a_cluster_is_refused_before_the_fence() {
         let mut m = configure(&machine, "", map(&[("k", "v")]));
         m.token = token("s", 1, 1);
         let decision = call(&mut core, m);
-        assert_eq!(decision.outcome, Err(MutateError::MissingClusterId), "{machine}");
+        assert_eq!(
+            decision.outcome,
+            Err(MutateError::MissingClusterId),
+            "{machine}"
+        );
         assert_eq!(decision.changes, None);
     }
-    assert_eq!(core.snapshot(), before, "no mark, no binding, no state change");
+    assert_eq!(
+        core.snapshot(),
+        before,
+        "no mark, no binding, no state change"
+    );
 }
 
 #[test]
@@ -281,6 +390,9 @@ fn fenced_error_names_the_pair_and_both_tokens() {
     let mut core = seeded(1);
     call(&mut core, mutation(&id(0), Kind::Create, token("s", 2, 5)));
     let text = reject(&mut core, mutation(&id(0), Kind::Create, token("s", 1, 9))).to_string();
-    assert!(text.contains("stale fencing token (1, 9)") && text.contains("(2, 5)"), "{text}");
+    assert!(
+        text.contains("stale fencing token (1, 9)") && text.contains("(2, 5)"),
+        "{text}"
+    );
     assert!(text.contains("m-000") && text.contains("\"s\""), "{text}");
 }

@@ -10,16 +10,28 @@ use common::*;
 fn op_ids_come_from_one_global_counter() {
     let mut core = seeded(3);
     let ids: Vec<String> = (0..3)
-        .map(|i| accept(&mut core, plain(&id(i), Kind::Create)).operation_id.to_string())
+        .map(|i| {
+            accept(&mut core, plain(&id(i), Kind::Create))
+                .operation_id
+                .to_string()
+        })
         .collect();
     assert_eq!(ids, ["op-1", "op-2", "op-3"]);
 }
 
 #[test]
 fn custom_prefix_is_used_for_minting() {
-    let policy = Policy { operation_prefix: "lv".to_owned(), ..policy() };
+    let policy = Policy {
+        operation_prefix: "lv".to_owned(),
+        ..policy()
+    };
     let mut core = seeded_with(policy, vec![speculative(0)]);
-    assert_eq!(accept(&mut core, plain(&id(0), Kind::Create)).operation_id.as_str(), "lv-1");
+    assert_eq!(
+        accept(&mut core, plain(&id(0), Kind::Create))
+            .operation_id
+            .as_str(),
+        "lv-1"
+    );
 }
 
 #[test]
@@ -29,9 +41,15 @@ fn b214_five_distinct_ids_across_a_cycle_and_replay_reuses_the_last() {
     let mut ids = Vec::new();
     let cycle = [
         (plain(&m, Kind::Create), Kind::Create),
-        (configure(&m, "conf-b214", map(&[("k", "1")])), Kind::Configure),
+        (
+            configure(&m, "conf-b214", map(&[("k", "1")])),
+            Kind::Configure,
+        ),
         (plain(&m, Kind::Drain), Kind::Drain),
-        (configure(&m, "conf-b214-b", map(&[("k", "2")])), Kind::Configure),
+        (
+            configure(&m, "conf-b214-b", map(&[("k", "2")])),
+            Kind::Configure,
+        ),
         (plain(&m, Kind::Drain), Kind::Drain),
     ];
     for (mutation, kind) in cycle {
@@ -86,11 +104,18 @@ fn create_delete_create_mints_a_new_create_id() {
     settle(&mut core, &create, success(Kind::Create));
     let delete = accept(&mut core, plain(&m, Kind::Delete));
     settle(&mut core, &delete, success(Kind::Delete));
-    assert_eq!(op_of(&mut core, plain(&m, Kind::Delete)), delete.operation_id.as_str());
+    assert_eq!(
+        op_of(&mut core, plain(&m, Kind::Delete)),
+        delete.operation_id.as_str()
+    );
     let again = accept(&mut core, plain(&m, Kind::Create));
     assert_eq!(again.operation_id.as_str(), "op-3");
     assert_ne!(again.operation_id, create.operation_id);
-    assert_eq!(recorded(&core, &m, Kind::Create).as_deref(), Some("op-3"), "record overwritten");
+    assert_eq!(
+        recorded(&core, &m, Kind::Create).as_deref(),
+        Some("op-3"),
+        "record overwritten"
+    );
 }
 
 #[test]
@@ -114,8 +139,14 @@ fn at_target_quirk_returns_an_earlier_cycles_create_id() {
     settle(&mut core, &configure, success(Kind::Configure));
     let drain = accept(&mut core, plain(&m, Kind::Drain));
     settle(&mut core, &drain, success(Kind::Drain));
-    assert_eq!(op_of(&mut core, plain(&m, Kind::Create)), create.operation_id.as_str());
-    assert_eq!(op_of(&mut core, plain(&m, Kind::Drain)), drain.operation_id.as_str());
+    assert_eq!(
+        op_of(&mut core, plain(&m, Kind::Create)),
+        create.operation_id.as_str()
+    );
+    assert_eq!(
+        op_of(&mut core, plain(&m, Kind::Drain)),
+        drain.operation_id.as_str()
+    );
 }
 
 fn fail_kind(core: &mut Core, m: &str, kind: Kind) {
@@ -126,7 +157,11 @@ fn fail_kind(core: &mut Core, m: &str, kind: Kind) {
         Kind::Delete => MachineState::Deleting,
     };
     let ack = drive(core, m, target).expect("dispatched");
-    settle(core, &ack, TransitionResult::Failed(format!("{kind} broke")));
+    settle(
+        core,
+        &ack,
+        TransitionResult::Failed(format!("{kind} broke")),
+    );
 }
 
 #[test]
@@ -136,8 +171,11 @@ fn retrying_the_operation_that_failed_is_out_of_position() {
         fail_kind(&mut core, &id(0), kind);
         let before = core.snapshot();
         let decision = call(&mut core, plain(&id(0), kind));
-        let expected =
-            MutateError::OutOfPosition { machine_id: id(0), kind, state: MachineState::Failed };
+        let expected = MutateError::OutOfPosition {
+            machine_id: id(0),
+            kind,
+            state: MachineState::Failed,
+        };
         assert_eq!(decision.outcome, Err(expected), "{kind}");
         assert_eq!(decision.changes, None);
         assert_eq!(core.snapshot(), before);
@@ -150,7 +188,12 @@ fn rejections_never_consume_an_op_id() {
     reject(&mut core, plain(&id(0), Kind::Drain));
     reject(&mut core, plain("ghost", Kind::Create));
     reject(&mut core, plain(&id(0), Kind::Configure));
-    assert_eq!(accept(&mut core, plain(&id(1), Kind::Create)).operation_id.as_str(), "op-1");
+    assert_eq!(
+        accept(&mut core, plain(&id(1), Kind::Create))
+            .operation_id
+            .as_str(),
+        "op-1"
+    );
 }
 
 #[test]
@@ -159,9 +202,16 @@ fn counters_and_records_survive_restore() {
     let create = drive(&mut core, &id(0), MachineState::Idle).expect("created");
     let (mut core, changes) = Core::restore(policy(), core.snapshot()).expect("restores");
     assert!(changes.is_none(), "nothing was transitional");
-    assert_eq!(op_of(&mut core, plain(&id(0), Kind::Create)), create.operation_id.as_str());
+    assert_eq!(
+        op_of(&mut core, plain(&id(0), Kind::Create)),
+        create.operation_id.as_str()
+    );
     let next = accept(&mut core, plain(&id(1), Kind::Create));
-    assert_eq!(next.operation_id.as_str(), "op-2", "no id reuse after a restart");
+    assert_eq!(
+        next.operation_id.as_str(),
+        "op-2",
+        "no id reuse after a restart"
+    );
 }
 
 #[test]
@@ -173,5 +223,10 @@ fn counter_survives_restore_even_when_the_minting_machine_was_interrupted() {
     let (mut core, _) = Core::restore(policy(), core.snapshot()).expect("restores twice");
     let reconciled = core.reconcile(vec![speculative(2)]);
     assert_eq!(reconciled.added, vec![mid(2)]);
-    assert_eq!(accept(&mut core, plain(&id(2), Kind::Create)).operation_id.as_str(), "op-3");
+    assert_eq!(
+        accept(&mut core, plain(&id(2), Kind::Create))
+            .operation_id
+            .as_str(),
+        "op-3"
+    );
 }

@@ -12,7 +12,10 @@ use common::*;
 use proptest::prelude::*;
 
 fn config() -> ProptestConfig {
-    ProptestConfig { cases: 64, ..ProptestConfig::default() }
+    ProptestConfig {
+        cases: 64,
+        ..ProptestConfig::default()
+    }
 }
 
 fn marks(core: &Core) -> BTreeMap<FenceKey, FenceMark> {
@@ -85,7 +88,9 @@ proptest! {
                 .filter_map(|r| r.changes.as_ref())
                 .flat_map(|c| c.machines.iter().map(|m| m.id.to_string()))
                 .collect();
-            let delta = listed(&harness.core, &since(record.before));
+            let page = harness.core.list(&since(record.before)).machines;
+            let delta: BTreeSet<String> = page.iter().map(|m| m.id.to_string()).collect();
+            prop_assert_eq!(page.len(), delta.len(), "a delta lists each machine once");
             prop_assert!(changed.is_subset(&delta), "cursor {}: {:?} ⊄ {:?}", record.before, changed, delta);
             if !later.iter().any(|r| r.restart) {
                 prop_assert_eq!(&delta, &changed, "cursor {}", record.before);
@@ -206,22 +211,43 @@ proptest! {
 #[test]
 fn b1201_generator_can_produce_negative_sequences() {
     assert_eq!(b1201_next(Some((2, 0)), 1, 0, 0), (2, -2));
-    assert_eq!(b1201_next(Some((1, 0)), 2, 0, 0), (0, 1), "clamped: epoch 0 seq -2 → seq 1");
+    assert_eq!(
+        b1201_next(Some((1, 0)), 2, 0, 0),
+        (0, 1),
+        "clamped: epoch 0 seq -2 → seq 1"
+    );
     assert_eq!(b1201_next(None, 0, -1, 5), (3, 3));
     let mut core = seeded(1);
     call(&mut core, mutation(&id(0), Kind::Create, token("n", 2, 0)));
     let decision = call(&mut core, mutation(&id(0), Kind::Create, token("n", 2, -2)));
-    assert!(fenced(&decision.outcome), "lower negative sequence in the same epoch is stale");
+    assert!(
+        fenced(&decision.outcome),
+        "lower negative sequence in the same epoch is stale"
+    );
 }
 
 #[test]
 fn harness_exercises_every_step_kind() {
     let mut harness = Harness::new();
     let script = [
-        Step::Mutate { machine: 0, kind: Kind::Create, token: token("s-a", 1, 1) },
-        Step::Complete { pick: 0, finish: Finish::Success },
-        Step::Reconcile { cents: 55, adopt: true },
-        Step::Mutate { machine: 3, kind: Kind::Create, token: unfenced() },
+        Step::Mutate {
+            machine: 0,
+            kind: Kind::Create,
+            token: token("s-a", 1, 1),
+        },
+        Step::Complete {
+            pick: 0,
+            finish: Finish::Success,
+        },
+        Step::Reconcile {
+            cents: 55,
+            adopt: true,
+        },
+        Step::Mutate {
+            machine: 3,
+            kind: Kind::Create,
+            token: unfenced(),
+        },
         Step::Restart,
     ];
     for step in &script {
@@ -229,6 +255,13 @@ fn harness_exercises_every_step_kind() {
     }
     assert_eq!(harness.core.len(), MACHINES);
     assert_eq!(state(&harness.core, &id(0)), MachineState::Idle);
-    assert_eq!(state(&harness.core, &id(3)), MachineState::Failed, "Creating at the restart");
-    assert_eq!(normalized(harness.store.clone()), normalized(harness.core.snapshot()));
+    assert_eq!(
+        state(&harness.core, &id(3)),
+        MachineState::Failed,
+        "Creating at the restart"
+    );
+    assert_eq!(
+        normalized(harness.store.clone()),
+        normalized(harness.core.snapshot())
+    );
 }

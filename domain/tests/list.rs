@@ -11,7 +11,10 @@ use bigfleet_libvirt_domain::{
 use common::*;
 
 fn states(list: &[MachineState]) -> ListQuery {
-    ListQuery { states: Some(list.iter().copied().collect()), ..ListQuery::default() }
+    ListQuery {
+        states: Some(list.iter().copied().collect()),
+        ..ListQuery::default()
+    }
 }
 
 fn ids(list: &[usize]) -> BTreeSet<String> {
@@ -23,16 +26,29 @@ fn seed_bumps_once_per_machine_and_lists_everything() {
     let core = seeded(5);
     assert_eq!(core.revision(), 5);
     assert_eq!(listed(&core, &ListQuery::default()), ids(&[0, 1, 2, 3, 4]));
-    assert_eq!(listed(&core, &since(2)), ids(&[2, 3, 4]), "seed stamps one revision each");
+    assert_eq!(
+        listed(&core, &since(2)),
+        ids(&[2, 3, 4]),
+        "seed stamps one revision each"
+    );
 }
 
 #[test]
 fn states_filter_none_some_and_empty() {
     let mut core = seeded(3);
     drive(&mut core, &id(1), MachineState::Idle);
-    assert_eq!(listed(&core, &states(&[MachineState::Speculative])), ids(&[0, 2]));
-    assert_eq!(listed(&core, &states(&[MachineState::Idle, MachineState::Failed])), ids(&[1]));
-    assert!(listed(&core, &states(&[])).is_empty(), "Some(empty) matches nothing");
+    assert_eq!(
+        listed(&core, &states(&[MachineState::Speculative])),
+        ids(&[0, 2])
+    );
+    assert_eq!(
+        listed(&core, &states(&[MachineState::Idle, MachineState::Failed])),
+        ids(&[1])
+    );
+    assert!(
+        listed(&core, &states(&[])).is_empty(),
+        "Some(empty) matches nothing"
+    );
     assert_eq!(listed(&core, &ListQuery::default()).len(), 3);
 }
 
@@ -40,7 +56,10 @@ fn states_filter_none_some_and_empty() {
 fn max_results_caps_but_the_revision_is_the_head() {
     let core = seeded(5);
     for cap in [1, 2, 5, 9] {
-        let page = core.list(&ListQuery { max_results: Some(cap), ..ListQuery::default() });
+        let page = core.list(&ListQuery {
+            max_results: Some(cap),
+            ..ListQuery::default()
+        });
         assert_eq!(page.machines.len(), cap.min(5), "cap {cap}");
         assert_eq!(page.revision, 5, "head even when capped");
     }
@@ -55,14 +74,21 @@ fn since_revision_is_strictly_greater() {
     assert_eq!(listed(&core, &since(before)), ids(&[1]));
     assert_eq!(listed(&core, &since(head - 1)), ids(&[1]));
     let page = core.list(&since(head));
-    assert!(page.machines.is_empty(), "a cursor at the head sees nothing");
+    assert!(
+        page.machines.is_empty(),
+        "a cursor at the head sees nothing"
+    );
     assert_eq!(page.revision, head);
 }
 
 #[test]
 fn extreme_cursors() {
     let core = seeded(3);
-    assert_eq!(listed(&core, &since(-1)).len(), 3, "negative returns everything");
+    assert_eq!(
+        listed(&core, &since(-1)).len(),
+        3,
+        "negative returns everything"
+    );
     assert_eq!(listed(&core, &since(i64::MIN)).len(), 3);
     assert!(listed(&core, &since(i64::MAX)).is_empty());
     assert_eq!(core.list(&since(i64::MAX)).revision, 3);
@@ -84,13 +110,27 @@ fn filters_apply_since_then_state_then_cap() {
     let cursor = core.revision();
     accept(&mut core, plain(&id(1), Kind::Create));
     accept(&mut core, plain(&id(3), Kind::Create));
-    let speculative_delta = ListQuery { states: Some([MachineState::Speculative].into()), ..since(cursor) };
-    assert!(listed(&core, &speculative_delta).is_empty(), "since first: nothing Speculative changed");
-    let capped = ListQuery { states: Some([MachineState::Creating].into()), max_results: Some(1), since_revision: Some(0) };
+    let speculative_delta = ListQuery {
+        states: Some([MachineState::Speculative].into()),
+        ..since(cursor)
+    };
+    assert!(
+        listed(&core, &speculative_delta).is_empty(),
+        "since first: nothing Speculative changed"
+    );
+    let capped = ListQuery {
+        states: Some([MachineState::Creating].into()),
+        max_results: Some(1),
+        since_revision: Some(0),
+    };
     let page = core.list(&capped);
     assert_eq!(page.machines.len(), 1, "state before cap");
     assert_eq!(page.machines[0].state, MachineState::Creating);
-    let full = ListQuery { states: Some([MachineState::Creating].into()), max_results: Some(1), ..ListQuery::default() };
+    let full = ListQuery {
+        states: Some([MachineState::Creating].into()),
+        max_results: Some(1),
+        ..ListQuery::default()
+    };
     assert_eq!(core.list(&full).machines[0].state, MachineState::Creating);
 }
 
@@ -104,7 +144,10 @@ fn get_unknown_or_empty_is_none() {
 
 #[test]
 fn nothing_but_real_changes_bumps_the_revision() {
-    let policy = Policy { delete_supported: false, ..policy() };
+    let policy = Policy {
+        delete_supported: false,
+        ..policy()
+    };
     let mut core = seeded_with(policy, vec![speculative(0), speculative(1)]);
     let ack = accept(&mut core, mutation(&id(0), Kind::Create, token("s", 1, 1)));
     let rev = core.revision();
@@ -118,11 +161,19 @@ fn nothing_but_real_changes_bumps_the_revision() {
     call(&mut core, plain("", Kind::Create));
     call(&mut core, plain(&id(1), Kind::Delete));
     call(&mut core, configure(&id(1), "", Default::default()));
-    assert!(core.reconcile(vec![speculative(0), speculative(1)]).changes.is_none());
+    assert!(
+        core.reconcile(vec![speculative(0), speculative(1)])
+            .changes
+            .is_none()
+    );
     let mut stale = completion_for(&ack, success(Kind::Create));
     stale.operation_id = bigfleet_libvirt_domain::OperationId::from_stored("op-9".to_owned());
     core.complete(stale, T0);
-    assert_eq!(core.revision(), rev, "reads, retries, rejections, fences, no-op reconcile");
+    assert_eq!(
+        core.revision(),
+        rev,
+        "reads, retries, rejections, fences, no-op reconcile"
+    );
     assert!(listed(&core, &since(rev)).is_empty());
 }
 
@@ -148,7 +199,12 @@ fn reconcile_bumps_once_per_changed_machine() {
     let rev = core.revision();
     let mut pricier = speculative(1);
     pricier.price_per_hour = 0.75;
-    let report = core.reconcile(vec![speculative(0), pricier, speculative(2), speculative(5)]);
+    let report = core.reconcile(vec![
+        speculative(0),
+        pricier,
+        speculative(2),
+        speculative(5),
+    ]);
     assert_eq!(core.revision(), rev + 2);
     assert_eq!(report.changes.expect("changed").revision, rev + 2);
     assert_eq!(listed(&core, &since(rev)), ids(&[1, 5]));
@@ -166,7 +222,17 @@ fn cursor_parsing() {
     ] {
         assert_eq!(parse_cursor(text), expected, "{text:?}");
     }
-    for junk in [&b""[..], b"abc", b"4 2", b"42\n", b"0x10", b"1e3", b"+-1", b"\xff\xfe", b"99999999999999999999"] {
+    for junk in [
+        &b""[..],
+        b"abc",
+        b"4 2",
+        b"42\n",
+        b"0x10",
+        b"1e3",
+        b"+-1",
+        b"\xff\xfe",
+        b"99999999999999999999",
+    ] {
         assert_eq!(parse_cursor(junk), None, "{junk:?}");
     }
 }
@@ -183,7 +249,10 @@ fn the_head_revision_round_trips_as_a_cursor() {
 fn restarted(core: &Core) -> (Core, i64) {
     let stored = core.snapshot();
     let (restored, changes) = Core::restore(policy(), stored.clone()).expect("restores");
-    assert_eq!(changes.is_some(), stored.machines.iter().any(|m| m.state.is_transitional()));
+    assert_eq!(
+        changes.is_some(),
+        stored.machines.iter().any(|m| m.state.is_transitional())
+    );
     (restored, stored.revision)
 }
 
@@ -194,11 +263,22 @@ fn restore_relists_old_cursors_and_keeps_the_counter() {
     drive(&mut core, &id(0), MachineState::Idle);
     let (mut core, stored) = restarted(&core);
     assert_eq!(core.revision(), stored);
-    assert_eq!(listed(&core, &since(old_cursor)).len(), 3, "pre-restart cursor re-lists");
+    assert_eq!(
+        listed(&core, &since(old_cursor)).len(),
+        3,
+        "pre-restart cursor re-lists"
+    );
     assert_eq!(listed(&core, &since(stored - 1)).len(), 3);
-    assert!(listed(&core, &since(stored)).is_empty(), "cursor at the counter: nothing new");
+    assert!(
+        listed(&core, &since(stored)).is_empty(),
+        "cursor at the counter: nothing new"
+    );
     accept(&mut core, plain(&id(1), Kind::Create));
-    assert_eq!(listed(&core, &since(stored)), ids(&[1]), "only post-restart changes");
+    assert_eq!(
+        listed(&core, &since(stored)),
+        ids(&[1]),
+        "only post-restart changes"
+    );
 }
 
 #[test]
@@ -207,6 +287,30 @@ fn restore_recovery_bumps_and_shows_in_deltas_at_the_stored_counter() {
     drive(&mut core, &id(0), MachineState::Creating);
     drive(&mut core, &id(2), MachineState::Deleting);
     let (core, stored) = restarted(&core);
-    assert_eq!(core.revision(), stored + 2, "one bump per recovered machine");
+    assert_eq!(
+        core.revision(),
+        stored + 2,
+        "one bump per recovered machine"
+    );
     assert_eq!(listed(&core, &since(stored)), ids(&[0, 2]));
+}
+
+#[test]
+fn deltas_never_repeat_a_machine_across_a_restart() {
+    let mut core = seeded(3);
+    drive(&mut core, &id(0), MachineState::Creating);
+    let (mut core, stored) = restarted(&core);
+    drive(&mut core, &id(1), MachineState::Idle);
+    let mut pricier = speculative(0);
+    pricier.price_per_hour = 0.8;
+    assert_eq!(core.reconcile(vec![pricier]).refreshed, vec![mid(0)]);
+    for cursor in [0, stored - 1, stored, stored + 1] {
+        let page = core.list(&since(cursor)).machines;
+        let unique: BTreeSet<String> = page.iter().map(|m| m.id.to_string()).collect();
+        assert_eq!(
+            page.len(),
+            unique.len(),
+            "cursor {cursor}: each machine once"
+        );
+    }
 }

@@ -32,7 +32,11 @@ fn failed_in(target: MachineState) -> Core {
 }
 
 fn restored(machine: Machine) -> Core {
-    let snapshot = Snapshot { machines: vec![machine], revision: 1, ..Snapshot::default() };
+    let snapshot = Snapshot {
+        machines: vec![machine],
+        revision: 1,
+        ..Snapshot::default()
+    };
     Core::restore(policy(), snapshot).expect("restores").0
 }
 
@@ -57,7 +61,12 @@ fn scenarios() -> Vec<(&'static str, Build)> {
         ("Configured, after configure", || at(S::Configured)),
         ("Configured, restored without ops", || {
             let bound = map(&[("k", "v")]);
-            restored(Machine { state: S::Configured, cluster: "c-1".into(), shard_metadata: bound, ..idle(0) })
+            restored(Machine {
+                state: S::Configured,
+                cluster: "c-1".into(),
+                shard_metadata: bound,
+                ..idle(0)
+            })
         }),
         ("Draining", || at(S::Draining)),
         ("Deleting", || at(S::Deleting)),
@@ -70,16 +79,24 @@ fn scenarios() -> Vec<(&'static str, Build)> {
             settled(&mut core, Kind::Create, TransitionResult::TimedOut);
             core
         }),
-        ("Failed, interrupted by restart", || restored_after_restart(S::Configuring)),
+        ("Failed, interrupted by restart", || {
+            restored_after_restart(S::Configuring)
+        }),
         ("Failed, restored without ops", || {
-            restored(Machine { state: S::Failed, last_error: "old".into(), ..idle(0) })
+            restored(Machine {
+                state: S::Failed,
+                last_error: "old".into(),
+                ..idle(0)
+            })
         }),
     ]
 }
 
 fn restored_after_restart(target: MachineState) -> Core {
     let core = at(target);
-    Core::restore(policy(), core.snapshot()).expect("restores").0
+    Core::restore(policy(), core.snapshot())
+        .expect("restores")
+        .0
 }
 
 fn error_name(error: &MutateError) -> &'static str {
@@ -104,15 +121,28 @@ fn cell(build: Build, kind: Kind) -> String {
     match decision.outcome {
         Ok(ack) if ack.dispatch.is_some() => {
             assert_eq!(ack.machine.state, kind.transitional());
-            assert!(before.operations.iter().all(|(_, _, op)| *op != ack.operation_id));
+            assert!(
+                before
+                    .operations
+                    .iter()
+                    .all(|(_, _, op)| *op != ack.operation_id)
+            );
             assert_eq!(core.revision(), before.revision + 1, "an accept bumps once");
             format!("accept → {} ({})", ack.machine.state, ack.operation_id)
         }
         Ok(ack) => {
-            assert_eq!(Some(ack.operation_id.to_string()), record, "reuses the record");
+            assert_eq!(
+                Some(ack.operation_id.to_string()),
+                record,
+                "reuses the record"
+            );
             assert_eq!(decision.changes, None);
             assert_eq!(core.snapshot(), before, "an idempotent OK changes nothing");
-            let age = if state.is_transitional() { "same" } else { "old" };
+            let age = if state.is_transitional() {
+                "same"
+            } else {
+                "old"
+            };
             format!("OK {age} {}", ack.operation_id)
         }
         Err(error) => {
@@ -128,18 +158,30 @@ fn history(core: &Core) -> String {
         .into_iter()
         .filter_map(|k| recorded(core, &id(0), k).map(|op| format!("{k}={op}")))
         .collect();
-    if ops.is_empty() { "-".to_owned() } else { ops.join(" ") }
+    if ops.is_empty() {
+        "-".to_owned()
+    } else {
+        ops.join(" ")
+    }
 }
 
 #[test]
 fn outcome_matrix_snapshot() {
-    let mut table = String::from("| scenario | state | ops on record | Create | Configure | Drain | Delete |\n");
+    let mut table = String::from(
+        "| scenario | state | ops on record | Create | Configure | Drain | Delete |\n",
+    );
     table.push_str("|---|---|---|---|---|---|---|\n");
     for (name, build) in scenarios() {
         let core = build();
         let cells: Vec<String> = Kind::ALL.into_iter().map(|k| cell(build, k)).collect();
         let state = state(&core, &id(0));
-        writeln!(table, "| {name} | {state} | {} | {} |", history(&core), cells.join(" | ")).unwrap();
+        writeln!(
+            table,
+            "| {name} | {state} | {} | {} |",
+            history(&core),
+            cells.join(" | ")
+        )
+        .unwrap();
     }
     insta::assert_snapshot!("outcome_matrix", table);
 }
@@ -166,7 +208,9 @@ fn expected(state: MachineState, kind: Kind, has_record: bool) -> &'static str {
         | (S::Draining, K::Drain)
         | (S::Deleting, K::Delete) => "ok",
         // At a stable target, reuse needs a record (e.g. none for a machine seeded Idle).
-        (S::Speculative, K::Delete) | (S::Idle, K::Create | K::Drain) | (S::Configured, K::Configure)
+        (S::Speculative, K::Delete)
+        | (S::Idle, K::Create | K::Drain)
+        | (S::Configured, K::Configure)
             if has_record =>
         {
             "ok"
@@ -184,19 +228,37 @@ fn outcome_matrix_matches_the_contract_table() {
             let has_record = recorded(&core, &id(0), kind).is_some();
             let got = cell(build, kind);
             let class = class_of(&got);
-            assert_eq!(class, expected(state, kind, has_record), "{name} × {kind}: {got}");
+            assert_eq!(
+                class,
+                expected(state, kind, has_record),
+                "{name} × {kind}: {got}"
+            );
         }
     }
 }
 
 #[test]
 fn without_delete_capability_the_delete_column_is_unimplemented() {
-    let policy = Policy { delete_supported: false, ..policy() };
-    for (name, build) in scenarios() {
-        let mut core = build();
-        core = Core::restore(policy.clone(), core.snapshot()).expect("restores").0;
-        let err = reject(&mut core, mutation(&id(0), Kind::Delete, token("s", 1, 1)));
-        assert_eq!(err, MutateError::DeleteUnsupported, "{name}");
+    let policy = Policy {
+        delete_supported: false,
+        ..policy()
+    };
+    // Deleting is unreachable without the capability; every other state is driven to.
+    let reachable = MachineState::ALL
+        .into_iter()
+        .filter(|s| *s != MachineState::Deleting);
+    for state in reachable {
+        let mut core = seeded_with(policy.clone(), vec![speculative(0)]);
+        drive(&mut core, &id(0), state);
+        let before = core.snapshot();
+        let decision = call(&mut core, mutation(&id(0), Kind::Delete, token("s", 1, 1)));
+        assert_eq!(
+            decision.outcome,
+            Err(MutateError::DeleteUnsupported),
+            "{state}"
+        );
+        assert_eq!(decision.changes, None, "{state}");
+        assert_eq!(core.snapshot(), before, "{state}");
     }
 }
 
@@ -208,7 +270,11 @@ fn a_passing_token_changes_only_the_mark_relative_to_unfenced() {
             let mut core = build();
             let decision = call(&mut core, mutation(&id(0), kind, token("s", 1, 1)));
             let fences = decision.changes.map(|c| c.fences).unwrap_or_default();
-            assert_eq!(fences.len(), 1, "{name} × {kind}: the mark advances on every outcome");
+            assert_eq!(
+                fences.len(),
+                1,
+                "{name} × {kind}: the mark advances on every outcome"
+            );
             let class = match &decision.outcome {
                 Ok(ack) if ack.dispatch.is_some() => "accept",
                 Ok(_) => "ok",

@@ -28,7 +28,12 @@ fn busy_core() -> Core {
 #[test]
 fn interrupted_transitions_come_back_failed() {
     use MachineState as S;
-    let cases = [(0, S::Creating, "create"), (1, S::Configuring, "configure"), (2, S::Draining, "drain"), (3, S::Deleting, "delete")];
+    let cases = [
+        (0, S::Creating, "create"),
+        (1, S::Configuring, "configure"),
+        (2, S::Draining, "drain"),
+        (3, S::Deleting, "delete"),
+    ];
     let mut core = seeded(5);
     for (i, state, _) in cases {
         drive(&mut core, &id(i), state);
@@ -44,7 +49,11 @@ fn interrupted_transitions_come_back_failed() {
         let text = format!("{kind} transition interrupted by a provider restart; needs re-drive");
         assert_eq!(machine.last_error, text);
     }
-    assert_eq!(state(&core, &id(4)), S::Speculative, "stable records are untouched");
+    assert_eq!(
+        state(&core, &id(4)),
+        S::Speculative,
+        "stable records are untouched"
+    );
 }
 
 #[test]
@@ -54,7 +63,10 @@ fn recovered_records_keep_their_binding_and_host() {
     drive(&mut core, &id(1), MachineState::Deleting);
     let (core, _) = restore(core.snapshot());
     let drained = get(&core, &id(0));
-    assert_eq!((drained.cluster.as_str(), drained.shard_metadata.clone()), ("c-1", map(&[("k", "v")])));
+    assert_eq!(
+        (drained.cluster.as_str(), drained.shard_metadata.clone()),
+        ("c-1", map(&[("k", "v")]))
+    );
     assert_eq!(get(&core, &id(1)).host, Some(host(0)));
 }
 
@@ -65,7 +77,13 @@ fn everything_else_is_restored_exactly() {
     let (restored, changes) = restore(stored.clone());
     assert!(changes.is_none());
     assert_eq!(normalized(restored.snapshot()), normalized(stored));
-    assert_eq!(restored.fence_mark(&key("s", "ghost")), Some(FenceMark { epoch: 4, sequence: 3 }));
+    assert_eq!(
+        restored.fence_mark(&key("s", "ghost")),
+        Some(FenceMark {
+            epoch: 4,
+            sequence: 3
+        })
+    );
     assert_eq!(get(&restored, &id(0)).shard_metadata, awkward_metadata());
     assert_eq!(restored.revision(), core.revision());
 }
@@ -103,18 +121,46 @@ fn pre_restart_dispatches_are_dropped_after_restore() {
 #[test]
 fn restore_rejects_records_out_of_shape() {
     let bad = [
-        Machine { state: MachineState::Idle, ..speculative(0) },
-        Machine { host: Some(host(0)), ..speculative(0) },
-        Machine { cluster: "c".to_owned(), ..speculative(0) },
-        Machine { state: MachineState::Configured, ..idle(0) },
-        Machine { state: MachineState::Failed, ..speculative(0) },
-        Machine { last_error: "stale".to_owned(), ..idle(0) },
-        Machine { shard_metadata: map(&[("k", "v")]), ..idle(0) },
+        Machine {
+            state: MachineState::Idle,
+            ..speculative(0)
+        },
+        Machine {
+            host: Some(host(0)),
+            ..speculative(0)
+        },
+        Machine {
+            cluster: "c".to_owned(),
+            ..speculative(0)
+        },
+        Machine {
+            state: MachineState::Configured,
+            ..idle(0)
+        },
+        Machine {
+            state: MachineState::Failed,
+            ..speculative(0)
+        },
+        Machine {
+            last_error: "stale".to_owned(),
+            ..idle(0)
+        },
+        Machine {
+            shard_metadata: map(&[("k", "v")]),
+            ..idle(0)
+        },
     ];
     for machine in bad {
-        let snapshot = Snapshot { machines: vec![machine.clone()], revision: 1, ..Snapshot::default() };
+        let snapshot = Snapshot {
+            machines: vec![machine.clone()],
+            revision: 1,
+            ..Snapshot::default()
+        };
         let result = Core::restore(policy(), snapshot).map(|(c, _)| c.len());
-        assert!(matches!(result, Err(SeedError::Corrupt(_))), "{machine:?}: {result:?}");
+        assert!(
+            matches!(result, Err(SeedError::Corrupt(_))),
+            "{machine:?}: {result:?}"
+        );
     }
 }
 
@@ -125,10 +171,22 @@ fn freshness() {
     assert!(empty.snapshot().is_fresh());
     let not_fresh = [
         seeded(1).snapshot(),
-        Snapshot { revision: 1, ..Snapshot::default() },
-        Snapshot { next_operation: 1, ..Snapshot::default() },
-        Snapshot { fences: vec![(key("s", "m"), FenceMark::default())], ..Snapshot::default() },
-        Snapshot { operations: vec![(mid(0), Kind::Create, op("op-1"))], ..Snapshot::default() },
+        Snapshot {
+            revision: 1,
+            ..Snapshot::default()
+        },
+        Snapshot {
+            next_operation: 1,
+            ..Snapshot::default()
+        },
+        Snapshot {
+            fences: vec![(key("s", "m"), FenceMark::default())],
+            ..Snapshot::default()
+        },
+        Snapshot {
+            operations: vec![(mid(0), Kind::Create, op("op-1"))],
+            ..Snapshot::default()
+        },
     ];
     for snapshot in not_fresh {
         assert!(!snapshot.is_fresh(), "{snapshot:?}");
@@ -160,9 +218,18 @@ fn applying_every_change_set_in_order_reproduces_the_snapshot() {
     let decision = call(&mut core, mutation(&id(0), Kind::Create, token("s", 1, 1)));
     let ack = decision.outcome.expect("accepted");
     commit(decision.changes);
-    commit(core.complete(completion_for(&ack, success(Kind::Create)), T0).1);
+    commit(
+        core.complete(completion_for(&ack, success(Kind::Create)), T0)
+            .1,
+    );
     commit(call(&mut core, mutation(&id(0), Kind::Create, token("s", 1, 2))).changes);
-    commit(core.reconcile(vec![Machine { price_per_hour: 0.7, ..speculative(1) }]).changes);
+    commit(
+        core.reconcile(vec![Machine {
+            price_per_hour: 0.7,
+            ..speculative(1)
+        }])
+        .changes,
+    );
     commit(call(&mut core, plain(&id(2), Kind::Create)).changes);
     let stored = normalized(store.clone());
     let (core, recovery) = restore(store);

@@ -28,7 +28,10 @@ pub fn after(offset: Duration) -> Timestamp {
 
 /// The test policy: Delete supported, zone required, 2 s deadlines, `op` prefix.
 pub fn policy() -> Policy {
-    Policy { timeouts: Timeouts::uniform(TIMEOUT), ..Policy::default() }
+    Policy {
+        timeouts: Timeouts::uniform(TIMEOUT),
+        ..Policy::default()
+    }
 }
 
 /// The id of test machine `i` (`m-000`, `m-001`, …).
@@ -43,12 +46,18 @@ pub fn mid(i: usize) -> MachineId {
 
 /// A string map from literal pairs.
 pub fn map(pairs: &[(&str, &str)]) -> StringMap {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }
 
 /// The host a successful Create of machine `i` lands on.
 pub fn host(i: usize) -> HostRef {
-    HostRef { provider: "libvirt-test".to_owned(), reference: format!("z-a/dom-{i:03}") }
+    HostRef {
+        provider: "libvirt-test".to_owned(),
+        reference: format!("z-a/dom-{i:03}"),
+    }
 }
 
 /// A well-formed Speculative slot: `kvm.small` in `z-a`, on-demand at 0.5/h.
@@ -73,7 +82,11 @@ pub fn speculative(i: usize) -> Machine {
 
 /// A well-formed machine described as already Idle on `host(i)` (no Create history).
 pub fn idle(i: usize) -> Machine {
-    Machine { state: MachineState::Idle, host: Some(host(i)), ..speculative(i) }
+    Machine {
+        state: MachineState::Idle,
+        host: Some(host(i)),
+        ..speculative(i)
+    }
 }
 
 /// A core seeded with `n` Speculative machines `m-000..`.
@@ -93,12 +106,19 @@ pub fn unfenced() -> FenceToken {
 
 /// A fencing token.
 pub fn token(shard: &str, epoch: i64, sequence: i64) -> FenceToken {
-    FenceToken { shard_id: shard.to_owned(), epoch, sequence }
+    FenceToken {
+        shard_id: shard.to_owned(),
+        epoch,
+        sequence,
+    }
 }
 
 /// The fence key for (shard, machine id).
 pub fn key(shard: &str, machine: &str) -> FenceKey {
-    FenceKey { shard_id: shard.to_owned(), machine_id: machine.to_owned() }
+    FenceKey {
+        shard_id: shard.to_owned(),
+        machine_id: machine.to_owned(),
+    }
 }
 
 /// The default request for `kind` (Configure binds `c-1` with `{k: v}`, Drain grants 30 s).
@@ -109,14 +129,20 @@ pub fn request(kind: Kind) -> MutateRequest {
             cluster: "c-1".to_owned(),
             shard_metadata: map(&[("k", "v")]),
         },
-        Kind::Drain => MutateRequest::Drain { grace_period_seconds: 30 },
+        Kind::Drain => MutateRequest::Drain {
+            grace_period_seconds: 30,
+        },
         Kind::Delete => MutateRequest::Delete,
     }
 }
 
 /// A mutation of `kind` on `machine` with `token`.
 pub fn mutation(machine: &str, kind: Kind, token: FenceToken) -> Mutation {
-    Mutation { machine_id: machine.to_owned(), token, request: request(kind) }
+    Mutation {
+        machine_id: machine.to_owned(),
+        token,
+        request: request(kind),
+    }
 }
 
 /// An unfenced mutation of `kind` on `machine`.
@@ -126,8 +152,15 @@ pub fn plain(machine: &str, kind: Kind) -> Mutation {
 
 /// An unfenced Configure with an explicit binding.
 pub fn configure(machine: &str, cluster: &str, shard_metadata: StringMap) -> Mutation {
-    let request = MutateRequest::Configure { cluster: cluster.to_owned(), shard_metadata };
-    Mutation { machine_id: machine.to_owned(), token: unfenced(), request }
+    let request = MutateRequest::Configure {
+        cluster: cluster.to_owned(),
+        shard_metadata,
+    };
+    Mutation {
+        machine_id: machine.to_owned(),
+        token: unfenced(),
+        request,
+    }
 }
 
 /// Decides `mutation` at `T0`.
@@ -139,7 +172,10 @@ pub fn call(core: &mut Core, mutation: Mutation) -> MutateDecision {
 pub fn accept(core: &mut Core, mutation: Mutation) -> Ack {
     let decision = call(core, mutation);
     let ack = decision.outcome.expect("call accepted");
-    assert!(ack.dispatch.is_some(), "expected a fresh transition, got an idempotent ack");
+    assert!(
+        ack.dispatch.is_some(),
+        "expected a fresh transition, got an idempotent ack"
+    );
     ack
 }
 
@@ -150,13 +186,21 @@ pub fn reject(core: &mut Core, mutation: Mutation) -> MutateError {
 
 /// Decides `mutation` and returns the ack's operation id.
 pub fn op_of(core: &mut Core, mutation: Mutation) -> String {
-    call(core, mutation).outcome.expect("call succeeded").operation_id.to_string()
+    call(core, mutation)
+        .outcome
+        .expect("call succeeded")
+        .operation_id
+        .to_string()
 }
 
 /// The success result for `kind` (Create lands on `host(0)` with no new resource maps).
 pub fn success(kind: Kind) -> TransitionResult {
     match kind {
-        Kind::Create => TransitionResult::Created { host: host(0), resources: None, allocatable: None },
+        Kind::Create => TransitionResult::Created {
+            host: host(0),
+            resources: None,
+            allocatable: None,
+        },
         Kind::Configure => TransitionResult::Configured,
         Kind::Drain => TransitionResult::Drained,
         Kind::Delete => TransitionResult::Deleted,
@@ -174,9 +218,10 @@ pub fn completion_for(ack: &Ack, result: TransitionResult) -> Completion {
     }
 }
 
-/// Completes the transition `ack` dispatched, one second into its deadline.
+/// Completes the transition `ack` dispatched, one millisecond after it was dispatched.
 pub fn finish(core: &mut Core, ack: &Ack, result: TransitionResult) -> CompletionOutcome {
-    core.complete(completion_for(ack, result), after(Duration::from_secs(1))).0
+    core.complete(completion_for(ack, result), after(Duration::from_millis(1)))
+        .0
 }
 
 /// Completes the transition `ack` dispatched and returns the settled machine.
@@ -210,7 +255,11 @@ pub fn drive(core: &mut Core, machine: &str, target: MachineState) -> Option<Ack
             }
         }
     };
-    assert_eq!(state(core, machine), target, "drive reached the wrong state");
+    assert_eq!(
+        state(core, machine),
+        target,
+        "drive reached the wrong state"
+    );
     Some(last)
 }
 
@@ -238,17 +287,25 @@ pub fn get(core: &Core, machine: &str) -> Machine {
 
 /// The ids of the machines a List returns, as a set.
 pub fn listed(core: &Core, query: &ListQuery) -> BTreeSet<String> {
-    core.list(query).machines.iter().map(|m| m.id.to_string()).collect()
+    core.list(query)
+        .machines
+        .iter()
+        .map(|m| m.id.to_string())
+        .collect()
 }
 
 /// A delta query since `cursor`.
 pub fn since(cursor: i64) -> ListQuery {
-    ListQuery { since_revision: Some(cursor), ..ListQuery::default() }
+    ListQuery {
+        since_revision: Some(cursor),
+        ..ListQuery::default()
+    }
 }
 
 /// The operation id recorded for (machine, kind), as a string.
 pub fn recorded(core: &Core, machine: &str, kind: Kind) -> Option<String> {
-    core.operation(&MachineId::new(machine).ok()?, kind).map(OperationId::to_string)
+    core.operation(&MachineId::new(machine).ok()?, kind)
+        .map(OperationId::to_string)
 }
 
 /// Metadata the shard might send: a NUL byte, an empty value, unicode and unknown keys.
@@ -266,6 +323,8 @@ pub fn awkward_metadata() -> StringMap {
 pub fn normalized(mut snapshot: Snapshot) -> Snapshot {
     snapshot.machines.sort_by(|a, b| a.id.cmp(&b.id));
     snapshot.fences.sort_by(|a, b| a.0.cmp(&b.0));
-    snapshot.operations.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    snapshot
+        .operations
+        .sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     snapshot
 }

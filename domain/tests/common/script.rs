@@ -34,10 +34,18 @@ pub enum Finish {
 #[derive(Clone, Debug)]
 pub enum Step {
     /// A mutating call.
-    Mutate { machine: usize, kind: Kind, token: FenceToken },
+    Mutate {
+        machine: usize,
+        kind: Kind,
+        token: FenceToken,
+    },
     /// The call that leaves the machine's current stable state (Delete instead of Configure
     /// from Idle when `delete`); Create for any other state.
-    Advance { machine: usize, delete: bool, token: FenceToken },
+    Advance {
+        machine: usize,
+        delete: bool,
+        token: FenceToken,
+    },
     /// The end of one transition: the `pick`-th still in flight, or (when none is) a
     /// completion for machine `pick` that nobody is waiting for.
     Complete { pick: usize, finish: Finish },
@@ -115,19 +123,32 @@ pub struct Harness {
 impl Harness {
     /// Seeds `m-000..m-002`.
     pub fn new() -> Self {
-        let (core, changes) = Core::seed(policy(), (0..SEEDED).map(speculative).collect())
-            .expect("seed is valid");
+        let (core, changes) =
+            Core::seed(policy(), (0..SEEDED).map(speculative).collect()).expect("seed is valid");
         let mut store = Snapshot::default();
         store.apply(&changes);
-        Self { core, store, dispatched: BTreeMap::new(), log: Vec::new() }
+        Self {
+            core,
+            store,
+            dispatched: BTreeMap::new(),
+            log: Vec::new(),
+        }
     }
 
     /// Runs one step, persists its change set and logs it.
     pub fn run(&mut self, step: &Step) -> Option<ChangeSet> {
         let before = self.core.revision();
         let changes = match step {
-            Step::Mutate { machine, kind, token } => self.mutate(*machine, *kind, token.clone()),
-            Step::Advance { machine, delete, token } => {
+            Step::Mutate {
+                machine,
+                kind,
+                token,
+            } => self.mutate(*machine, *kind, token.clone()),
+            Step::Advance {
+                machine,
+                delete,
+                token,
+            } => {
                 let kind = self.next_kind(*machine, *delete);
                 self.mutate(*machine, kind, token.clone())
             }
@@ -140,12 +161,21 @@ impl Harness {
         }
         let restart = matches!(step, Step::Restart);
         let after = self.core.revision();
-        self.log.push(Record { before, after, changes: changes.clone(), restart });
+        self.log.push(Record {
+            before,
+            after,
+            changes: changes.clone(),
+            restart,
+        });
         changes
     }
 
     fn mutate(&mut self, machine: usize, kind: Kind, token: FenceToken) -> Option<ChangeSet> {
-        let mutation = Mutation { machine_id: id(machine), token, request: request(kind) };
+        let mutation = Mutation {
+            machine_id: id(machine),
+            token,
+            request: request(kind),
+        };
         let decision = self.core.mutate(mutation, T0);
         if let Ok(ack) = &decision.outcome {
             if let Some(dispatch) = &ack.dispatch {
@@ -211,14 +241,42 @@ impl Default for Harness {
 fn completion(dispatch: &Dispatch, finish: Finish) -> (Completion, Timestamp) {
     let in_time = Timestamp(dispatch.deadline.0 - 1);
     let (result, now, op) = match finish {
-        Finish::Success => (success(dispatch.kind), in_time, dispatch.operation_id.clone()),
-        Finish::LateSuccess => (success(dispatch.kind), dispatch.deadline, dispatch.operation_id.clone()),
-        Finish::Fail => (TransitionResult::Failed("boom".to_owned()), in_time, dispatch.operation_id.clone()),
-        Finish::Timeout => (TransitionResult::TimedOut, dispatch.deadline, dispatch.operation_id.clone()),
-        Finish::Stale => (success(dispatch.kind), in_time, OperationId::from_stored("op-0".to_owned())),
+        Finish::Success => (
+            success(dispatch.kind),
+            in_time,
+            dispatch.operation_id.clone(),
+        ),
+        Finish::LateSuccess => (
+            success(dispatch.kind),
+            dispatch.deadline,
+            dispatch.operation_id.clone(),
+        ),
+        Finish::Fail => (
+            TransitionResult::Failed("boom".to_owned()),
+            in_time,
+            dispatch.operation_id.clone(),
+        ),
+        Finish::Timeout => (
+            TransitionResult::TimedOut,
+            dispatch.deadline,
+            dispatch.operation_id.clone(),
+        ),
+        Finish::Stale => (
+            success(dispatch.kind),
+            in_time,
+            OperationId::from_stored("op-0".to_owned()),
+        ),
     };
     let machine_id = dispatch.machine.id.clone();
-    (Completion { machine_id, kind: dispatch.kind, operation_id: op, result }, now)
+    (
+        Completion {
+            machine_id,
+            kind: dispatch.kind,
+            operation_id: op,
+            result,
+        },
+        now,
+    )
 }
 
 fn orphan(machine: usize) -> Completion {

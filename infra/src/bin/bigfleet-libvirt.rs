@@ -12,7 +12,8 @@ use bigfleet_libvirt_infra::app::{self, Banner, ServeConfig};
 use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_infra::launch::{self, Backend, Flags, Plan};
 use bigfleet_libvirt_infra::metrics::Metrics;
-use bigfleet_libvirt_infra::store::MemoryStateStore;
+use bigfleet_libvirt_infra::store::{MemoryStateStore, RedbStateStore};
+use bigfleet_libvirt_ports::StateStore;
 use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
 use bigfleet_libvirt_infra::telemetry::{self, LogFormat};
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
@@ -71,7 +72,7 @@ struct Cli {
         default_value = "local"
     )]
     default_zone: String,
-    /// Durable state file; empty = in-memory only (durable state: not in this build yet).
+    /// Durable state file (redb); empty = in-memory only, nothing survives a restart.
     #[arg(
         long,
         global = true,
@@ -339,23 +340,24 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&launch::dry_run(&plan))?);
         return Ok(());
     }
-    if let Some(state) = &plan.state {
-        anyhow::bail!(
-            "--state {}: durable state is not available in this build yet (it lands with the \
-             redb store); omit --state to run in memory",
-            state.display()
-        );
+    match &plan.state {
+        Some(path) => {
+            let store = RedbStateStore::open(path).map_err(|e| anyhow::anyhow!("--state: {e}"))?;
+            serve(cli, plan, store).await
+        }
+        None => {
+            warn!("no --state: bindings, fence marks and operation ids will not survive a restart");
+            serve(cli, plan, MemoryStateStore::new()).await
+        }
     }
-    serve(cli, plan).await
 }
 
-async fn serve(cli: &Cli, plan: Plan) -> anyhow::Result<()> {
+async fn serve<S: StateStore>(cli: &Cli, plan: Plan, store: S) -> anyhow::Result<()> {
     debug_assert_eq!(plan.backend, Backend::Fake);
     warn!(
-        "using the IN-MEMORY fake hypervisor: no real domains will be created, and state is lost \
-         on restart (pass --connect for real hosts)"
+        "using the IN-MEMORY fake hypervisor: no real domains will be created \
+         (pass --connect for real hosts)"
     );
-    warn!("no --state: bindings and fence marks will not survive a restart");
     let clock = SystemClock;
     let fake_config = FakeConfig {
         provider: plan.provider_label.clone(),
@@ -368,7 +370,6 @@ async fn serve(cli: &Cli, plan: Plan) -> anyhow::Result<()> {
     };
     let fake = FakeHypervisor::new(fake_config, clock);
     let metrics = Metrics::new();
-    let store = MemoryStateStore::new();
     let provider = app::assemble(
         plan.provider.clone(),
         fake,

@@ -62,7 +62,8 @@ impl InstanceCatalog {
     ///
     /// # Errors
     /// [`ConfigError::Read`] when the file cannot be read, otherwise as [`Self::from_json`].
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             flag: FLAG,
             path: path.to_owned(),

@@ -55,7 +55,8 @@ where
 ///
 /// # Errors
 /// [`ConfigError::Read`] when the file cannot be read, otherwise as [`offerings_from_json`].
-pub fn load_offerings(path: &Path) -> Result<Vec<Offering>, ConfigError> {
+pub fn load_offerings(path: impl AsRef<Path>) -> Result<Vec<Offering>, ConfigError> {
+    let path = path.as_ref();
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         flag: FLAG,
         path: path.to_owned(),

@@ -2,5 +2,7 @@
 //! only; the durable redb store arrives with `--state`.
 
 mod memory;
+mod durable;
 
 pub use memory::MemoryStateStore;
+pub use durable::RedbStateStore;

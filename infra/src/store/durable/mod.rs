@@ -1,0 +1,229 @@
+//! The durable `StateStore` on redb (`--state PATH`).
+//!
+//! Opening refuses anything that is not this provider's state, without writing to it: a
+//! second process gets a "locked" error at once (redb's file lock), a foreign or truncated
+//! file and an unknown schema version are named and left untouched, and the file is opened
+//! with redb's integrity check so a corrupt page is an error instead of a later panic.
+//!
+//! Commits go to one writer thread that applies every change set queued since its last
+//! commit in a single write transaction with one fsync (group commit). It never waits to
+//! fill a batch: while one fsync runs, the next batch forms, so an ack is delayed by at most
+//! one commit.
+
+mod tables;
+mod writer;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bigfleet_libvirt_domain::{
+    ChangeSet, FenceKey, FenceMark, MachineId, OperationId, Snapshot,
+};
+use bigfleet_libvirt_ports::{StateStore, StoreError};
+use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, StorageError};
+
+use tables::{fences, machines, meta, operations};
+
+/// redb-backed durable state. Clones share one database; dropping the last clone stops the
+/// writer thread and closes the file cleanly.
+#[derive(Clone)]
+pub struct RedbStateStore {
+    path: PathBuf,
+    database: Arc<Database>,
+    writer: Arc<writer::Writer>,
+}
+
+impl std::fmt::Debug for RedbStateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbStateStore").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+fn unusable(path: &Path, reason: impl Into<String>) -> StoreError {
+    StoreError::Unusable { path: path.display().to_string(), reason: reason.into() }
+}
+
+fn io(context: &str, error: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(format!("{context}: {error}"))
+}
+
+impl RedbStateStore {
+    /// Opens (or, when the file is missing or empty, creates) the state file at `path`.
+    ///
+    /// # Errors
+    /// [`StoreError::Locked`] when another process holds it; [`StoreError::Unusable`] when
+    /// it is corrupt, truncated, foreign or of an unknown schema version (the file is not
+    /// modified); [`StoreError::Io`] when it cannot be read or created.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let fresh = match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => return Err(unusable(path, "it is a directory, not a file")),
+            Ok(meta) => meta.len() == 0,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => return Err(io(&format!("inspect {}", path.display()), e)),
+        };
+        if fresh {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| io(&format!("create the directory {}", parent.display()), e))?;
+            }
+        }
+        if !fresh {
+            // Look before writing: a read-only open neither repairs nor commits, so a foreign
+            // file or an unknown schema is refused byte for byte untouched.
+            precheck(path)?;
+        }
+        let mut builder = Database::builder();
+        builder.set_check_integrity_on_open(true);
+        // redb may panic on some corrupt layouts even with the check; treat that as corrupt.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if fresh { builder.create(path) } else { builder.open(path) }
+        }));
+        let database = match opened {
+            Ok(Ok(database)) => database,
+            Ok(Err(e)) => return Err(open_error(path, e)),
+            Err(_) => return Err(unusable(path, "redb found it corrupt")),
+        };
+        if fresh {
+            initialise(&database).map_err(|e| io("initialise the state file", e))?;
+        } else {
+            check_schema(path, &database)?;
+        }
+        let database = Arc::new(database);
+        let writer = Arc::new(writer::Writer::start(Arc::clone(&database)));
+        Ok(Self { path: path.to_owned(), database, writer })
+    }
+
+    fn read_all(&self) -> Result<Snapshot, StoreError> {
+        let path = &self.path;
+        let read = |e: &dyn std::fmt::Display| unusable(path, format!("read failed: {e}"));
+        let txn = self.database.begin_read().map_err(|e| read(&e))?;
+        let mut snapshot = Snapshot::default();
+        let meta_table = txn.open_table(meta::TABLE).map_err(|e| read(&e))?;
+        let counter = |key| -> Result<i64, StoreError> {
+            Ok(meta_table.get(key).map_err(|e| read(&e))?.map_or(0, |v| v.value()))
+        };
+        snapshot.revision = counter(meta::REVISION_KEY)?;
+        snapshot.next_operation = u64::try_from(counter(meta::NEXT_OPERATION_KEY)?)
+            .map_err(|_| unusable(path, "the operation counter is negative"))?;
+        for entry in txn.open_table(machines::TABLE).map_err(|e| read(&e))?.iter().map_err(|e| read(&e))? {
+            let (key, value) = entry.map_err(|e| read(&e))?;
+            let machine = machines::decode(value.value())
+                .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
+            snapshot.machines.push(machine);
+        }
+        for entry in txn.open_table(fences::TABLE).map_err(|e| read(&e))?.iter().map_err(|e| read(&e))? {
+            let (key, value) = entry.map_err(|e| read(&e))?;
+            let (shard_id, machine_id) = key.value();
+            let (epoch, sequence) = value.value();
+            let key = FenceKey { shard_id: shard_id.to_owned(), machine_id: machine_id.to_owned() };
+            snapshot.fences.push((key, FenceMark { epoch, sequence }));
+        }
+        let ops = txn.open_table(operations::TABLE).map_err(|e| read(&e))?;
+        for entry in ops.iter().map_err(|e| read(&e))? {
+            let (key, value) = entry.map_err(|e| read(&e))?;
+            let (machine_id, kind) = key.value();
+            let kind = operations::decode_kind(kind)
+                .ok_or_else(|| unusable(path, format!("unknown operation kind {kind}")))?;
+            let id = MachineId::new(machine_id)
+                .map_err(|_| unusable(path, "an operation record has an empty machine id"))?;
+            snapshot.operations.push((id, kind, OperationId::from_stored(value.value().to_owned())));
+        }
+        Ok(snapshot)
+    }
+}
+
+fn open_error(path: &Path, error: DatabaseError) -> StoreError {
+    match error {
+        DatabaseError::DatabaseAlreadyOpen | DatabaseError::LockProtocolMismatch => {
+            StoreError::Locked { path: path.display().to_string() }
+        }
+        DatabaseError::Storage(StorageError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+            unusable(path, format!("it is not a bigfleet-libvirt state file ({e})"))
+        }
+        DatabaseError::Storage(StorageError::Corrupted(reason)) => {
+            unusable(path, format!("it is corrupt or truncated ({reason}); restore it from a backup"))
+        }
+        DatabaseError::UpgradeRequired(version) => {
+            unusable(path, format!("it uses redb file format {version}, which this build cannot read"))
+        }
+        other => io(&format!("open {}", path.display()), other),
+    }
+}
+
+/// Writes the schema version into a brand-new file.
+fn initialise(database: &Database) -> Result<(), redb::Error> {
+    let txn = database.begin_write()?;
+    {
+        let mut table = txn.open_table(meta::TABLE)?;
+        table.insert(meta::SCHEMA_VERSION_KEY, meta::SCHEMA_VERSION)?;
+        txn.open_table(machines::TABLE)?;
+        txn.open_table(fences::TABLE)?;
+        txn.open_table(operations::TABLE)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// Opens the file read-only and checks its schema. A file that was not closed cleanly (the
+/// provider was killed) cannot be read without repair; that case passes on to the
+/// read-write open, which repairs it and checks the schema afterwards.
+fn precheck(path: &Path) -> Result<(), StoreError> {
+    let opened = std::panic::catch_unwind(|| Database::builder().open_read_only(path));
+    match opened {
+        Ok(Ok(database)) => check_schema(path, &database),
+        Ok(Err(DatabaseError::RepairAborted)) => Ok(()),
+        Ok(Err(e)) => Err(open_error(path, e)),
+        Err(_) => Err(unusable(path, "redb found it corrupt")),
+    }
+}
+
+/// Refuses files without this build's schema version.
+fn check_schema(path: &Path, database: &impl ReadableDatabase) -> Result<(), StoreError> {
+    let not_ours = || unusable(path, "it is a redb file but not a bigfleet-libvirt state file (no schema version)");
+    let txn = database.begin_read().map_err(|e| io("read the schema version", e))?;
+    let table = match txn.open_table(meta::TABLE) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Err(not_ours()),
+        Err(e) => return Err(io("read the schema version", e)),
+    };
+    let version = table
+        .get(meta::SCHEMA_VERSION_KEY)
+        .map_err(|e| io("read the schema version", e))?
+        .ok_or_else(not_ours)?
+        .value();
+    if version != meta::SCHEMA_VERSION {
+        return Err(unusable(
+            path,
+            format!(
+                "its schema version is {version} but this build reads only {}; run the \
+                 bigfleet-libvirt release that wrote it",
+                meta::SCHEMA_VERSION
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl StateStore for RedbStateStore {
+    fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
+        std::future::ready(self.read_all())
+    }
+
+    fn commit(
+        &self,
+        changes: ChangeSet,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let (reply, done) = futures::channel::oneshot::channel();
+        let queued = self.writer.submit(writer::Job { changes, reply });
+        async move {
+            if queued.is_err() {
+                return Err(StoreError::Io("the state writer has stopped".to_owned()));
+            }
+            done.await.unwrap_or_else(|_| Err(StoreError::Io("the state writer has stopped".to_owned())))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

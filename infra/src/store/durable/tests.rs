@@ -1,0 +1,127 @@
+//! The redb store against the shared `StateStore` contract, plus its refusal cases: each
+//! bad file gives its clear error and is left byte-identical.
+
+use std::path::Path;
+
+use bigfleet_libvirt_ports::testkit::state_store_contract;
+use bigfleet_libvirt_ports::{StateStore, StoreError};
+
+use super::RedbStateStore;
+
+fn message(error: &StoreError) -> String {
+    error.to_string()
+}
+
+#[tokio::test]
+async fn redb_store_passes_the_state_store_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/state.redb");
+    let store = RedbStateStore::open(&path).unwrap();
+    state_store_contract(store, |store| {
+        let path = path.clone();
+        async move {
+            // Dropping the last handle joins the writer and closes the file.
+            drop(store);
+            RedbStateStore::open(&path).unwrap()
+        }
+    })
+    .await;
+}
+
+fn refuse(path: &Path, expect: &str) {
+    let before = std::fs::read(path).unwrap();
+    let error = RedbStateStore::open(path).expect_err("the file must be refused");
+    let text = message(&error);
+    assert!(text.contains(&path.display().to_string()), "error names the file: {text}");
+    assert!(text.contains(expect), "error {text:?} should say {expect:?}");
+    let after = std::fs::read(path).unwrap();
+    assert!(after == before, "the refused file must be left byte-identical ({text})");
+}
+
+#[test]
+fn a_second_opener_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let _first = RedbStateStore::open(&path).unwrap();
+    let error = RedbStateStore::open(&path).unwrap_err();
+    assert!(matches!(error, StoreError::Locked { .. }), "{error}");
+    assert!(message(&error).contains("in use by another bigfleet-libvirt process"));
+}
+
+#[test]
+fn a_foreign_file_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    std::fs::write(&path, b"{\"machines\": [], \"rev\": 3}\n".repeat(200)).unwrap();
+    refuse(&path, "not a bigfleet-libvirt state file");
+}
+
+#[tokio::test]
+async fn a_truncated_file_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    write_some_state(&path).await;
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    refuse(&path, "corrupt or truncated");
+}
+
+#[tokio::test]
+async fn a_corrupted_file_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    write_some_state(&path).await;
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Scribble over every page after the header: whatever redb reads next is garbage.
+    for (i, byte) in bytes.iter_mut().enumerate().skip(4096) {
+        *byte = (i % 251) as u8;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    refuse(&path, "corrupt");
+}
+
+#[tokio::test]
+async fn an_unknown_schema_version_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    write_some_state(&path).await;
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(super::tables::meta::TABLE).unwrap().insert("schema_version", 99).unwrap();
+        txn.commit().unwrap();
+    }
+    refuse(&path, "schema version is 99");
+}
+
+#[test]
+fn a_redb_file_of_another_program_is_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.redb");
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        let def: redb::TableDefinition<&str, &str> = redb::TableDefinition::new("things");
+        txn.open_table(def).unwrap().insert("a", "b").unwrap();
+        txn.commit().unwrap();
+    }
+    refuse(&path, "not a bigfleet-libvirt state file");
+}
+
+#[test]
+fn an_empty_file_is_a_first_boot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    std::fs::write(&path, b"").unwrap();
+    let store = RedbStateStore::open(&path).unwrap();
+    let snapshot = futures::executor::block_on(store.load()).unwrap();
+    assert!(snapshot.is_fresh());
+}
+
+async fn write_some_state(path: &Path) {
+    let store = RedbStateStore::open(path).unwrap();
+    let machines = (0..50).map(|i| bigfleet_libvirt_ports::testkit::speculative(&format!("m-{i}"))).collect();
+    let (_, seed) = bigfleet_libvirt_domain::Core::seed(Default::default(), machines).unwrap();
+    store.commit(seed).await.unwrap();
+    drop(store);
+}
