@@ -13,6 +13,7 @@ use bigfleet_libvirt_ports::{
 };
 use bigfleet_libvirt_proto::v1alpha1::capacity_provider_server::CapacityProviderServer;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
@@ -31,6 +32,10 @@ pub struct ServeConfig {
     pub drain_period: Duration,
     /// Facts for the serving log line.
     pub banner: Banner,
+    /// TLS material for the gRPC port; `None` serves plaintext.
+    pub tls: Option<crate::tls::TlsState>,
+    /// Honour the fake's test-only hooks in the gRPC layer (the injected handler panic).
+    pub fault_hooks: bool,
 }
 
 /// What the "serving CapacityProvider" line reports.
@@ -130,12 +135,25 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         router = router.add_service(v1).add_service(v1alpha);
     }
     let (stop_grpc, grpc_stopped) = tokio::sync::oneshot::channel::<()>();
-    let grpc_task = tokio::spawn(router.serve_with_incoming_shutdown(
-        TcpListenerStream::new(grpc),
-        async move {
-            let _ = grpc_stopped.await;
-        },
-    ));
+    let stopped = async move {
+        let _ = grpc_stopped.await;
+    };
+    let grpc_task = match &config.tls {
+        Some(tls) => {
+            tokio::spawn(tls.clone().watch(Duration::from_secs(2)));
+            let incoming = crate::tls::incoming(grpc, tls);
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+        None => {
+            let incoming = TcpListenerStream::new(grpc).map(|accepted| {
+                accepted.inspect(|tcp| {
+                    // Small unary replies must not wait out the peer's delayed ACK.
+                    let _ = tcp.set_nodelay(true);
+                })
+            });
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+    };
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http_task = http.map(|listener| {
         let hook_provider = provider.clone();

@@ -10,6 +10,8 @@ use std::time::Duration;
 use bigfleet_libvirt_domain::{Machine, Policy, Timeouts};
 use bigfleet_libvirt_ports::ProviderConfig;
 
+use crate::tls::TlsFiles;
+
 use crate::config::{
     self, ConfigError, HostConnection, InstanceCatalog, Inventory, InventoryConfig, Offering,
     PriceTable,
@@ -72,6 +74,7 @@ pub struct Plan {
     pub state: Option<PathBuf>,
     pub reconcile_interval: Option<Duration>,
     pub fake: FakeSettings,
+    pub tls: Option<TlsFiles>,
 }
 
 /// How the fake behaves (ignored by the real backend).
@@ -117,7 +120,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         &catalog,
     )?;
     let backend = select_backend(flags, &connections)?;
-    check_tls(flags)?;
+    let tls = check_tls(flags)?;
     if flags.fake_fault_hooks && backend != Backend::Fake {
         return Err(flag(
             "--fake-fault-hooks only works with the fake backend; remove it or pass --use-fake-backend",
@@ -194,6 +197,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         state: flags.state.clone(),
         reconcile_interval: (!flags.reconcile_interval.is_zero())
             .then_some(flags.reconcile_interval),
+        tls,
         fake: FakeSettings {
             fault_hooks: flags.fake_fault_hooks,
             delay_min: flags.fake_delay_min,
@@ -235,19 +239,20 @@ fn select_backend(flags: &Flags, connections: &[HostConnection]) -> Result<Backe
 }
 
 /// TLS flags must come whole: cert and key together, a CA only with both.
-fn check_tls(flags: &Flags) -> Result<(), LaunchError> {
+fn check_tls(flags: &Flags) -> Result<Option<TlsFiles>, LaunchError> {
     match (&flags.tls_cert, &flags.tls_key, &flags.tls_ca) {
-        (None, None, None) => Ok(()),
+        (None, None, None) => Ok(None),
         (None, None, Some(_)) => Err(flag(
             "--tls-ca set without --tls-cert/--tls-key; mTLS needs the server certificate too",
         )),
         (Some(_), None, _) | (None, Some(_), _) => Err(flag(
             "both --tls-cert and --tls-key are required to enable TLS",
         )),
-        (Some(_), Some(_), _) => Err(flag(
-            "TLS termination is not available in this build yet (it lands with the operations \
-             surface); serve plaintext on a trusted network or terminate TLS in front",
-        )),
+        (Some(cert), Some(key), ca) => Ok(Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: ca.clone(),
+        })),
     }
 }
 

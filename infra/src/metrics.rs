@@ -51,6 +51,22 @@ pub struct StateLabels {
     pub state: String,
 }
 
+/// Labels of `bigfleet_libvirt_api_calls_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    /// Hypervisor operation (`CreateDomain`, `Configure`, …).
+    pub op: String,
+    /// `success` or `error`.
+    pub outcome: String,
+}
+
+/// A single `op` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// Hypervisor operation.
+    pub op: String,
+}
+
 /// A single `outcome` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -76,6 +92,10 @@ pub struct Metrics {
     pub machines: Family<StateLabels, Gauge>,
     /// Background reconcile runs by outcome.
     pub reconcile: Family<OutcomeLabels, Counter>,
+    /// Hypervisor calls by operation and outcome.
+    pub api_calls: Family<ApiLabels, Counter>,
+    /// Hypervisor call latency by operation.
+    pub api_duration: Family<OpLabels, Histogram>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -101,7 +121,21 @@ impl Metrics {
         );
         let machines = Family::<StateLabels, Gauge>::default();
         let reconcile = Family::<OutcomeLabels, Counter>::default();
+        let api_calls = Family::<ApiLabels, Counter>::default();
+        let api_duration =
+            Family::<OpLabels, Histogram>::new_with_constructor(transition_histogram as fn() -> _);
         let prefix = "bigfleet_libvirt";
+        registry.register(
+            format!("{prefix}_api_calls"),
+            "Hypervisor calls by operation and outcome",
+            api_calls.clone(),
+        );
+        registry.register(
+            format!("{prefix}_api_duration_seconds"),
+            "Hypervisor call latency",
+            api_duration.clone(),
+        );
+        registry.register_collector(Box::new(crate::process::ProcessCollector));
         registry.register(
             format!("{prefix}_grpc_requests"),
             "Unary gRPC requests by method and status code",
@@ -146,6 +180,8 @@ impl Metrics {
             transition_duration,
             machines,
             reconcile,
+            api_calls,
+            api_duration,
         }
     }
 

@@ -1,9 +1,17 @@
-//! Logging set-up: structured logs on stderr as text or JSON, filtered by `RUST_LOG` when
-//! set, else by the configured level.
+//! Logging and tracing set-up: structured logs on stderr as text or JSON (filtered by
+//! `RUST_LOG` when set, else by the configured level), and, when an OTLP endpoint is
+//! configured, every span exported over OTLP/gRPC with the standard `OTEL_*` variables
+//! honoured by the exporter. Must be called inside the tokio runtime (the exporter's
+//! channel lives on it).
 
 use std::io::IsTerminal;
 
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// How log lines are rendered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,25 +22,102 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber. `env_filter` is the value of `RUST_LOG`, if any; it wins
-/// over `level`.
+/// What to set up.
+#[derive(Clone, Debug)]
+pub struct TelemetryConfig {
+    /// Log rendering.
+    pub format: LogFormat,
+    /// The level filter when `env_filter` is unset.
+    pub level: String,
+    /// The value of `RUST_LOG`, if any; wins over `level`.
+    pub env_filter: Option<String>,
+    /// The OTLP/gRPC endpoint; `None` disables export.
+    pub otlp_endpoint: Option<String>,
+    /// The service name, unless `OTEL_SERVICE_NAME` already names it.
+    pub service_name: Option<String>,
+}
+
+/// Keeps the exporter alive; `shutdown` flushes the spans still buffered.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    tracer: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Flushes and stops the exporter (blocking work runs off the async threads).
+    pub async fn shutdown(self) {
+        if let Some(tracer) = self.tracer {
+            let flushed = tokio::task::spawn_blocking(move || tracer.shutdown()).await;
+            if let Ok(Err(e)) = flushed {
+                eprintln!("bigfleet-libvirt: flush OTLP spans: {e}");
+            }
+        }
+    }
+}
+
+/// Installs the global subscriber.
 ///
 /// # Errors
-/// When the filter does not parse or a subscriber is already installed.
-pub fn init(format: LogFormat, level: &str, env_filter: Option<&str>) -> anyhow::Result<()> {
-    let filter = match env_filter {
+/// When the filter does not parse, the exporter cannot be built, or a subscriber is
+/// already installed.
+pub fn init(config: &TelemetryConfig) -> anyhow::Result<Telemetry> {
+    let filter = match config.env_filter.as_deref() {
         Some(spec) if !spec.is_empty() => EnvFilter::try_new(spec)
             .map_err(|e| anyhow::anyhow!("RUST_LOG {spec:?} does not parse: {e}"))?,
-        _ => EnvFilter::try_new(level)
-            .map_err(|e| anyhow::anyhow!("--log-level {level:?} does not parse: {e}"))?,
+        _ => EnvFilter::try_new(&config.level)
+            .map_err(|e| anyhow::anyhow!("--log-level {:?} does not parse: {e}", config.level))?,
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    let installed = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let tracer = match &config.otlp_endpoint {
+        Some(endpoint) => Some(exporter(endpoint, config.service_name.clone())?),
+        None => None,
     };
-    installed.map_err(|e| anyhow::anyhow!("install the log subscriber: {e}"))
+    let otel = tracer.as_ref().map(|provider| {
+        tracing_opentelemetry::layer().with_tracer(provider.tracer("bigfleet-libvirt"))
+    });
+    let ansi = std::io::stderr().is_terminal();
+    let (text, json) = match config.format {
+        LogFormat::Text => (
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(ansi)
+                    .with_writer(std::io::stderr),
+            ),
+            None,
+        ),
+        LogFormat::Json => (
+            None,
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            ),
+        ),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(text)
+        .with(json)
+        .with(otel)
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("install the log subscriber: {e}"))?;
+    Ok(Telemetry { tracer })
+}
+
+fn exporter(endpoint: &str, service_name: Option<String>) -> anyhow::Result<SdkTracerProvider> {
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .build()
+        .map_err(|e| {
+            anyhow::anyhow!("--otlp-endpoint {endpoint:?}: cannot build the exporter: {e}")
+        })?;
+    let mut resource = Resource::builder();
+    if let Some(name) = service_name {
+        resource = resource.with_service_name(name);
+    }
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource.build())
+        .build())
 }

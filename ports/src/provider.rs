@@ -15,6 +15,7 @@ use bigfleet_libvirt_domain::{
     TransitionResult,
 };
 use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::clock::Clock;
@@ -84,8 +85,20 @@ pub struct TransitionEvent {
 
 type Observer = Arc<dyn Fn(&TransitionEvent) + Send + Sync>;
 
+/// The durability of the most recently enqueued change set. The store makes change sets
+/// durable in the order they were enqueued, so once this resolves, everything decided
+/// before it is durable too.
+type Barrier = Shared<BoxFuture<'static, Result<(), StoreError>>>;
+
+/// The decision core and the durability barrier of its newest decision, guarded together
+/// so that whoever observes the core also learns what must be durable first.
+struct Guarded {
+    core: Core,
+    last_commit: Barrier,
+}
+
 struct Inner<H, S, C, E> {
-    core: Mutex<Core>,
+    core: Mutex<Guarded>,
     hypervisor: H,
     store: S,
     clock: C,
@@ -146,8 +159,12 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         if let Some(changes) = changes {
             store.commit(changes).await?;
         }
+        let guarded = Guarded {
+            core,
+            last_commit: settled(),
+        };
         let inner = Inner {
-            core: Mutex::new(core),
+            core: Mutex::new(guarded),
             hypervisor,
             store,
             clock,
@@ -189,12 +206,15 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     ) -> Result<Ack, ProviderError> {
         let now = self.inner.clock.now();
         let (decision, durable) = {
-            let mut core = self.lock();
-            let decision = core.mutate(mutation, now);
-            let durable = decision.changes.clone().map(|c| self.inner.store.commit(c));
+            let mut guarded = self.lock();
+            let decision = guarded.core.mutate(mutation, now);
+            let durable = self.enqueue(&mut guarded, decision.changes.clone());
             (decision, durable)
         };
-        if let Some(durable) = durable {
+        // Even an answer that changed nothing (an idempotent retry, a rejection) waits for
+        // the decisions it observed to be durable: no answer may reflect state a crash
+        // could still take back.
+        {
             if let Err(store_error) = durable.await {
                 error!(error = %store_error, "decision not persisted; call not acknowledged");
                 if let Ok(Ack {
@@ -226,22 +246,44 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         Ok(ack)
     }
 
-    /// One machine by id.
-    #[must_use]
-    pub fn get(&self, id: &str) -> Option<Arc<Machine>> {
-        self.lock().get(id)
+    /// One machine by id, once everything it may reflect is durable.
+    ///
+    /// # Errors
+    /// When the state it reflects could not be persisted.
+    pub async fn get(&self, id: &str) -> Result<Option<Arc<Machine>>, StoreError> {
+        let (machine, durable) = {
+            let guarded = self.lock();
+            (guarded.core.get(id), guarded.last_commit.clone())
+        };
+        durable.await?;
+        Ok(machine)
     }
 
-    /// The machines a List call returns.
+    /// The machines a List call returns, once everything they may reflect is durable (so a
+    /// cursor handed out is never ahead of what a restart reloads).
+    ///
+    /// # Errors
+    /// When the state it reflects could not be persisted.
+    pub async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        let (page, durable) = {
+            let guarded = self.lock();
+            (guarded.core.list(query), guarded.last_commit.clone())
+        };
+        durable.await?;
+        Ok(page)
+    }
+
+    /// The current inventory without waiting for durability (metrics and tests only; never
+    /// for answering a client).
     #[must_use]
-    pub fn list(&self, query: &ListQuery) -> ListPage {
-        self.lock().list(query)
+    pub fn peek(&self, query: &ListQuery) -> ListPage {
+        self.lock().core.list(query)
     }
 
     /// Whether Delete is offered.
     #[must_use]
     pub fn delete_supported(&self) -> bool {
-        self.lock().policy().delete_supported
+        self.lock().core.policy().delete_supported
     }
 
     /// Whether the hypervisor enforces the node-readiness gate.
@@ -253,7 +295,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     /// Number of machines by state.
     #[must_use]
     pub fn count_by_state(&self) -> Vec<(MachineState, usize)> {
-        let page = self.list(&ListQuery::default());
+        let page = self.peek(&ListQuery::default());
         MachineState::ALL
             .into_iter()
             .map(|s| (s, page.machines.iter().filter(|m| m.state == s).count()))
@@ -267,17 +309,15 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     pub async fn reconcile(&self) -> Result<ReconcileReport, ReconcileError> {
         let described = self.inner.hypervisor.describe().await?;
         let (report, durable) = {
-            let mut core = self.lock();
-            let report = core.reconcile(described);
-            let durable = report.changes.clone().map(|c| self.inner.store.commit(c));
+            let mut guarded = self.lock();
+            let report = guarded.core.reconcile(described);
+            let durable = self.enqueue(&mut guarded, report.changes.clone());
             (report, durable)
         };
         for skipped in &report.skipped {
             warn!(error = %skipped, "reconcile skipped an invalid record");
         }
-        if let Some(durable) = durable {
-            durable.await?;
-        }
+        durable.await?;
         Ok(report)
     }
 
@@ -287,7 +327,22 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         self.inner.clock.now()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Core> {
+    /// Enqueues a decision's change set (under the lock, so the store sees decisions in
+    /// order) and returns the barrier that resolves once it, and everything before it, is
+    /// durable. A decision without changes gets the previous barrier.
+    fn enqueue(
+        &self,
+        guarded: &mut Guarded,
+        changes: Option<bigfleet_libvirt_domain::ChangeSet>,
+    ) -> Barrier {
+        if let Some(changes) = changes {
+            let commit: BoxFuture<'static, _> = Box::pin(self.inner.store.commit(changes));
+            guarded.last_commit = commit.shared();
+        }
+        guarded.last_commit.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Guarded> {
         // A panic while holding the lock means an invariant broke; keep serving reads of
         // the last consistent state rather than poisoning every later call.
         self.inner
@@ -383,14 +438,12 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             result,
         };
         let (outcome, durable) = {
-            let mut core = self.lock();
-            let (outcome, changes) = core.complete(completion, now);
-            (outcome, changes.map(|c| self.inner.store.commit(c)))
+            let mut guarded = self.lock();
+            let (outcome, changes) = guarded.core.complete(completion, now);
+            (outcome, self.enqueue(&mut guarded, changes))
         };
-        if let Some(durable) = durable {
-            if let Err(e) = durable.await {
-                error!(error = %e, "transition outcome not persisted; durability at risk");
-            }
+        if let Err(e) = durable.await {
+            error!(error = %e, "transition outcome not persisted; durability at risk");
         }
         let accepted_at = dispatch
             .deadline
@@ -434,4 +487,10 @@ pub enum ReconcileError {
 
 fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A barrier that is already resolved.
+fn settled() -> Barrier {
+    let ready: BoxFuture<'static, Result<(), StoreError>> = Box::pin(std::future::ready(Ok(())));
+    ready.shared()
 }

@@ -18,7 +18,9 @@ async fn default_launch_serves_32_slots_and_a_full_cycle() {
     create(&mut c, &id, None).await.unwrap();
     let idle = reach(&mut c, &id, S::Idle, SETTLE).await;
     assert!(host_set(&idle));
-    configure(&mut c, &id, "smoke", &[("k", "v")], None).await.unwrap();
+    configure(&mut c, &id, "smoke", &[("k", "v")], None)
+        .await
+        .unwrap();
     let configured = reach(&mut c, &id, S::Configured, SETTLE).await;
     assert_eq!(configured.cluster, "smoke");
     drain(&mut c, &id, 5, None).await.unwrap();

@@ -10,12 +10,14 @@ use std::time::Duration;
 use anyhow::Context;
 use bigfleet_libvirt_infra::app::{self, Banner, ServeConfig};
 use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
+use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_infra::launch::{self, Backend, Flags, Plan};
 use bigfleet_libvirt_infra::metrics::Metrics;
 use bigfleet_libvirt_infra::store::{MemoryStateStore, RedbStateStore};
-use bigfleet_libvirt_ports::StateStore;
 use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
-use bigfleet_libvirt_infra::telemetry::{self, LogFormat};
+use bigfleet_libvirt_infra::telemetry::{self, LogFormat, TelemetryConfig};
+use bigfleet_libvirt_infra::tls::TlsState;
+use bigfleet_libvirt_ports::StateStore;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use tracing::warn;
 
@@ -184,7 +186,7 @@ struct Cli {
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_REFLECTION", action = ArgAction::Set,
           num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
     reflection: bool,
-    /// Server certificate (PEM); enables TLS (not in this build yet).
+    /// Server certificate (PEM); enables TLS 1.3. Reloaded when the file changes or on SIGHUP.
     #[arg(
         long,
         global = true,
@@ -200,7 +202,7 @@ struct Cli {
         default_value = ""
     )]
     tls_key: String,
-    /// Client CA bundle (PEM); enables mTLS.
+    /// Client CA bundle (PEM); enables mTLS (client certificates required and verified).
     #[arg(
         long,
         global = true,
@@ -234,6 +236,9 @@ struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_LOG_FORMAT", value_enum, default_value_t = Format::Text)]
     log_format: Format,
+    /// OTLP/gRPC endpoint for traces (e.g. http://collector:4317); unset = no export.
+    #[arg(long, global = true, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// Log level (RUST_LOG, when set, wins).
     #[arg(
         long,
@@ -305,16 +310,6 @@ impl Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let format = match cli.log_format {
-        Format::Text => LogFormat::Text,
-        Format::Json => LogFormat::Json,
-    };
-    #[allow(clippy::disallowed_methods)] // The binary is the one place that reads the environment.
-    let rust_log = std::env::var("RUST_LOG").ok();
-    if let Err(e) = telemetry::init(format, &cli.log_level, rust_log.as_deref()) {
-        eprintln!("bigfleet-libvirt: {e:#}");
-        return ExitCode::FAILURE;
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -328,9 +323,38 @@ fn main() -> ExitCode {
     match runtime.block_on(run(&cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("bigfleet-libvirt: {e:#}");
+            eprintln!("bigfleet-libvirt: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes on one line, skipping a cause its parent already quotes.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line = format!("{line}: {cause}");
+        }
+    }
+    line
+}
+
+fn telemetry_config(cli: &Cli) -> TelemetryConfig {
+    // The binary is the one place that reads the environment.
+    let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+    TelemetryConfig {
+        format: match cli.log_format {
+            Format::Text => LogFormat::Text,
+            Format::Json => LogFormat::Json,
+        },
+        level: cli.log_level.clone(),
+        env_filter: env("RUST_LOG"),
+        otlp_endpoint: cli.otlp_endpoint.clone().filter(|e| !e.is_empty()),
+        service_name: env("OTEL_SERVICE_NAME")
+            .is_none()
+            .then(|| "bigfleet-libvirt".to_owned()),
     }
 }
 
@@ -340,19 +364,29 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&launch::dry_run(&plan))?);
         return Ok(());
     }
-    match &plan.state {
-        Some(path) => {
-            let store = RedbStateStore::open(path).map_err(|e| anyhow::anyhow!("--state: {e}"))?;
-            serve(cli, plan, store).await
-        }
+    // TLS material is checked before any host or file is touched.
+    let tls = plan.tls.clone().map(TlsState::load).transpose()?;
+    let telemetry = telemetry::init(&telemetry_config(cli))?;
+    let served = match &plan.state {
+        Some(path) => match RedbStateStore::open(path) {
+            Ok(store) => serve(cli, plan, store, tls).await,
+            Err(e) => Err(anyhow::anyhow!("--state: {e}")),
+        },
         None => {
             warn!("no --state: bindings, fence marks and operation ids will not survive a restart");
-            serve(cli, plan, MemoryStateStore::new()).await
+            serve(cli, plan, MemoryStateStore::new(), tls).await
         }
-    }
+    };
+    telemetry.shutdown().await;
+    served
 }
 
-async fn serve<S: StateStore>(cli: &Cli, plan: Plan, store: S) -> anyhow::Result<()> {
+async fn serve<S: StateStore>(
+    cli: &Cli,
+    plan: Plan,
+    store: S,
+    tls: Option<TlsState>,
+) -> anyhow::Result<()> {
     debug_assert_eq!(plan.backend, Backend::Fake);
     warn!(
         "using the IN-MEMORY fake hypervisor: no real domains will be created \
@@ -368,17 +402,20 @@ async fn serve<S: StateStore>(cli: &Cli, plan: Plan, store: S) -> anyhow::Result
         fault_hooks: plan.fake.fault_hooks,
         slow_ok_delay: plan.provider.policy.timeouts.configure + Duration::from_secs(1),
     };
-    let fake = FakeHypervisor::new(fake_config, clock);
     let metrics = Metrics::new();
+    let fake = FakeHypervisor::new(fake_config, clock);
+    let hypervisor = InstrumentedHypervisor::new(fake.clone(), metrics.clone());
     let provider = app::assemble(
         plan.provider.clone(),
-        fake,
+        hypervisor,
         store,
         clock,
         TokioSpawner,
         &metrics,
     )
     .await?;
+    // The fake keeps no state of its own: give it back the domains of restored machines.
+    fake.adopt(&provider.peek(&Default::default()).machines);
     let grpc = tokio::net::TcpListener::bind(plan.grpc_addr)
         .await
         .with_context(|| format!("--addr: listen on {}", plan.grpc_addr))?;
@@ -399,10 +436,12 @@ async fn serve<S: StateStore>(cli: &Cli, plan: Plan, store: S) -> anyhow::Result
         banner: Banner {
             provider: plan.provider_label.clone(),
             backend: "fake".to_owned(),
-            security: "insecure".to_owned(),
+            security: tls.as_ref().map_or("insecure", TlsState::mode).to_owned(),
             offerings: plan.offerings.len(),
             zones,
         },
+        tls,
+        fault_hooks: plan.fake.fault_hooks,
     };
     app::serve(provider, metrics, grpc, http, config, shutdown_signal()).await
 }

@@ -83,6 +83,32 @@ impl<C: Clock> FakeHypervisor<C> {
         }
     }
 
+    /// Re-creates the domains of machines restored from durable state, so a restart of the
+    /// fake (which keeps no state of its own) can still configure, drain and delete them.
+    /// Machines without a host have no domain.
+    pub fn adopt(&self, machines: &[std::sync::Arc<Machine>]) {
+        let mut state = self.state();
+        for machine in machines {
+            let Some(host) = machine.host.as_ref().filter(|h| h.is_set()) else {
+                continue;
+            };
+            let (zone, name) = host
+                .reference
+                .rsplit_once('/')
+                .unwrap_or(("", &host.reference));
+            state
+                .domains
+                .entry(machine.id.clone())
+                .or_insert_with(|| FakeDomain {
+                    name: name.to_owned(),
+                    zone: zone.to_owned(),
+                    running: true,
+                    cluster: machine.cluster.clone(),
+                    drain_fault: false,
+                });
+        }
+    }
+
     /// How many domains exist (for tests).
     #[must_use]
     pub fn domain_count(&self) -> usize {

@@ -23,12 +23,30 @@ use crate::system::Stopwatch;
 pub struct CapacityService<H, S, C, E> {
     provider: Provider<H, S, C, E>,
     metrics: Metrics,
+    fault_hooks: bool,
 }
+
+/// With fault hooks on, a Get of this id panics inside the handler, so tests can prove a
+/// panic is caught, counted and answered with INTERNAL while the process keeps serving.
+pub const PANIC_HOOK_ID: &str = "conformance.fault/panic";
 
 impl<H, S, C, E> CapacityService<H, S, C, E> {
     /// Serves `provider`, recording into `metrics`.
     pub fn new(provider: Provider<H, S, C, E>, metrics: Metrics) -> Self {
-        Self { provider, metrics }
+        Self {
+            provider,
+            metrics,
+            fault_hooks: false,
+        }
+    }
+
+    /// Turns on the injected-panic hook (`--fake-fault-hooks` only).
+    #[must_use]
+    pub fn with_fault_hooks(self, fault_hooks: bool) -> Self {
+        Self {
+            fault_hooks,
+            ..self
+        }
     }
 }
 
@@ -166,10 +184,16 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
             if id.is_empty() {
                 return Err(status::missing_get_id());
             }
-            let machine = self
+            assert!(
+                !(self.fault_hooks && id == PANIC_HOOK_ID),
+                "injected handler panic (fault hook)"
+            );
+            let found = self
                 .provider
                 .get(&id)
-                .ok_or_else(|| status::unknown_machine(&id))?;
+                .await
+                .map_err(|e| status::for_store_error(&e))?;
+            let machine = found.ok_or_else(|| status::unknown_machine(&id))?;
             Ok(Response::new(convert::machine(&machine)))
         };
         self.observe("Get", false, &id, body).await
@@ -181,7 +205,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
     ) -> Result<Response<pb::MachineList>, Status> {
         let query = convert::list_query(&request.into_inner());
         let body = async {
-            let page = self.provider.list(&query);
+            let page = self
+                .provider
+                .list(&query)
+                .await
+                .map_err(|e| status::for_store_error(&e))?;
             if tracing::enabled!(Level::DEBUG) {
                 debug!(
                     machines = page.machines.len(),

@@ -32,7 +32,9 @@ fn for_rejection(error: &MutateError) -> Status {
     Status::new(code, error.to_string())
 }
 
-fn for_store_error(error: &StoreError) -> Status {
+/// The status for an answer that could not be made durable.
+#[must_use]
+pub fn for_store_error(error: &StoreError) -> Status {
     match error {
         StoreError::Unusable { .. } | StoreError::Locked { .. } | StoreError::Io(_) => {
             Status::unavailable(format!("the decision could not be persisted: {error}"))

@@ -12,5 +12,5 @@ pub mod profiles;
 pub mod walk;
 
 pub use process::{Server, binary};
-pub use profiles::{bare_metal, core, core_with, fault};
+pub use profiles::{bare_metal, core, fault};
 pub use walk::*;

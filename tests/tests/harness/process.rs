@@ -19,7 +19,8 @@ pub fn binary() -> PathBuf {
         return PathBuf::from(path);
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let path = target.join("debug").join("bigfleet-libvirt");
     assert!(
         path.exists(),
@@ -54,7 +55,10 @@ impl Server {
             command.arg("--metrics-addr=127.0.0.1:0");
         }
         command.args(["--log-format=json"]).args(args);
-        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         command.env_remove("RUST_LOG");
         let mut child = command.spawn().expect("spawn bigfleet-libvirt");
         let stderr = child.stderr.take().expect("piped stderr");
@@ -80,7 +84,13 @@ impl Server {
                 panic!("bigfleet-libvirt did not start serving within 30s; its log:\n{lines}");
             }
         };
-        Server { child: Some(child), addr, metrics_addr, log, claimed: Mutex::default() }
+        Server {
+            child: Some(child),
+            addr,
+            metrics_addr,
+            log,
+            claimed: Mutex::default(),
+        }
     }
 
     /// A new connection (its own HTTP/2 connection) to the provider.
@@ -160,6 +170,9 @@ fn serving_addrs(line: &str) -> Option<(SocketAddr, Option<SocketAddr>)> {
         return None;
     }
     let addr = fields.get("addr")?.as_str()?.parse().ok()?;
-    let metrics = fields.get("metrics_addr").and_then(|v| v.as_str()).and_then(|s| s.parse().ok());
+    let metrics = fields
+        .get("metrics_addr")
+        .and_then(|v| v.as_str())
+        .and_then(|s| s.parse().ok());
     Some((addr, metrics))
 }

@@ -13,7 +13,11 @@ pub fn core() -> Server {
 
 /// The core profile plus extra flags.
 pub fn core_with(extra: &[&str]) -> Server {
-    let mut args = vec!["--use-fake-backend", "--provider=certify", "--seed-count=64"];
+    let mut args = vec![
+        "--use-fake-backend",
+        "--provider=certify",
+        "--seed-count=64",
+    ];
     args.extend(FAST);
     args.extend(extra);
     Server::start(&args)

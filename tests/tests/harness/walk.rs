@@ -7,8 +7,8 @@ use bigfleet_libvirt_proto::v1alpha1 as pb;
 use pb::MachineState as S;
 use tonic::Code;
 
-pub use super::process::Client;
 use super::Server;
+pub use super::process::Client;
 
 /// The label that marks fault slots (`--fake-fault-hooks`).
 pub const FAULT_LABEL: &str = "conformance.fault/create";
@@ -19,8 +19,14 @@ pub type Token = Option<(String, i64, i64)>;
 /// A shard id no other test uses.
 pub fn unique_shard(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("conf-{prefix}-{nanos}-{}", COUNTER.fetch_add(1, Ordering::Relaxed))
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "conf-{prefix}-{nanos}-{}",
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A fenced token for `shard`.
@@ -33,9 +39,18 @@ fn split(token: Token) -> (String, i64, i64) {
 }
 
 /// Create.
-pub async fn create(c: &mut Client, id: &str, token: Token) -> Result<pb::TransitionAck, tonic::Status> {
+pub async fn create(
+    c: &mut Client,
+    id: &str,
+    token: Token,
+) -> Result<pb::TransitionAck, tonic::Status> {
     let (shard_id, shard_epoch, sequence_number) = split(token);
-    let request = pb::CreateRequest { machine_id: id.to_owned(), shard_id, shard_epoch, sequence_number };
+    let request = pb::CreateRequest {
+        machine_id: id.to_owned(),
+        shard_id,
+        shard_epoch,
+        sequence_number,
+    };
     c.create(request).await.map(tonic::Response::into_inner)
 }
 
@@ -47,7 +62,10 @@ pub async fn configure(
     metadata: &[(&str, &str)],
     token: Token,
 ) -> Result<pb::TransitionAck, tonic::Status> {
-    let md = metadata.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    let md = metadata
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
     configure_map(c, id, cluster, md, b"# conformance\n".to_vec(), token).await
 }
 
@@ -74,7 +92,12 @@ pub async fn configure_map(
 }
 
 /// Drain.
-pub async fn drain(c: &mut Client, id: &str, grace: i64, token: Token) -> Result<pb::TransitionAck, tonic::Status> {
+pub async fn drain(
+    c: &mut Client,
+    id: &str,
+    grace: i64,
+    token: Token,
+) -> Result<pb::TransitionAck, tonic::Status> {
     let (shard_id, shard_epoch, sequence_number) = split(token);
     let request = pb::DrainRequest {
         machine_id: id.to_owned(),
@@ -87,15 +110,26 @@ pub async fn drain(c: &mut Client, id: &str, grace: i64, token: Token) -> Result
 }
 
 /// Delete.
-pub async fn delete(c: &mut Client, id: &str, token: Token) -> Result<pb::TransitionAck, tonic::Status> {
+pub async fn delete(
+    c: &mut Client,
+    id: &str,
+    token: Token,
+) -> Result<pb::TransitionAck, tonic::Status> {
     let (shard_id, shard_epoch, sequence_number) = split(token);
-    let request = pb::DeleteRequest { machine_id: id.to_owned(), shard_id, shard_epoch, sequence_number };
+    let request = pb::DeleteRequest {
+        machine_id: id.to_owned(),
+        shard_id,
+        shard_epoch,
+        sequence_number,
+    };
     c.delete(request).await.map(tonic::Response::into_inner)
 }
 
 /// Get.
 pub async fn get(c: &mut Client, id: &str) -> Result<pb::Machine, tonic::Status> {
-    c.get(pb::MachineRef { id: id.to_owned() }).await.map(tonic::Response::into_inner)
+    c.get(pb::MachineRef { id: id.to_owned() })
+        .await
+        .map(tonic::Response::into_inner)
 }
 
 /// List with a filter.
@@ -115,7 +149,9 @@ pub async fn list_all(c: &mut Client) -> pb::MachineList {
 
 /// The code of a result (`Ok` for success).
 pub fn code<T>(result: &Result<T, tonic::Status>) -> Code {
-    result.as_ref().map_or_else(tonic::Status::code, |_| Code::Ok)
+    result
+        .as_ref()
+        .map_or_else(tonic::Status::code, |_| Code::Ok)
 }
 
 /// The machine's state.
@@ -125,7 +161,9 @@ pub fn state(m: &pb::Machine) -> S {
 
 /// Whether the host is present and names something.
 pub fn host_set(m: &pb::Machine) -> bool {
-    m.host.as_ref().is_some_and(|h| !h.provider.is_empty() || !h.r#ref.is_empty())
+    m.host
+        .as_ref()
+        .is_some_and(|h| !h.provider.is_empty() || !h.r#ref.is_empty())
 }
 
 /// Picks `n` distinct unclaimed Speculative machines without the fault label.
@@ -139,7 +177,11 @@ pub async fn pick_n(server: &Server, c: &mut Client, n: usize) -> Vec<String> {
         .filter(|id| !claimed.contains(id))
         .take(n)
         .collect();
-    assert_eq!(picked.len(), n, "not enough Speculative machines to pick {n}");
+    assert_eq!(
+        picked.len(),
+        n,
+        "not enough Speculative machines to pick {n}"
+    );
     claimed.extend(picked.iter().cloned());
     picked
 }
@@ -204,7 +246,10 @@ pub async fn trace_until(c: &mut Client, id: &str, until: S, timeout: Duration) 
                 return trace;
             }
         }
-        assert!(start.elapsed() < timeout, "{id} did not reach {until:?}; trace {trace:?}");
+        assert!(
+            start.elapsed() < timeout,
+            "{id} did not reach {until:?}; trace {trace:?}"
+        );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
@@ -228,12 +273,17 @@ pub async fn walk_to_configured(
     metadata: &[(&str, &str)],
 ) -> String {
     let id = walk_to_idle(server, c).await;
-    configure(c, &id, cluster, metadata, None).await.expect("Configure accepted");
+    configure(c, &id, cluster, metadata, None)
+        .await
+        .expect("Configure accepted");
     reach(c, &id, S::Configured, SETTLE).await;
     id
 }
 
 /// Metadata pairs as a map, for comparisons.
 pub fn md(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }

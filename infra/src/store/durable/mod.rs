@@ -17,9 +17,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bigfleet_libvirt_domain::{
-    ChangeSet, FenceKey, FenceMark, MachineId, OperationId, Snapshot,
-};
+use bigfleet_libvirt_domain::{ChangeSet, FenceKey, FenceMark, MachineId, OperationId, Snapshot};
 use bigfleet_libvirt_ports::{StateStore, StoreError};
 use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, StorageError};
 
@@ -36,12 +34,17 @@ pub struct RedbStateStore {
 
 impl std::fmt::Debug for RedbStateStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedbStateStore").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("RedbStateStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
 fn unusable(path: &Path, reason: impl Into<String>) -> StoreError {
-    StoreError::Unusable { path: path.display().to_string(), reason: reason.into() }
+    StoreError::Unusable {
+        path: path.display().to_string(),
+        reason: reason.into(),
+    }
 }
 
 fn io(context: &str, error: impl std::fmt::Display) -> StoreError {
@@ -57,7 +60,9 @@ impl RedbStateStore {
     /// modified); [`StoreError::Io`] when it cannot be read or created.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let fresh = match std::fs::metadata(path) {
-            Ok(meta) if meta.is_dir() => return Err(unusable(path, "it is a directory, not a file")),
+            Ok(meta) if meta.is_dir() => {
+                return Err(unusable(path, "it is a directory, not a file"));
+            }
             Ok(meta) => meta.len() == 0,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
             Err(e) => return Err(io(&format!("inspect {}", path.display()), e)),
@@ -77,7 +82,11 @@ impl RedbStateStore {
         builder.set_check_integrity_on_open(true);
         // redb may panic on some corrupt layouts even with the check; treat that as corrupt.
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            if fresh { builder.create(path) } else { builder.open(path) }
+            if fresh {
+                builder.create(path)
+            } else {
+                builder.open(path)
+            }
         }));
         let database = match opened {
             Ok(Ok(database)) => database,
@@ -91,7 +100,11 @@ impl RedbStateStore {
         }
         let database = Arc::new(database);
         let writer = Arc::new(writer::Writer::start(Arc::clone(&database)));
-        Ok(Self { path: path.to_owned(), database, writer })
+        Ok(Self {
+            path: path.to_owned(),
+            database,
+            writer,
+        })
     }
 
     fn read_all(&self) -> Result<Snapshot, StoreError> {
@@ -101,22 +114,38 @@ impl RedbStateStore {
         let mut snapshot = Snapshot::default();
         let meta_table = txn.open_table(meta::TABLE).map_err(|e| read(&e))?;
         let counter = |key| -> Result<i64, StoreError> {
-            Ok(meta_table.get(key).map_err(|e| read(&e))?.map_or(0, |v| v.value()))
+            Ok(meta_table
+                .get(key)
+                .map_err(|e| read(&e))?
+                .map_or(0, |v| v.value()))
         };
         snapshot.revision = counter(meta::REVISION_KEY)?;
         snapshot.next_operation = u64::try_from(counter(meta::NEXT_OPERATION_KEY)?)
             .map_err(|_| unusable(path, "the operation counter is negative"))?;
-        for entry in txn.open_table(machines::TABLE).map_err(|e| read(&e))?.iter().map_err(|e| read(&e))? {
+        for entry in txn
+            .open_table(machines::TABLE)
+            .map_err(|e| read(&e))?
+            .iter()
+            .map_err(|e| read(&e))?
+        {
             let (key, value) = entry.map_err(|e| read(&e))?;
             let machine = machines::decode(value.value())
                 .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
             snapshot.machines.push(machine);
         }
-        for entry in txn.open_table(fences::TABLE).map_err(|e| read(&e))?.iter().map_err(|e| read(&e))? {
+        for entry in txn
+            .open_table(fences::TABLE)
+            .map_err(|e| read(&e))?
+            .iter()
+            .map_err(|e| read(&e))?
+        {
             let (key, value) = entry.map_err(|e| read(&e))?;
             let (shard_id, machine_id) = key.value();
             let (epoch, sequence) = value.value();
-            let key = FenceKey { shard_id: shard_id.to_owned(), machine_id: machine_id.to_owned() };
+            let key = FenceKey {
+                shard_id: shard_id.to_owned(),
+                machine_id: machine_id.to_owned(),
+            };
             snapshot.fences.push((key, FenceMark { epoch, sequence }));
         }
         let ops = txn.open_table(operations::TABLE).map_err(|e| read(&e))?;
@@ -127,7 +156,11 @@ impl RedbStateStore {
                 .ok_or_else(|| unusable(path, format!("unknown operation kind {kind}")))?;
             let id = MachineId::new(machine_id)
                 .map_err(|_| unusable(path, "an operation record has an empty machine id"))?;
-            snapshot.operations.push((id, kind, OperationId::from_stored(value.value().to_owned())));
+            snapshot.operations.push((
+                id,
+                kind,
+                OperationId::from_stored(value.value().to_owned()),
+            ));
         }
         Ok(snapshot)
     }
@@ -136,17 +169,26 @@ impl RedbStateStore {
 fn open_error(path: &Path, error: DatabaseError) -> StoreError {
     match error {
         DatabaseError::DatabaseAlreadyOpen | DatabaseError::LockProtocolMismatch => {
-            StoreError::Locked { path: path.display().to_string() }
+            StoreError::Locked {
+                path: path.display().to_string(),
+            }
         }
-        DatabaseError::Storage(StorageError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
-            unusable(path, format!("it is not a bigfleet-libvirt state file ({e})"))
+        DatabaseError::Storage(StorageError::Io(e))
+            if e.kind() == std::io::ErrorKind::InvalidData =>
+        {
+            unusable(
+                path,
+                format!("it is not a bigfleet-libvirt state file ({e})"),
+            )
         }
-        DatabaseError::Storage(StorageError::Corrupted(reason)) => {
-            unusable(path, format!("it is corrupt or truncated ({reason}); restore it from a backup"))
-        }
-        DatabaseError::UpgradeRequired(version) => {
-            unusable(path, format!("it uses redb file format {version}, which this build cannot read"))
-        }
+        DatabaseError::Storage(StorageError::Corrupted(reason)) => unusable(
+            path,
+            format!("it is corrupt or truncated ({reason}); restore it from a backup"),
+        ),
+        DatabaseError::UpgradeRequired(version) => unusable(
+            path,
+            format!("it uses redb file format {version}, which this build cannot read"),
+        ),
         other => io(&format!("open {}", path.display()), other),
     }
 }
@@ -180,8 +222,15 @@ fn precheck(path: &Path) -> Result<(), StoreError> {
 
 /// Refuses files without this build's schema version.
 fn check_schema(path: &Path, database: &impl ReadableDatabase) -> Result<(), StoreError> {
-    let not_ours = || unusable(path, "it is a redb file but not a bigfleet-libvirt state file (no schema version)");
-    let txn = database.begin_read().map_err(|e| io("read the schema version", e))?;
+    let not_ours = || {
+        unusable(
+            path,
+            "it is a redb file but not a bigfleet-libvirt state file (no schema version)",
+        )
+    };
+    let txn = database
+        .begin_read()
+        .map_err(|e| io("read the schema version", e))?;
     let table = match txn.open_table(meta::TABLE) {
         Ok(table) => table,
         Err(redb::TableError::TableDoesNotExist(_)) => return Err(not_ours()),
@@ -220,7 +269,8 @@ impl StateStore for RedbStateStore {
             if queued.is_err() {
                 return Err(StoreError::Io("the state writer has stopped".to_owned()));
             }
-            done.await.unwrap_or_else(|_| Err(StoreError::Io("the state writer has stopped".to_owned())))
+            done.await
+                .unwrap_or_else(|_| Err(StoreError::Io("the state writer has stopped".to_owned())))
         }
     }
 }

@@ -32,10 +32,19 @@ fn refuse(path: &Path, expect: &str) {
     let before = std::fs::read(path).unwrap();
     let error = RedbStateStore::open(path).expect_err("the file must be refused");
     let text = message(&error);
-    assert!(text.contains(&path.display().to_string()), "error names the file: {text}");
-    assert!(text.contains(expect), "error {text:?} should say {expect:?}");
+    assert!(
+        text.contains(&path.display().to_string()),
+        "error names the file: {text}"
+    );
+    assert!(
+        text.contains(expect),
+        "error {text:?} should say {expect:?}"
+    );
     let after = std::fs::read(path).unwrap();
-    assert!(after == before, "the refused file must be left byte-identical ({text})");
+    assert!(
+        after == before,
+        "the refused file must be left byte-identical ({text})"
+    );
 }
 
 #[test]
@@ -88,7 +97,10 @@ async fn an_unknown_schema_version_is_refused_untouched() {
     {
         let db = redb::Database::open(&path).unwrap();
         let txn = db.begin_write().unwrap();
-        txn.open_table(super::tables::meta::TABLE).unwrap().insert("schema_version", 99).unwrap();
+        txn.open_table(super::tables::meta::TABLE)
+            .unwrap()
+            .insert("schema_version", 99)
+            .unwrap();
         txn.commit().unwrap();
     }
     refuse(&path, "schema version is 99");
@@ -120,7 +132,9 @@ fn an_empty_file_is_a_first_boot() {
 
 async fn write_some_state(path: &Path) {
     let store = RedbStateStore::open(path).unwrap();
-    let machines = (0..50).map(|i| bigfleet_libvirt_ports::testkit::speculative(&format!("m-{i}"))).collect();
+    let machines = (0..50)
+        .map(|i| bigfleet_libvirt_ports::testkit::speculative(&format!("m-{i}")))
+        .collect();
     let (_, seed) = bigfleet_libvirt_domain::Core::seed(Default::default(), machines).unwrap();
     store.commit(seed).await.unwrap();
     drop(store);

@@ -35,12 +35,18 @@ impl Writer {
             .name("state-writer".to_owned())
             .spawn(move || run(&database, &jobs))
             .expect("spawn the state writer thread");
-        Self { queue: Mutex::new(Some(queue)), thread: Mutex::new(Some(thread)) }
+        Self {
+            queue: Mutex::new(Some(queue)),
+            thread: Mutex::new(Some(thread)),
+        }
     }
 
     /// Queues a job; fails only once the writer has stopped.
     pub fn submit(&self, job: Job) -> Result<(), ()> {
-        let queue = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let queue = self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         queue.as_ref().ok_or(())?.send(job).map_err(|_| ())
     }
 }

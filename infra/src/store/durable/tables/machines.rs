@@ -45,7 +45,9 @@ pub fn encode(machine: &Machine) -> Vec<u8> {
 pub fn decode(bytes: &[u8]) -> Result<Machine, DecodeError> {
     let (&version, body) = bytes.split_first().ok_or(DecodeError::Empty)?;
     match version {
-        VERSION_1 => serde_json::from_slice(body).map_err(|e| DecodeError::Malformed(e.to_string())),
+        VERSION_1 => {
+            serde_json::from_slice(body).map_err(|e| DecodeError::Malformed(e.to_string()))
+        }
         other => Err(DecodeError::UnknownVersion(other)),
     }
 }
@@ -105,7 +107,10 @@ mod tests {
     #[test]
     fn unknown_versions_and_garbage_are_refused() {
         assert_eq!(decode(&[]), Err(DecodeError::Empty));
-        assert_eq!(decode(&[9, b'{', b'}']), Err(DecodeError::UnknownVersion(9)));
+        assert_eq!(
+            decode(&[9, b'{', b'}']),
+            Err(DecodeError::UnknownVersion(9))
+        );
         assert!(matches!(decode(&[1, b'x']), Err(DecodeError::Malformed(_))));
     }
 }

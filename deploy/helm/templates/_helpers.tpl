@@ -1,0 +1,82 @@
+{{/* Chart name, overridable, trimmed to the 63-character DNS label limit. */}}
+{{- define "bigfleet-libvirt.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: fullnameOverride, else the release name when it already contains the chart name
+(release "bigfleet-libvirt-dc1" gives deploy/bigfleet-libvirt-dc1), else <release>-<name>.
+*/}}
+{{- define "bigfleet-libvirt.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "bigfleet-libvirt.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "bigfleet-libvirt.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "bigfleet-libvirt.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "bigfleet-libvirt.labels" -}}
+helm.sh/chart: {{ include "bigfleet-libvirt.chart" . }}
+{{ include "bigfleet-libvirt.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: capacity-provider
+{{- end }}
+
+{{- define "bigfleet-libvirt.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "bigfleet-libvirt.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "bigfleet-libvirt.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) }}
+{{- end }}
+
+{{/* "true" when the fake backend is forced: libvirtBackend=fake or --use-fake-backend in extraArgs. */}}
+{{- define "bigfleet-libvirt.fakeForced" -}}
+{{- $forced := eq (lower (toString .Values.libvirtBackend)) "fake" }}
+{{- range .Values.extraArgs }}
+{{- $arg := toString . }}
+{{- if or (eq $arg "--use-fake-backend") (eq $arg "--use-fake-backend=true") }}
+{{- $forced = true }}
+{{- end }}
+{{- end }}
+{{- if $forced }}true{{ end }}
+{{- end }}
+
+{{/* Fail early on combinations the binary would refuse at start-up (or silently ignore). */}}
+{{- define "bigfleet-libvirt.validate" -}}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
+{{- fail "tls.enabled needs tls.secretName: a kubernetes.io/tls Secret with tls.crt and tls.key (and ca.crt for tls.mtls)" }}
+{{- end }}
+{{- if and .Values.tls.mtls (not .Values.tls.enabled) }}
+{{- fail "tls.mtls needs tls.enabled=true (the provider rejects --tls-ca without --tls-cert/--tls-key)" }}
+{{- end }}
+{{- if and .Values.state.persistence.enabled (not .Values.state.enabled) }}
+{{- fail "state.persistence.enabled needs state.enabled=true (the volume holds the --state file)" }}
+{{- end }}
+{{- if and .Values.state.enabled (not .Values.state.path) }}
+{{- fail "state.enabled needs state.path (e.g. /var/lib/bigfleet-libvirt/state.redb)" }}
+{{- end }}
+{{- $fake := include "bigfleet-libvirt.fakeForced" . }}
+{{- if and .Values.connect (not .Values.libvirt.image) (not $fake) }}
+{{- fail "connect names libvirt hosts, so libvirt.image (the golden base-image volume) is required" }}
+{{- end }}
+{{- end }}

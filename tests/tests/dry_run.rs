@@ -1,0 +1,295 @@
+//! The `bigfleet-libvirt offerings` dry run (issue 8): the Speculative inventory a set of
+//! flags would serve, printed as JSON without starting a server. Snapshots pin the output for
+//! the built-in defaults (several `--seed-count`, `--capacity-type` and `--connect` zone
+//! combinations) and for every example offerings file in `deploy/examples/`; bad input exits
+//! non-zero with one line naming the flag to fix.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::binary;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// Runs `bigfleet-libvirt offerings <args>` from the repository root, with none of the
+/// `BIGFLEET_LIBVIRT_*` variables of the test's environment, and fails the test if it has not
+/// exited within 30 s (a dry run must never start serving).
+fn run(args: &[&str]) -> Output {
+    let mut command = Command::new(binary());
+    command
+        .arg("offerings")
+        .args(args)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("RUST_LOG");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("BIGFLEET_LIBVIRT_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command.spawn().expect("spawn bigfleet-libvirt offerings");
+    let start = Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!(
+                "`bigfleet-libvirt offerings {args:?}` still runs after 30 s: a dry run must exit"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+        .wait_with_output()
+        .expect("collect the dry run's output")
+}
+
+/// The JSON a successful dry run prints.
+fn dry_run(args: &[&str]) -> String {
+    let output = run(args);
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8 stdout");
+    assert!(
+        output.status.success(),
+        "`bigfleet-libvirt offerings {args:?}` failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let parsed: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}):\n{stdout}"));
+    let slots = parsed["slots"].as_array().expect("a slots array");
+    let mut ids: Vec<&str> = slots.iter().map(|s| s["id"].as_str().unwrap()).collect();
+    let count = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), count, "duplicate machine ids in {args:?}");
+    stdout
+}
+
+/// The one-line error of a refused dry run.
+fn refused(args: &[&str]) -> String {
+    let output = run(args);
+    assert!(
+        !output.status.success(),
+        "`bigfleet-libvirt offerings {args:?}` was accepted"
+    );
+    assert!(
+        output.stdout.is_empty(),
+        "a refused dry run prints no inventory"
+    );
+    let stderr = String::from_utf8(output.stderr).expect("UTF-8 stderr");
+    let stderr = stderr.trim_end();
+    assert_eq!(stderr.lines().count(), 1, "one line, got:\n{stderr}");
+    stderr.to_owned()
+}
+
+#[test]
+fn built_in_defaults() {
+    insta::assert_snapshot!("defaults", dry_run(&[]));
+}
+
+#[test]
+fn built_in_offerings_at_several_seed_counts() {
+    insta::assert_snapshot!("seed_count_1", dry_run(&["--seed-count", "1"]));
+    insta::assert_snapshot!("seed_count_7", dry_run(&["--seed-count", "7"]));
+    // Values <= 0 mean 16.
+    insta::assert_snapshot!("seed_count_0", dry_run(&["--seed-count", "0"]));
+}
+
+#[test]
+fn built_in_bare_metal_pool() {
+    insta::assert_snapshot!(
+        "bare_metal_seed_count_6",
+        dry_run(&["--capacity-type", "bare_metal", "--seed-count", "6"])
+    );
+}
+
+#[test]
+fn connect_zones_shape_the_built_in_offerings() {
+    // With --use-fake-backend the connections are parsed and validated, never dialled.
+    insta::assert_snapshot!(
+        "connect_two_zones",
+        dry_run(&[
+            "--use-fake-backend",
+            "--connect",
+            "rack1=qemu:///system,rack2=qemu+tls://h2/system",
+            "--seed-count",
+            "8",
+        ])
+    );
+    insta::assert_snapshot!(
+        "connect_bare_uri_default_zone",
+        dry_run(&[
+            "--use-fake-backend",
+            "--connect",
+            "qemu:///system",
+            "--default-zone",
+            "dc1",
+            "--seed-count",
+            "4",
+        ])
+    );
+    insta::assert_snapshot!(
+        "connect_three_zones_bare_metal",
+        dry_run(&[
+            "--use-fake-backend",
+            "--connect",
+            "a=qemu+tls://h1/system,b=qemu+tls://h2/system,c=qemu+tls://h3/system",
+            "--capacity-type",
+            "bare_metal",
+            "--seed-count",
+            "5",
+        ])
+    );
+}
+
+/// The install guide's `connect` value (two hosts over qemu+libssh with a pinned
+/// known_hosts) is accepted as written.
+#[test]
+fn install_guide_connect_value() {
+    let connect = "rack1=qemu+libssh://bigfleet@host-a/system?keyfile=/etc/bigfleet/libvirt-ssh/id_ed25519&known_hosts=/etc/bigfleet/libvirt-ssh/known_hosts&known_hosts_verify=normal,rack2=qemu+libssh://bigfleet@host-b/system?keyfile=/etc/bigfleet/libvirt-ssh/id_ed25519&known_hosts=/etc/bigfleet/libvirt-ssh/known_hosts&known_hosts_verify=normal";
+    insta::assert_snapshot!(
+        "install_guide_connect",
+        dry_run(&[
+            "--use-fake-backend",
+            "--provider",
+            "libvirt-dc1",
+            "--connect",
+            connect,
+            "--seed-count",
+            "4",
+        ])
+    );
+}
+
+#[test]
+fn explicit_prices_and_a_custom_catalog() {
+    insta::assert_snapshot!(
+        "custom_catalog_with_prices",
+        dry_run(&[
+            "--instance-types",
+            "deploy/examples/instance-types.json",
+            "--prices",
+            "metal.full=1.25",
+            "--seed-count",
+            "4",
+        ])
+    );
+}
+
+/// Each example offerings file, with the flags deploy/README.md pairs it with. A new example
+/// file must be added here (and so get a snapshot).
+const EXAMPLES: &[(&str, &[&str])] = &[
+    (
+        "offerings.dc1.json",
+        &[
+            "--provider",
+            "libvirt-dc1",
+            "--offerings",
+            "deploy/examples/offerings.dc1.json",
+        ],
+    ),
+    (
+        "offerings.dc2-metal.json",
+        &[
+            "--provider",
+            "libvirt-dc2",
+            "--instance-types",
+            "deploy/examples/instance-types.json",
+            "--offerings",
+            "deploy/examples/offerings.dc2-metal.json",
+        ],
+    ),
+];
+
+#[test]
+fn example_offerings_files() {
+    let dir = repo_root().join("deploy/examples");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("offerings.") && name.ends_with(".json"))
+        .collect();
+    on_disk.sort();
+    let mut covered: Vec<String> = EXAMPLES.iter().map(|(f, _)| (*f).to_owned()).collect();
+    covered.sort();
+    assert_eq!(
+        on_disk, covered,
+        "every deploy/examples/offerings.*.json needs a dry-run snapshot"
+    );
+    for (file, args) in EXAMPLES {
+        assert!(Path::new(&dir.join(file)).is_file());
+        insta::assert_snapshot!(format!("example_{file}"), dry_run(args));
+    }
+}
+
+/// The dc1 example offerings name the zones of the dc1 example `connect` value.
+#[test]
+fn example_offerings_match_their_connect_zones() {
+    let output = dry_run(&[
+        "--use-fake-backend",
+        "--provider",
+        "libvirt-dc1",
+        "--connect",
+        "rack1=qemu:///system,rack2=qemu+tls://h2/system",
+        "--offerings",
+        "deploy/examples/offerings.dc1.json",
+    ]);
+    let parsed: serde_json::Value = serde_json::from_str(&output).unwrap();
+    for slot in parsed["slots"].as_array().unwrap() {
+        let zone = slot["zone"].as_str().unwrap();
+        assert!(zone == "rack1" || zone == "rack2", "zone {zone}");
+    }
+}
+
+#[test]
+fn bad_offerings_json_is_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("offerings.json");
+    std::fs::write(&path, "[{\"instance_type\": \"kvm.small\",").unwrap();
+    let error = refused(&["--offerings", path.to_str().unwrap()]);
+    assert!(error.contains("--offerings"), "{error}");
+
+    std::fs::write(&path, "[]").unwrap();
+    let error = refused(&["--offerings", path.to_str().unwrap()]);
+    assert!(error.contains("--offerings"), "{error}");
+
+    let error = refused(&["--offerings", "deploy/examples/does-not-exist.json"]);
+    assert!(error.contains("--offerings"), "{error}");
+}
+
+#[test]
+fn unknown_or_unmeaningful_capacity_types_are_refused_naming_the_flag() {
+    for capacity in ["spot", "reserved", "preemptible"] {
+        let error = refused(&["--capacity-type", capacity]);
+        assert!(error.contains("--capacity-type"), "{error}");
+        assert!(error.contains(capacity), "{error}");
+    }
+}
+
+#[test]
+fn bad_connect_values_are_refused_naming_the_flag() {
+    for connect in [
+        "rack1=qemu+tcp://h/system",
+        "rack1",
+        "rack1=qemu:///system,rack1=qemu+tls://h2/system",
+        "rack1=qemu+libssh://u@h/system?known_hosts_verify=ignore",
+        "rack1=qemu+tls://h/system?no_verify=1",
+    ] {
+        let error = refused(&["--use-fake-backend", "--connect", connect]);
+        assert!(error.contains("--connect"), "{connect}: {error}");
+    }
+}
+
+#[test]
+fn other_bad_inputs_are_refused_naming_the_flag() {
+    let error = refused(&["--instance-types", "deploy/examples/offerings.dc1.json"]);
+    assert!(error.contains("--instance-types"), "{error}");
+    let error = refused(&["--prices", "kvm.nope=1"]);
+    assert!(error.contains("--prices"), "{error}");
+}
