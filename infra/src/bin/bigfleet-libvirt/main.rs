@@ -1,0 +1,197 @@
+//! `bigfleet-libvirt`: the BigFleet capacity provider for libvirt/QEMU-KVM hosts.
+//!
+//! This file owns clap and the environment; everything else is library code. Every flag
+//! also reads `BIGFLEET_LIBVIRT_<FLAG>`; a flag on the command line wins over its variable.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use bigfleet_libvirt_infra::app::{self, Banner, ServeConfig};
+use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
+use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
+use bigfleet_libvirt_infra::launch::{self, Backend, Plan};
+use bigfleet_libvirt_infra::metrics::Metrics;
+use bigfleet_libvirt_infra::store::{MemoryStateStore, RedbStateStore};
+use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
+use bigfleet_libvirt_infra::telemetry::{self, LogFormat, TelemetryConfig};
+use bigfleet_libvirt_infra::tls::TlsState;
+use bigfleet_libvirt_ports::{Hypervisor, Provider, StateStore};
+use clap::Parser;
+use tracing::warn;
+
+mod cli;
+
+use cli::{Cli, Command, Format};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("bigfleet-libvirt: start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bigfleet-libvirt: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line, skipping a cause its parent already quotes.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line = format!("{line}: {cause}");
+        }
+    }
+    line
+}
+
+fn telemetry_config(cli: &Cli) -> TelemetryConfig {
+    // The binary is the one place that reads the environment.
+    let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+    TelemetryConfig {
+        format: match cli.log_format {
+            Format::Text => LogFormat::Text,
+            Format::Json => LogFormat::Json,
+        },
+        level: cli.log_level.clone(),
+        env_filter: env("RUST_LOG"),
+        otlp_endpoint: cli.otlp_endpoint.clone().filter(|e| !e.is_empty()),
+        service_name: env("OTEL_SERVICE_NAME")
+            .is_none()
+            .then(|| "bigfleet-libvirt".to_owned()),
+    }
+}
+
+async fn run(cli: &Cli) -> anyhow::Result<()> {
+    let plan = launch::resolve(&cli.flags())?;
+    if let Some(Command::Offerings) = cli.command {
+        println!("{}", serde_json::to_string_pretty(&launch::dry_run(&plan))?);
+        return Ok(());
+    }
+    // TLS material is checked before any host or file is touched.
+    let tls = plan.tls.clone().map(TlsState::load).transpose()?;
+    let telemetry = telemetry::init(&telemetry_config(cli))?;
+    let served = match &plan.state {
+        Some(path) => match RedbStateStore::open(path) {
+            Ok(store) => serve(cli, plan, store, tls).await,
+            Err(e) => Err(anyhow::anyhow!("--state: {e}")),
+        },
+        None => {
+            warn!("no --state: bindings, fence marks and operation ids will not survive a restart");
+            serve(cli, plan, MemoryStateStore::new(), tls).await
+        }
+    };
+    telemetry.shutdown().await;
+    served
+}
+
+async fn serve<S: StateStore>(
+    cli: &Cli,
+    plan: Plan,
+    store: S,
+    tls: Option<TlsState>,
+) -> anyhow::Result<()> {
+    let metrics = Metrics::new();
+    match plan.backend {
+        Backend::Fake => {
+            warn!(
+                "using the IN-MEMORY fake hypervisor: no real domains will be created \
+                 (pass --connect for real hosts)"
+            );
+            let fake = FakeHypervisor::new(fake_config(&plan), SystemClock);
+            let hypervisor = InstrumentedHypervisor::new(fake.clone(), metrics.clone());
+            let provider = app::assemble(
+                plan.provider.clone(),
+                hypervisor,
+                store,
+                SystemClock,
+                TokioSpawner,
+                &metrics,
+            )
+            .await?;
+            // The fake keeps no state of its own: give it back the restored machines' domains.
+            fake.adopt(&provider.peek(&Default::default()).machines);
+            run_servers(cli, &plan, provider, metrics, tls).await
+        }
+        Backend::Libvirt => anyhow::bail!(
+            "the libvirt backend is not available in this build yet; pass --use-fake-backend"
+        ),
+    }
+}
+
+fn fake_config(plan: &Plan) -> FakeConfig {
+    FakeConfig {
+        provider: plan.provider_label.clone(),
+        slots: plan.inventory.machines.clone(),
+        delay_min: plan.fake.delay_min,
+        delay_max: plan.fake.delay_max,
+        seed: plan.fake.seed,
+        fault_hooks: plan.fake.fault_hooks,
+        slow_ok_delay: plan.provider.policy.timeouts.configure + Duration::from_secs(1),
+    }
+}
+
+/// Binds both ports (a bind failure is fatal and names the flag) and serves until a signal.
+async fn run_servers<H: Hypervisor, S: StateStore>(
+    cli: &Cli,
+    plan: &Plan,
+    provider: Provider<H, S, SystemClock, TokioSpawner>,
+    metrics: Metrics,
+    tls: Option<TlsState>,
+) -> anyhow::Result<()> {
+    let grpc = tokio::net::TcpListener::bind(plan.grpc_addr)
+        .await
+        .with_context(|| format!("--addr: listen on {}", plan.grpc_addr))?;
+    let http = match plan.metrics_addr {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-addr: listen on {addr}"))?,
+        ),
+        None => None,
+    };
+    let mut zones: Vec<String> = plan.connections.iter().map(|c| c.zone.clone()).collect();
+    zones.sort();
+    let backend = match plan.backend {
+        Backend::Fake => "fake",
+        Backend::Libvirt => "libvirt",
+    };
+    let config = ServeConfig {
+        reflection: cli.reflection,
+        reconcile_interval: plan.reconcile_interval,
+        drain_period: Duration::from_secs(10),
+        banner: Banner {
+            provider: plan.provider_label.clone(),
+            backend: backend.to_owned(),
+            security: tls.as_ref().map_or("insecure", TlsState::mode).to_owned(),
+            offerings: plan.offerings.len(),
+            zones,
+        },
+        tls,
+        fault_hooks: plan.fake.fault_hooks,
+    };
+    app::serve(provider, metrics, grpc, http, config, shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
+    tokio::select! {
+        biased;
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
