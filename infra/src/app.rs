@@ -2,6 +2,9 @@
 //! provider from config and adapters, [`serve`] runs it on already-bound listeners until a
 //! shutdown future completes. Nothing here parses flags or reads the environment.
 
+// The servers here (tonic, axum) run only on the real tokio runtime, so their plumbing
+// tasks are spawned on it directly; provider work goes through the Spawner port.
+#![allow(clippy::disallowed_methods)]
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -241,8 +244,7 @@ async fn reconcile_loop<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     loop {
         // The first pass runs one interval after start-up, as the reference does.
         let next: Timestamp = provider.now().saturating_add(interval);
-        let wait = next.saturating_since(provider.now());
-        tokio::time::sleep(wait).await;
+        provider.sleep_until(next).await;
         let outcome = match provider.reconcile().await {
             Ok(report) => {
                 if !report.added.is_empty() || !report.refreshed.is_empty() {

@@ -321,6 +321,14 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         Ok(report)
     }
 
+    /// Completes at `deadline` on the provider's clock.
+    pub fn sleep_until(
+        &self,
+        deadline: Timestamp,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.inner.clock.sleep_until(deadline)
+    }
+
     /// The current time, from the provider's clock.
     #[must_use]
     pub fn now(&self) -> Timestamp {

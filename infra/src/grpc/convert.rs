@@ -1,6 +1,9 @@
 //! Conversions between wire messages and domain values, one function per request type.
 //! Past this module nothing handles raw proto types.
 
+// prost represents proto maps as HashMap; this edge converts them to and from BTreeMap.
+#![allow(clippy::disallowed_types)]
+
 use std::collections::BTreeSet;
 use std::hash::BuildHasher;
 
