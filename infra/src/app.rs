@@ -117,9 +117,9 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
     let readiness = Readiness::default();
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let service =
-        CapacityProviderServer::new(CapacityService::new(provider.clone(), metrics.clone()))
-            .max_decoding_message_size(16 * 1024 * 1024);
+    let capacity = CapacityService::new(provider.clone(), metrics.clone())
+        .with_fault_hooks(config.fault_hooks);
+    let service = CapacityProviderServer::new(capacity).max_decoding_message_size(16 * 1024 * 1024);
     let mut router = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(service);
@@ -191,14 +191,16 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     health_reporter
         .set_not_serving::<CapacityProviderServer<CapacityService<H, S, C, E>>>()
         .await;
+    // gRPC stops first and drains its in-flight calls; the HTTP side server stays up until
+    // then, so probes see `not ready` (503) during the drain rather than a closed port.
     let _ = stop_grpc.send(());
-    let _ = stop_http.send(());
     match tokio::time::timeout(config.drain_period, grpc_task).await {
         Ok(joined) => joined??,
         Err(_) => {
             warn!(drain_period = ?config.drain_period, "in-flight RPCs did not finish in time")
         }
     }
+    let _ = stop_http.send(());
     if let Some(task) = http_task {
         if let Ok(joined) = tokio::time::timeout(Duration::from_secs(5), task).await {
             joined??;

@@ -10,6 +10,8 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -71,32 +73,31 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<Telemetry> {
         Some(endpoint) => Some(exporter(endpoint, config.service_name.clone())?),
         None => None,
     };
+    // Exported spans have their own filter: the provider's own spans down to debug (one per
+    // hypervisor call) whatever the log level, everything else from info.
+    let span_filter = Targets::new()
+        .with_default(LevelFilter::INFO)
+        .with_target("bigfleet_libvirt", LevelFilter::DEBUG);
     let otel = tracer.as_ref().map(|provider| {
-        tracing_opentelemetry::layer().with_tracer(provider.tracer("bigfleet-libvirt"))
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("bigfleet-libvirt"))
+            .with_filter(span_filter)
     });
     let ansi = std::io::stderr().is_terminal();
-    let (text, json) = match config.format {
-        LogFormat::Text => (
-            Some(
-                tracing_subscriber::fmt::layer()
-                    .with_ansi(ansi)
-                    .with_writer(std::io::stderr),
-            ),
-            None,
-        ),
-        LogFormat::Json => (
-            None,
-            Some(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_writer(std::io::stderr),
-            ),
-        ),
+    let logs = match config.format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+            .boxed(),
     };
     tracing_subscriber::registry()
-        .with(filter)
-        .with(text)
-        .with(json)
+        .with(logs)
         .with(otel)
         .try_init()
         .map_err(|e| anyhow::anyhow!("install the log subscriber: {e}"))?;

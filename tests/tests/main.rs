@@ -17,6 +17,7 @@ mod fieldshape;
 mod lifecycle;
 mod list;
 mod metadata;
+mod ops;
 mod property;
 mod scale;
 mod smoke;
