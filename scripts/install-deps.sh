@@ -3,7 +3,7 @@
 # root (or with sudo) on Debian 12. Installs nothing when everything is already present.
 set -euo pipefail
 
-packages=(pkg-config)
+packages=(pkg-config libvirt-dev)
 
 missing=()
 for package in "${packages[@]}"; do

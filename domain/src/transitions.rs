@@ -79,11 +79,23 @@ impl Core {
         if kind == Kind::Delete && !self.policy.delete_supported {
             return rejected(MutateError::DeleteUnsupported);
         }
+        #[cfg(feature = "bug-fence-after-idempotency")]
+        if let Some(ack) = self.idempotent_replay(&id, kind) {
+            return MutateDecision {
+                outcome: Ok(ack),
+                changes: None,
+            };
+        }
         let mut changes = ChangeSet::default();
         if !mutation.token.is_unfenced() {
             let key = FenceKey {
                 shard_id: mutation.token.shard_id.clone(),
-                machine_id: mutation.machine_id.clone(),
+                // Injected bug (simulator bug hunt only): one mark per shard.
+                machine_id: if cfg!(feature = "bug-per-shard-fence") {
+                    String::new()
+                } else {
+                    mutation.machine_id.clone()
+                },
             };
             let presented = mutation.token.mark();
             if let Some(&mark) = self.fences.get(&key) {
@@ -102,6 +114,19 @@ impl Core {
         self.stamp(&mut changes);
         let changes = (!changes.is_empty()).then_some(changes);
         MutateDecision { outcome, changes }
+    }
+
+    /// Injected bug (simulator bug hunt only): the idempotent short-circuit before the fence,
+    /// so a zombie's replay learns the cached operation id.
+    #[cfg(feature = "bug-fence-after-idempotency")]
+    fn idempotent_replay(&self, id: &MachineId, kind: Kind) -> Option<Ack> {
+        let record = self.records.get(id)?;
+        let op = self.operations.get(&(id.clone(), kind))?;
+        kind.reuses_in(record.machine.state).then(|| Ack {
+            operation_id: op.clone(),
+            machine: Arc::clone(&record.machine),
+            dispatch: None,
+        })
     }
 
     /// Steps 5–8: not-found, idempotency, position, accept (the fence already passed).
@@ -278,7 +303,10 @@ fn settle(machine: &mut Machine, kind: Kind, result: TransitionResult, timeout: 
         (Kind::Drain, TransitionResult::Drained) => {
             machine.state = MachineState::Idle;
             machine.cluster.clear();
-            machine.shard_metadata.clear();
+            // Injected bug (simulator bug hunt only): the metadata outlives the binding.
+            if !cfg!(feature = "bug-keep-metadata-on-drain") {
+                machine.shard_metadata.clear();
+            }
         }
         (Kind::Delete, TransitionResult::Deleted) => {
             machine.state = MachineState::Speculative;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use bigfleet_libvirt_domain::{Machine, Policy, Timeouts};
 use bigfleet_libvirt_ports::ProviderConfig;
 
+use crate::libvirt::{CapacityPolicy, GcPolicy};
 use crate::tls::TlsFiles;
 
 use crate::config::{
@@ -49,6 +50,12 @@ pub struct Flags {
     pub fake_delay_min: Duration,
     pub fake_delay_max: Duration,
     pub fake_seed: u64,
+    pub host_reserve_cpu: u32,
+    pub host_reserve_memory_mib: u64,
+    pub cpu_allocation_ratio: f64,
+    pub memory_allocation_ratio: f64,
+    pub gc_orphans: bool,
+    pub orphan_grace: Duration,
 }
 
 /// Which hypervisor the provider drives.
@@ -74,7 +81,20 @@ pub struct Plan {
     pub state: Option<PathBuf>,
     pub reconcile_interval: Option<Duration>,
     pub fake: FakeSettings,
+    pub libvirt: LibvirtSettings,
     pub tls: Option<TlsFiles>,
+}
+
+/// What the libvirt backend needs beyond the connections (ignored by the fake).
+#[derive(Clone, Debug)]
+pub struct LibvirtSettings {
+    pub image: String,
+    pub storage_pool: String,
+    pub network: String,
+    pub base_user_data: Option<PathBuf>,
+    pub catalog: InstanceCatalog,
+    pub capacity: CapacityPolicy,
+    pub gc: GcPolicy,
 }
 
 /// How the fake behaves (ignored by the real backend).
@@ -121,6 +141,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     )?;
     let backend = select_backend(flags, &connections)?;
     let tls = check_tls(flags)?;
+    let libvirt = libvirt_settings(flags, &catalog)?;
     if flags.fake_fault_hooks && backend != Backend::Fake {
         return Err(flag(
             "--fake-fault-hooks only works with the fake backend; remove it or pass --use-fake-backend",
@@ -204,6 +225,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
             delay_max: flags.fake_delay_max,
             seed: flags.fake_seed,
         },
+        libvirt,
     })
 }
 
@@ -230,12 +252,48 @@ fn select_backend(flags: &Flags, connections: &[HostConnection]) -> Result<Backe
                 "--libvirt-backend libvirt needs --connect (a libvirt URI, or zone=uri,...)",
             ));
         }
-        return Err(flag(
-            "the libvirt backend is not available in this build yet (it lands with the libvirt \
-             adapter); drop --connect or pass --use-fake-backend to run the fake",
-        ));
+        if flags.image.trim().is_empty() {
+            return Err(flag(
+                "--image is required with the libvirt backend: name the golden base-image \
+                 volume in --storage-pool that every machine's overlay is backed by",
+            ));
+        }
     }
     Ok(backend)
+}
+
+/// The libvirt backend's settings; the allocation ratios must be finite and positive.
+fn libvirt_settings(
+    flags: &Flags,
+    catalog: &InstanceCatalog,
+) -> Result<LibvirtSettings, LaunchError> {
+    for (name, value) in [
+        ("--cpu-allocation-ratio", flags.cpu_allocation_ratio),
+        ("--memory-allocation-ratio", flags.memory_allocation_ratio),
+    ] {
+        if !value.is_finite() || value <= 0.0 {
+            return Err(flag(format!(
+                "{name} must be a finite number above 0 (got {value}); 1 means no overcommit"
+            )));
+        }
+    }
+    Ok(LibvirtSettings {
+        image: flags.image.clone(),
+        storage_pool: flags.storage_pool.clone(),
+        network: flags.network.clone(),
+        base_user_data: flags.base_user_data.clone(),
+        catalog: catalog.clone(),
+        capacity: CapacityPolicy {
+            reserve_cpu: flags.host_reserve_cpu,
+            reserve_memory_mib: flags.host_reserve_memory_mib,
+            cpu_ratio: flags.cpu_allocation_ratio,
+            memory_ratio: flags.memory_allocation_ratio,
+        },
+        gc: GcPolicy {
+            collect: flags.gc_orphans,
+            grace: flags.orphan_grace,
+        },
+    })
 }
 
 /// TLS flags must come whole: cert and key together, a CA only with both.

@@ -9,6 +9,7 @@ pub mod grpc;
 pub mod http;
 pub mod instrumented;
 pub mod launch;
+pub mod libvirt;
 pub mod metrics;
 pub mod naming;
 pub mod process;

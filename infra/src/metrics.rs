@@ -74,6 +74,24 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// Labels of `bigfleet_libvirt_host_health`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostLabels {
+    /// The host's zone.
+    pub zone: String,
+    /// `connecting`, `healthy` or `unreachable`.
+    pub state: String,
+}
+
+/// Labels of `bigfleet_libvirt_substrate_drift`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriftLabels {
+    /// The host's zone.
+    pub zone: String,
+    /// `vanished`, `stopped`, `orphan_domain` or `orphan_volume`.
+    pub kind: String,
+}
+
 /// Every series the provider exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -96,6 +114,10 @@ pub struct Metrics {
     pub api_calls: Family<ApiLabels, Counter>,
     /// Hypervisor call latency by operation.
     pub api_duration: Family<OpLabels, Histogram>,
+    /// libvirt host health, one-hot over the states (1 = the host's current state).
+    pub host_health: Family<HostLabels, Gauge>,
+    /// What the last describe found out of line with the provider's records, by kind.
+    pub drift: Family<DriftLabels, Gauge>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -124,6 +146,8 @@ impl Metrics {
         let api_calls = Family::<ApiLabels, Counter>::default();
         let api_duration =
             Family::<OpLabels, Histogram>::new_with_constructor(transition_histogram as fn() -> _);
+        let host_health = Family::<HostLabels, Gauge>::default();
+        let drift = Family::<DriftLabels, Gauge>::default();
         let prefix = "bigfleet_libvirt";
         registry.register(
             format!("{prefix}_api_calls"),
@@ -171,6 +195,16 @@ impl Metrics {
             "Background reconcile runs by outcome",
             reconcile.clone(),
         );
+        registry.register(
+            format!("{prefix}_host_health"),
+            "libvirt host health (1 for the current state of each zone)",
+            host_health.clone(),
+        );
+        registry.register(
+            format!("{prefix}_substrate_drift"),
+            "Managed domains vanished or stopped outside the provider, and orphans, by zone",
+            drift.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             grpc_requests,
@@ -182,6 +216,8 @@ impl Metrics {
             reconcile,
             api_calls,
             api_duration,
+            host_health,
+            drift,
         }
     }
 

@@ -149,7 +149,9 @@ pub struct DrainRequest {
 /// Destroy the machine and its volumes.
 #[derive(Clone, Debug)]
 pub struct DeleteRequest {
-    /// The record as accepted (Deleting, host still set).
+    /// The record as accepted (Deleting, host still set). A compensating delete after a
+    /// failed Create passes that Create's record, which has no host: the adapter MUST then
+    /// look on the host of the machine's zone for the domain named after the machine id.
     pub machine: Arc<Machine>,
     /// The operation id.
     pub operation_id: OperationId,

@@ -6,6 +6,7 @@
 //! with different ones through the same composition root.
 
 mod clock;
+mod compensation;
 mod hypervisor;
 mod network;
 mod provider;

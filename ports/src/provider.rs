@@ -1,5 +1,6 @@
 //! The Provider service: accept → persist → acknowledge → run the transition under its
-//! deadline → complete → persist.
+//! deadline → complete → persist (→ compensate a failed Create that may have left a
+//! domain, see `compensation.rs`).
 //!
 //! The domain core sits behind one mutex. A decision and the enqueueing of its change set
 //! happen under that lock, so the store sees change sets in decision order; waiting for
@@ -11,17 +12,18 @@ use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
     Ack, Completion, CompletionOutcome, Core, Dispatch, Kind, ListPage, ListQuery, Machine,
-    MachineState, MutateError, Mutation, Policy, ReconcileReport, SeedError, Timestamp,
-    TransitionResult,
+    MachineState, MutateError, Mutation, OperationId, Policy, ReconcileReport, SeedError,
+    Timestamp, TransitionResult,
 };
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::clock::Clock;
+use crate::compensation;
 use crate::hypervisor::{
     BootstrapBlob, ConfigureRequest, CreateRequest, DeleteRequest, DrainRequest, Hypervisor,
-    HypervisorError, ReadinessRequest,
+    HypervisorError, ReadinessRequest, SideEffects,
 };
 use crate::spawn::Spawner;
 use crate::store::{StateStore, StoreError};
@@ -99,7 +101,9 @@ struct Guarded {
 
 struct Inner<H, S, C, E> {
     core: Mutex<Guarded>,
-    hypervisor: H,
+    // Shared so a compensating delete can outlive the call that needed it without holding
+    // the provider (see `compensation.rs`).
+    hypervisor: Arc<H>,
     store: S,
     clock: C,
     spawner: E,
@@ -165,15 +169,17 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         };
         let inner = Inner {
             core: Mutex::new(guarded),
-            hypervisor,
+            hypervisor: Arc::new(hypervisor),
             store,
             clock,
             spawner,
             observer: None,
         };
-        Ok(Self {
+        let provider = Self {
             inner: Arc::new(inner),
-        })
+        };
+        provider.compensate_failed_creates();
+        Ok(provider)
     }
 
     /// Registers a callback told about every finished transition. Call before serving.
@@ -210,6 +216,12 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             let decision = guarded.core.mutate(mutation, now);
             let durable = self.enqueue(&mut guarded, decision.changes.clone());
             (decision, durable)
+        };
+        // Injected bug (simulator bug hunt only): acknowledge before the decision is durable.
+        #[cfg(feature = "bug-ack-before-persist")]
+        let durable = {
+            drop(durable);
+            settled()
         };
         // Even an answer that changed nothing (an idempotent retry, a rejection) waits for
         // the decisions it observed to be durable: no answer may reflect state a crash
@@ -364,18 +376,72 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let deadline = self.inner.clock.sleep_until(dispatch.deadline);
         // Biased: when the call finishes in the same instant as the deadline, take the
         // result; the core still turns a success at or after the deadline into a timeout.
-        let result = futures::select_biased! {
-            result = self.call(&dispatch, blob).fuse() => result,
-            () = deadline.fuse() => TransitionResult::TimedOut,
+        let (result, may_have_acted) = futures::select_biased! {
+            outcome = self.call(&dispatch, blob).fuse() => match outcome {
+                Ok(result) => (result, true),
+                Err(e) => (TransitionResult::Failed(e.message), e.side_effects != SideEffects::None),
+            },
+            // A call cut off by its deadline may still have acted on the host.
+            () = deadline.fuse() => (TransitionResult::TimedOut, true),
         };
-        self.finish(&dispatch, result).await;
+        let ended = self.finish(&dispatch, result).await;
+        let failed = ended.is_some_and(|m| m.state == MachineState::Failed);
+        if dispatch.kind == Kind::Create && failed && may_have_acted {
+            self.compensate(Arc::clone(&dispatch.machine), dispatch.operation_id.clone());
+        }
     }
 
-    async fn call(&self, dispatch: &Dispatch, blob: BootstrapBlob) -> TransitionResult {
+    /// Start-up half of the Create compensation: a restart may have interrupted a Create
+    /// (now Failed without a host) or a compensation in flight, so every Failed record
+    /// without a host gets its compensating delete again (idempotent when nothing is left).
+    fn compensate_failed_creates(&self) {
+        let failed = {
+            let guarded = self.lock();
+            let query = ListQuery {
+                states: Some([MachineState::Failed].into()),
+                ..ListQuery::default()
+            };
+            let page = guarded.core.list(&query);
+            page.machines
+                .into_iter()
+                .filter(|m| !m.has_host())
+                .filter_map(|m| Some((guarded.core.operation(&m.id, Kind::Create)?.clone(), m)))
+                .collect::<Vec<_>>()
+        };
+        for (operation_id, machine) in failed {
+            self.compensate(machine, operation_id);
+        }
+    }
+
+    /// Starts the best-effort delete of whatever a failed Create may have left on its host
+    /// (`compensation.rs`). The task holds the hypervisor and clock, not the provider.
+    fn compensate(&self, machine: Arc<Machine>, operation_id: OperationId) {
+        if cfg!(feature = "bug-no-create-compensation") {
+            return; // Injected bug (simulator bug hunt only): leak the domain.
+        }
+        let timeout = self.lock().core.policy().timeouts.delete;
+        let span = info_span!(
+            "compensation",
+            machine_id = %machine.id,
+            operation_id = %operation_id,
+        );
+        let hypervisor = Arc::clone(&self.inner.hypervisor);
+        let clock = self.inner.clock.clone();
+        let task = compensation::delete_leftover(hypervisor, clock, timeout, machine, operation_id);
+        self.inner
+            .spawner
+            .spawn("create-compensation", task.map(drop).instrument(span));
+    }
+
+    async fn call(
+        &self,
+        dispatch: &Dispatch,
+        blob: BootstrapBlob,
+    ) -> Result<TransitionResult, HypervisorError> {
         let hv = &self.inner.hypervisor;
         let machine = Arc::clone(&dispatch.machine);
         let operation_id = dispatch.operation_id.clone();
-        let outcome = match dispatch.kind {
+        match dispatch.kind {
             Kind::Create => hv
                 .create(CreateRequest {
                     machine,
@@ -404,8 +470,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 })
                 .await
                 .map(|()| TransitionResult::Deleted),
-        };
-        outcome.unwrap_or_else(|e| TransitionResult::Failed(e.message))
+        }
     }
 
     async fn configure(
@@ -437,7 +502,9 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         Ok(TransitionResult::Configured)
     }
 
-    async fn finish(&self, dispatch: &Dispatch, result: TransitionResult) {
+    /// Completes a transition; returns the machine as it ended, or `None` if the result was
+    /// dropped.
+    async fn finish(&self, dispatch: &Dispatch, result: TransitionResult) -> Option<Arc<Machine>> {
         let now = self.inner.clock.now();
         let completion = Completion {
             machine_id: dispatch.machine.id.clone(),
@@ -475,10 +542,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         if let Some(observer) = &self.inner.observer {
             observer(&TransitionEvent {
                 kind: dispatch.kind,
-                machine,
+                machine: machine.clone(),
                 elapsed,
             });
         }
+        machine
     }
 }
 

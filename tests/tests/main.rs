@@ -14,6 +14,7 @@ mod errors;
 mod fault;
 mod fencing;
 mod fieldshape;
+mod libvirt;
 mod lifecycle;
 mod list;
 mod metadata;

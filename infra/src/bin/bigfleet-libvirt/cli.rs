@@ -44,7 +44,7 @@ pub struct Cli {
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_USE_FAKE_BACKEND", action = ArgAction::Set,
           num_args = 0..=1, default_value_t = false, default_missing_value = "true")]
     pub use_fake_backend: bool,
-    /// A bare libvirt URI for --default-zone, or a zone=uri,... list (libvirt backend: not in this build yet).
+    /// A bare libvirt URI for --default-zone, or a zone=uri,... list (one libvirt host per zone).
     #[arg(
         long,
         global = true,
@@ -68,7 +68,7 @@ pub struct Cli {
         default_value = ""
     )]
     pub state: String,
-    /// Golden base-image volume (libvirt backend; not in this build yet).
+    /// Golden base-image volume in --storage-pool (required by the libvirt backend).
     #[arg(
         long,
         global = true,
@@ -203,6 +203,46 @@ pub struct Cli {
     /// Override every transition deadline (e.g. 2s); default Create 5m, Configure 8m, Drain 15m, Delete 5m.
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_TRANSITION_TIMEOUT", value_parser = parse_duration)]
     pub transition_timeout: Option<Duration>,
+    /// libvirt: physical CPUs per host kept for the host itself (not offered to slots).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_HOST_RESERVE_CPU",
+        default_value_t = 1
+    )]
+    pub host_reserve_cpu: u32,
+    /// libvirt: MiB of RAM per host kept for the host itself (not offered to slots).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_HOST_RESERVE_MEMORY_MIB",
+        default_value_t = 2048
+    )]
+    pub host_reserve_memory_mib: u64,
+    /// libvirt: vCPUs offered per remaining physical CPU of a host.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_CPU_ALLOCATION_RATIO",
+        default_value_t = 4.0
+    )]
+    pub cpu_allocation_ratio: f64,
+    /// libvirt: MiB offered per remaining MiB of host RAM (1 = no memory overcommit).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_MEMORY_ALLOCATION_RATIO",
+        default_value_t = 1.0
+    )]
+    pub memory_allocation_ratio: f64,
+    /// libvirt: delete orphaned domains and volumes after --orphan-grace (default: report only).
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_GC_ORPHANS", action = ArgAction::Set,
+          num_args = 0..=1, default_value_t = false, default_missing_value = "true")]
+    pub gc_orphans: bool,
+    /// libvirt: how long an orphan must be seen before it may be collected, e.g. 15m.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_ORPHAN_GRACE", default_value = "15m",
+          value_parser = parse_duration)]
+    pub orphan_grace: Duration,
     /// Fake only: shortest simulated hypervisor latency.
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_FAKE_DELAY_MIN", default_value = "20ms",
           value_parser = parse_duration)]
@@ -290,6 +330,12 @@ impl Cli {
             fake_delay_min: self.fake_delay_min,
             fake_delay_max: self.fake_delay_max,
             fake_seed: self.fake_seed,
+            host_reserve_cpu: self.host_reserve_cpu,
+            host_reserve_memory_mib: self.host_reserve_memory_mib,
+            cpu_allocation_ratio: self.cpu_allocation_ratio,
+            memory_allocation_ratio: self.memory_allocation_ratio,
+            gc_orphans: self.gc_orphans,
+            orphan_grace: self.orphan_grace,
         }
     }
 }

@@ -11,6 +11,7 @@ use bigfleet_libvirt_infra::app::{self, Banner, ServeConfig};
 use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_infra::launch::{self, Backend, Plan};
+use bigfleet_libvirt_infra::libvirt::{LibvirtConfig, LibvirtHypervisor};
 use bigfleet_libvirt_infra::metrics::Metrics;
 use bigfleet_libvirt_infra::store::{MemoryStateStore, RedbStateStore};
 use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
@@ -112,23 +113,74 @@ async fn serve<S: StateStore>(
             );
             let fake = FakeHypervisor::new(fake_config(&plan), SystemClock);
             let hypervisor = InstrumentedHypervisor::new(fake.clone(), metrics.clone());
-            let provider = app::assemble(
-                plan.provider.clone(),
-                hypervisor,
-                store,
-                SystemClock,
-                TokioSpawner,
-                &metrics,
-            )
-            .await?;
+            let provider = start(&plan, hypervisor, store, &metrics).await?;
             // The fake keeps no state of its own: give it back the restored machines' domains.
             fake.adopt(&provider.peek(&Default::default()).machines);
             run_servers(cli, &plan, provider, metrics, tls).await
         }
-        Backend::Libvirt => anyhow::bail!(
-            "the libvirt backend is not available in this build yet; pass --use-fake-backend"
-        ),
+        Backend::Libvirt => serve_libvirt(cli, plan, store, tls, metrics).await,
     }
+}
+
+/// The provider over `hypervisor`, on the real clock and spawner.
+async fn start<H: Hypervisor, S: StateStore>(
+    plan: &Plan,
+    hypervisor: H,
+    store: S,
+    metrics: &Metrics,
+) -> anyhow::Result<Provider<H, S, SystemClock, TokioSpawner>> {
+    let config = plan.provider.clone();
+    Ok(app::assemble(
+        config,
+        hypervisor,
+        store,
+        SystemClock,
+        TokioSpawner,
+        metrics,
+    )
+    .await?)
+}
+
+async fn serve_libvirt<S: StateStore>(
+    cli: &Cli,
+    plan: Plan,
+    store: S,
+    tls: Option<TlsState>,
+    metrics: Metrics,
+) -> anyhow::Result<()> {
+    let config = libvirt_config(&plan)?;
+    let libvirt =
+        LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone()).await;
+    let hypervisor = InstrumentedHypervisor::new(libvirt.clone(), metrics.clone());
+    let provider = start(&plan, hypervisor, store, &metrics).await?;
+    // Restored machines tell the adapter what should be running (drift and orphan checks).
+    libvirt.track(&provider.peek(&Default::default()).machines);
+    run_servers(cli, &plan, provider, metrics, tls).await
+}
+
+fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
+    let settings = &plan.libvirt;
+    let user_data = match &settings.base_user_data {
+        Some(path) => Some(
+            std::fs::read(path)
+                .with_context(|| format!("--base-user-data: read {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let mut config = LibvirtConfig::new(
+        &plan.provider_label,
+        plan.connections.clone(),
+        plan.inventory.machines.clone(),
+        settings.catalog.clone(),
+        &settings.image,
+    );
+    config.storage_pool = settings.storage_pool.clone();
+    config.network = settings.network.clone();
+    config.user_data = user_data;
+    config.capacity = settings.capacity;
+    config.gc = settings.gc;
+    config.seed = plan.fake.seed;
+    Ok(config)
 }
 
 fn fake_config(plan: &Plan) -> FakeConfig {

@@ -64,6 +64,10 @@ impl Drop for Writer {
 }
 
 fn run(database: &Database, jobs: &mpsc::Receiver<Job>) {
+    // After a failed commit nothing later may become durable: the provider treats "this
+    // change set is durable" as "everything enqueued before it is durable", so the store
+    // fails closed until the process restarts and reloads what is really on disk.
+    let mut poisoned: Option<StoreError> = None;
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
         while batch.len() < BATCH_MAX {
@@ -72,9 +76,17 @@ fn run(database: &Database, jobs: &mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        let result = write(database, &batch).map_err(|e| StoreError::Io(e.to_string()));
-        if let Err(e) = &result {
+        let result = match &poisoned {
+            Some(earlier) => Err(earlier.clone()),
+            None => write(database, &batch).map_err(|e| {
+                StoreError::Io(format!(
+                    "{e}; restart the provider to reload the state file"
+                ))
+            }),
+        };
+        if let (Err(e), None) = (&result, &poisoned) {
             tracing::error!(error = %e, change_sets = batch.len(), "state commit failed");
+            poisoned = Some(e.clone());
         }
         for job in batch {
             let _ = job.reply.send(result.clone());

@@ -1,0 +1,190 @@
+//! The final checks, after faults stopped, the shards finished, the provider was restarted
+//! once more and given time to converge (bounded by a simulated-time budget).
+//!
+//! - No machine is left in a transitional state, and the provider's state equals the disk.
+//! - Hosts and state agree: every domain belongs to a record that names it as its host
+//!   (no orphan), and every Idle/Configuring/Configured/Draining record has its domain.
+//! - Each watcher's delta-maintained view, after one more delta, equals a full List.
+//! - The last acknowledged token of every (shard, machine) is still rejected, asked over
+//!   the same simulated network path the shards use.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_libvirt_domain::{HostRef, ListQuery, MachineState};
+use bigfleet_libvirt_proto::v1alpha1 as pb;
+
+use super::Invariant;
+use crate::fakes::clock::elapsed;
+use crate::net::{self, Answer, Client, Outcome, Rpc};
+use crate::workload::watcher_delta;
+use crate::world::World;
+
+/// How long the provider gets to converge after the final restart.
+pub const CONVERGENCE_BUDGET: Duration = Duration::from_secs(15 * 60);
+
+/// Domains the state does not account for, and records whose domain is missing.
+fn disagreements(world: &World) -> Vec<String> {
+    let Some(provider) = world.provider() else {
+        return vec!["the provider is not serving".to_owned()];
+    };
+    let page = provider.peek(&ListQuery::default());
+    let hosts = world.hosts();
+    let mut problems = Vec::new();
+    for (zone, domains) in hosts.domains.iter().enumerate() {
+        for (id, domain) in domains {
+            let expected = HostRef {
+                provider: world.provider_label.clone(),
+                reference: format!("zone-{zone}/{}", domain.name),
+            };
+            let record = page.machines.iter().find(|m| &m.id == id);
+            if record.and_then(|m| m.host.as_ref()) != Some(&expected) {
+                let state = record.map_or("unknown".to_owned(), |m| m.state.to_string());
+                problems.push(format!(
+                    "domain {} of machine {id} on zone-{zone} is unknown to the state ({state})",
+                    domain.name
+                ));
+            }
+        }
+    }
+    for machine in &page.machines {
+        let runs = matches!(
+            machine.state,
+            MachineState::Idle
+                | MachineState::Configuring
+                | MachineState::Configured
+                | MachineState::Draining
+        );
+        let zone = crate::fakes::hypervisor::zone_index(&machine.zone);
+        let present = hosts.domains[zone]
+            .get(&machine.id)
+            .is_some_and(|d| d.running);
+        if runs && !present {
+            problems.push(format!(
+                "machine {} is {} but its domain does not run",
+                machine.id, machine.state
+            ));
+        }
+    }
+    problems
+}
+
+fn transitional(world: &World) -> Vec<String> {
+    let Some(provider) = world.provider() else {
+        return vec!["the provider is not serving".to_owned()];
+    };
+    provider
+        .peek(&ListQuery::default())
+        .machines
+        .iter()
+        .filter(|m| m.state.is_transitional())
+        .map(|m| format!("machine {} is still {}", m.id, m.state))
+        .collect()
+}
+
+/// Waits (bounded) for convergence, then runs every final check.
+pub async fn run(world: &Arc<World>) {
+    let give_up = elapsed() + CONVERGENCE_BUDGET;
+    while elapsed() < give_up
+        && !(transitional(world).is_empty() && disagreements(world).is_empty())
+    {
+        madsim::time::sleep(Duration::from_secs(5)).await;
+    }
+    world.trace("quiescence checks");
+    for problem in transitional(world) {
+        world.violation(Invariant::Convergence, problem);
+    }
+    for problem in disagreements(world) {
+        world.violation(Invariant::OrphanDomain, problem);
+    }
+    check_memory_equals_disk(world);
+    check_watchers(world).await;
+    probe_fences(world).await;
+}
+
+fn check_memory_equals_disk(world: &World) {
+    let Some(provider) = world.provider() else {
+        return;
+    };
+    let page = provider.peek(&ListQuery::default());
+    let differing: Vec<String> = {
+        let disk = world.disk();
+        page.machines
+            .iter()
+            .filter(|m| disk.machine(&m.id).map(|d| d.as_ref()) != Some(m.as_ref()))
+            .map(|m| format!("machine {} in memory differs from its durable record", m.id))
+            .collect()
+    };
+    for detail in differing {
+        world.violation(Invariant::DurableBeforeAnswer, detail);
+    }
+}
+
+async fn full_list(world: &Arc<World>) -> Option<pb::MachineList> {
+    match net::call(world, Client::Auditor, Rpc::List(pb::ListFilter::default())).await {
+        Outcome::Answered(Ok(Answer::List(list))) => Some(list),
+        _ => None,
+    }
+}
+
+async fn check_watchers(world: &Arc<World>) {
+    for shard in 0..world.plan.shards {
+        let mut view = world.watchers()[shard].clone();
+        let (Some(delta), Some(full)) = (
+            watcher_delta(world, Client::Auditor, &view).await,
+            full_list(world).await,
+        ) else {
+            world.violation(Invariant::Convergence, "the final List calls got no answer");
+            return;
+        };
+        view.apply(delta);
+        let seen: Vec<&String> = view.machines.keys().collect();
+        let listed: Vec<&String> = full.machines.iter().map(|m| &m.id).collect();
+        if seen != listed {
+            let detail = format!(
+                "watcher-{shard} knows {} machines, a full List {}",
+                seen.len(),
+                listed.len()
+            );
+            world.violation(Invariant::Revisions, detail);
+        }
+        for machine in &full.machines {
+            if view.machines.get(&machine.id) != Some(machine) {
+                let detail = format!(
+                    "watcher-{shard}'s since_revision view of {} is stale (state {} vs {})",
+                    machine.id,
+                    view.machines.get(&machine.id).map_or(0, |m| m.state),
+                    machine.state
+                );
+                world.violation(Invariant::Revisions, detail);
+            }
+        }
+    }
+}
+
+async fn probe_fences(world: &Arc<World>) {
+    let marks = world.ledger().acked_marks.clone();
+    for ((shard, machine), mark) in marks {
+        let rpc = Rpc::Create(pb::CreateRequest {
+            machine_id: machine.clone(),
+            shard_id: shard.clone(),
+            shard_epoch: mark.epoch,
+            sequence_number: mark.sequence,
+        });
+        match net::call(world, Client::Auditor, rpc).await {
+            Outcome::Answered(Err(s)) if s.code() == tonic::Code::FailedPrecondition => {}
+            Outcome::Answered(reply) => {
+                let answer = reply.map_or_else(|s| format!("{:?}", s.code()), |_| "OK".to_owned());
+                let detail = format!(
+                    "at the end, the acknowledged token {mark:?} of {shard} on {machine} is \
+                     answered {answer} instead of FAILED_PRECONDITION"
+                );
+                world.violation(Invariant::AckedSurvivesRestart, detail);
+            }
+            other => {
+                let detail = format!("a fence probe got no answer: {other:?}");
+                world.violation(Invariant::Convergence, detail);
+            }
+        }
+    }
+}

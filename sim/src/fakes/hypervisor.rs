@@ -1,0 +1,427 @@
+//! `SimHypervisor`: N simulated libvirt hosts (one zone each) behind the Hypervisor port,
+//! with the seeded per-call faults of the run's [`HostFaults`].
+//!
+//! Host state lives in the world, outside the provider process: a request, once sent, is
+//! executed by a task on the host's own madsim node, so killing the provider (or dropping
+//! the call at its deadline) does not undo or cancel it. Operations on one domain execute
+//! in arrival order (libvirt serialises jobs on a domain), which is why a compensating
+//! delete sent after a hung Create still runs after it.
+//!
+//! Faults per call: an error before dispatch (nothing happened); a latency spike (possibly
+//! past the deadline); a hang (the host acts late and never answers); a lost reply (the
+//! host acted, the caller gets an indefinite error); a partial Create (domain defined, not
+//! started: `SideEffects::Applied`); a host unreachable for a while (calls are refused, and
+//! replies in flight are lost after a keepalive timeout).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_libvirt_domain::{HostRef, Machine, MachineId, MachineState};
+use bigfleet_libvirt_infra::naming::domain_name;
+use bigfleet_libvirt_ports::{
+    ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
+    HypervisorError, ReadinessRequest, Retry, SideEffects,
+};
+use futures::FutureExt;
+use futures::channel::oneshot;
+use futures::future::BoxFuture;
+
+use crate::fakes::clock::elapsed;
+use crate::faults::HostFaults;
+use crate::rng::SimRng;
+use crate::world::World;
+
+/// One domain on a host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Domain {
+    /// The libvirt domain name (derived from provider label and machine id).
+    pub name: String,
+    /// Whether it was started.
+    pub running: bool,
+    /// The cluster it was bootstrapped into, if any.
+    pub cluster: String,
+}
+
+/// Every host's domains and the hosts' decision stream.
+#[derive(Debug)]
+pub struct Hosts {
+    rng: SimRng,
+    /// Domains per host, by machine id.
+    pub domains: Vec<BTreeMap<MachineId, Domain>>,
+    /// When the last queued operation on each domain executes.
+    busy_until: BTreeMap<MachineId, Duration>,
+    /// Per-slot price drift, so reconcile has substrate facts to refresh.
+    pub price_drift: BTreeMap<MachineId, u32>,
+}
+
+impl Hosts {
+    /// `count` empty hosts.
+    #[must_use]
+    pub fn new(seed: u64, count: usize) -> Self {
+        Self {
+            rng: SimRng::stream(seed, "hosts"),
+            domains: vec![BTreeMap::new(); count],
+            busy_until: BTreeMap::new(),
+            price_drift: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    None,
+    Error,
+    Spike,
+    Hang,
+    LostReply,
+    Partial,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Create,
+    Configure(String),
+    Ready,
+    Drain,
+    Delete,
+}
+
+impl Op {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Configure(_) => "configure",
+            Self::Ready => "ready",
+            Self::Drain => "drain",
+            Self::Delete => "delete",
+        }
+    }
+}
+
+type HostResult = Result<Option<HostRef>, HypervisorError>;
+
+/// One call as the host will execute it.
+struct Job {
+    host: usize,
+    op: Op,
+    machine: Machine,
+    fault: Fault,
+    execute_at: Duration,
+    reply_delay: Duration,
+    keepalive: Duration,
+}
+
+/// The provider's view of the hosts.
+#[derive(Clone)]
+pub struct SimHypervisor {
+    world: Arc<World>,
+}
+
+/// The host index of a zone (`zone-<i>`).
+#[must_use]
+pub fn zone_index(zone: &str) -> usize {
+    zone.strip_prefix("zone-")
+        .and_then(|i| i.parse().ok())
+        .expect("simulated zones are zone-<index>")
+}
+
+fn draw_fault(rng: &mut SimRng, faults: &HostFaults, op: &Op) -> Fault {
+    let candidates = [
+        (faults.error, Fault::Error),
+        (faults.spike, Fault::Spike),
+        (faults.hang, Fault::Hang),
+        (faults.lost_reply, Fault::LostReply),
+        (faults.partial_create, Fault::Partial),
+    ];
+    for (rate, fault) in candidates {
+        if fault == Fault::Partial && !matches!(op, Op::Create) {
+            continue;
+        }
+        if rng.chance(rate) {
+            return fault;
+        }
+    }
+    Fault::None
+}
+
+impl SimHypervisor {
+    /// The hosts of `world`.
+    #[must_use]
+    pub fn new(world: Arc<World>) -> Self {
+        Self { world }
+    }
+
+    fn host_ref(&self, zone: usize, domain: &Domain) -> HostRef {
+        HostRef {
+            provider: self.world.provider_label.clone(),
+            reference: format!("zone-{zone}/{}", domain.name),
+        }
+    }
+
+    /// Sends `op` for `machine` to its host; the returned future is the reply.
+    fn dispatch(&self, op: Op, machine: &Machine) -> BoxFuture<'static, HostResult> {
+        let host = zone_index(&machine.zone);
+        let now = elapsed();
+        let calm = self.world.calm();
+        let unreachable = !calm && self.world.host_unreachable(host, now);
+        let fault = if calm || unreachable {
+            Fault::None
+        } else {
+            draw_fault(&mut self.world.hosts().rng, &self.world.plan.host, &op)
+        };
+        if unreachable || fault == Fault::Error {
+            return self.refuse(host, &op, &machine.id, unreachable);
+        }
+        let job = self.schedule(host, op, machine, fault, now);
+        let (answer, reply) = oneshot::channel();
+        drop(
+            self.world
+                .host_node(host)
+                .spawn(self.clone().serve(job, answer)),
+        );
+        async move {
+            match reply.await {
+                Ok(result) => result,
+                // No answer is coming: hang until the caller's deadline drops this future.
+                Err(oneshot::Canceled) => std::future::pending().await,
+            }
+        }
+        .boxed()
+    }
+
+    /// A call that never reaches the host: refused after a short while, nothing happened.
+    fn refuse(
+        &self,
+        host: usize,
+        op: &Op,
+        id: &MachineId,
+        unreachable: bool,
+    ) -> BoxFuture<'static, HostResult> {
+        let wait = self
+            .world
+            .hosts()
+            .rng
+            .duration(Duration::from_millis(1), Duration::from_secs(2));
+        let why = if unreachable {
+            "host unreachable"
+        } else {
+            "injected error before dispatch"
+        };
+        let message = format!("zone-{host}: {} {id}: {why}", op.name());
+        self.world.trace(format!("host {message}"));
+        let error = HypervisorError {
+            message,
+            retry: Retry::Safe,
+            side_effects: SideEffects::None,
+        };
+        madsim::time::sleep(wait).map(move |()| Err(error)).boxed()
+    }
+
+    /// Decides when the host executes the call (after the domain's earlier operations) and
+    /// how its reply travels.
+    fn schedule(&self, host: usize, op: Op, machine: &Machine, fault: Fault, now: Duration) -> Job {
+        let timeout = self.world.plan.transition_timeout;
+        let service_range = self.world.plan.host.service;
+        let mut hosts = self.world.hosts();
+        let rng = &mut hosts.rng;
+        let service = match fault {
+            Fault::Spike => rng.duration(Duration::from_secs(1), timeout * 2),
+            Fault::Hang => rng.duration(timeout, timeout * 2),
+            _ => rng.duration(service_range.0, service_range.1),
+        };
+        let send = rng.duration(Duration::from_micros(100), Duration::from_millis(2));
+        let reply_delay = rng.duration(Duration::from_micros(100), Duration::from_millis(2));
+        let keepalive = rng.duration(Duration::from_secs(2), Duration::from_secs(5));
+        let queued = hosts
+            .busy_until
+            .get(&machine.id)
+            .copied()
+            .unwrap_or_default();
+        let execute_at = (now + send).max(queued) + service;
+        hosts.busy_until.insert(machine.id.clone(), execute_at);
+        Job {
+            host,
+            op,
+            machine: machine.clone(),
+            fault,
+            execute_at,
+            reply_delay,
+            keepalive,
+        }
+    }
+
+    /// The host side of one call: execute at the scheduled time, then answer (or not).
+    async fn serve(self, job: Job, answer: oneshot::Sender<HostResult>) {
+        let Job {
+            host,
+            op,
+            machine,
+            fault,
+            ..
+        } = &job;
+        madsim::time::sleep(job.execute_at.saturating_sub(elapsed())).await;
+        let result = self.execute(*host, op, machine, *fault);
+        if *fault == Fault::Hang {
+            return; // The host never answers; the caller's deadline ends the call.
+        }
+        let what = format!("zone-{host}: {} {}", op.name(), machine.id);
+        let lost = !self.world.calm() && self.world.host_unreachable(*host, elapsed());
+        let result = if lost {
+            self.world
+                .trace(format!("host {what}: reply lost, the host is unreachable"));
+            madsim::time::sleep(job.keepalive).await;
+            Err(HypervisorError::indefinite(format!(
+                "{what}: connection to the host lost"
+            )))
+        } else {
+            madsim::time::sleep(job.reply_delay).await;
+            match (fault, result) {
+                (Fault::LostReply, Ok(_)) => Err(HypervisorError::indefinite(format!(
+                    "{what}: reply lost after the host acted"
+                ))),
+                (_, result) => result,
+            }
+        };
+        let _ = answer.send(result);
+    }
+
+    /// Applies `op` on `host` now.
+    fn execute(&self, host: usize, op: &Op, machine: &Machine, fault: Fault) -> HostResult {
+        let id = &machine.id;
+        let result = {
+            let mut hosts = self.world.hosts();
+            let domains = &mut hosts.domains[host];
+            match op {
+                Op::Create => {
+                    let domain = domains.entry(id.clone()).or_insert_with(|| Domain {
+                        name: domain_name(&self.world.provider_label, id.as_str()),
+                        running: false,
+                        cluster: String::new(),
+                    });
+                    if fault == Fault::Partial {
+                        Err(HypervisorError {
+                            message: format!(
+                                "zone-{host}: create {id}: domain defined but failed to start"
+                            ),
+                            retry: Retry::Unsafe,
+                            side_effects: SideEffects::Applied,
+                        })
+                    } else {
+                        domain.running = true;
+                        Ok(Some(self.host_ref(host, domain)))
+                    }
+                }
+                Op::Configure(cluster) => with_running(domains, host, op, id, |d| {
+                    d.cluster.clone_from(cluster);
+                }),
+                Op::Ready => with_running(domains, host, op, id, |_| {}),
+                Op::Drain => with_running(domains, host, op, id, |d| d.cluster.clear()),
+                Op::Delete => {
+                    domains.remove(id);
+                    Ok(None)
+                }
+            }
+        };
+        let shown = match &result {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => format!("error: {}", e.message),
+        };
+        self.world.trace(format!(
+            "host zone-{host} {} {id} fault={fault:?} -> {shown}",
+            op.name()
+        ));
+        crate::checkers::hosts::on_effect(&self.world);
+        result
+    }
+}
+
+fn with_running(
+    domains: &mut BTreeMap<MachineId, Domain>,
+    host: usize,
+    op: &Op,
+    id: &MachineId,
+    edit: impl FnOnce(&mut Domain),
+) -> HostResult {
+    match domains.get_mut(id).filter(|d| d.running) {
+        Some(domain) => {
+            edit(domain);
+            Ok(None)
+        }
+        None => Err(HypervisorError::permanent(format!(
+            "zone-{host}: {} {id}: no running domain",
+            op.name()
+        ))),
+    }
+}
+
+fn done(result: HostResult) -> Result<(), HypervisorError> {
+    result.map(|_| ())
+}
+
+impl Hypervisor for SimHypervisor {
+    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
+        let now = elapsed();
+        let world = &self.world;
+        let down = (0..world.plan.hosts).find(|h| !world.calm() && world.host_unreachable(*h, now));
+        let result = match down {
+            Some(host) => Err(HypervisorError::permanent(format!(
+                "zone-{host}: describe: host unreachable"
+            ))),
+            None => {
+                let hosts = world.hosts();
+                Ok(world
+                    .inventory
+                    .iter()
+                    .map(|slot| {
+                        let mut machine = slot.clone();
+                        let drift = hosts.price_drift.get(&slot.id).copied().unwrap_or(0);
+                        machine.price_per_hour += f64::from(drift) * 0.125;
+                        let host = zone_index(&slot.zone);
+                        if let Some(domain) = hosts.domains[host].get(&slot.id) {
+                            if domain.running {
+                                machine.state = MachineState::Idle;
+                                machine.host = Some(self.host_ref(host, domain));
+                            }
+                        }
+                        machine
+                    })
+                    .collect())
+            }
+        };
+        std::future::ready(result)
+    }
+
+    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
+        let host = self.dispatch(Op::Create, &request.machine).await?;
+        Ok(Created {
+            host: host.expect("create returns the host"),
+            resources: None,
+            allocatable: None,
+        })
+    }
+
+    async fn configure(&self, request: ConfigureRequest) -> Result<(), HypervisorError> {
+        done(
+            self.dispatch(Op::Configure(request.cluster_id), &request.machine)
+                .await,
+        )
+    }
+
+    async fn confirm_node_ready(&self, request: ReadinessRequest) -> Result<(), HypervisorError> {
+        done(self.dispatch(Op::Ready, &request.machine).await)
+    }
+
+    fn readiness_gate(&self) -> bool {
+        true
+    }
+
+    async fn drain(&self, request: DrainRequest) -> Result<(), HypervisorError> {
+        done(self.dispatch(Op::Drain, &request.machine).await)
+    }
+
+    async fn delete(&self, request: DeleteRequest) -> Result<(), HypervisorError> {
+        done(self.dispatch(Op::Delete, &request.machine).await)
+    }
+}

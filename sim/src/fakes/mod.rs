@@ -1,0 +1,7 @@
+//! The simulated adapters behind the product's ports: `SimClock` and `SimSpawner` on
+//! madsim's time and scheduler, `SimStateStore` with an explicit durability model, and
+//! `SimHypervisor` hosts with seeded faults.
+
+pub mod clock;
+pub mod hypervisor;
+pub mod store;

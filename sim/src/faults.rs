@@ -1,0 +1,280 @@
+//! The fault plan of one run, drawn from the seed before anything runs (swarm testing:
+//! each fault class is off in about half the runs, and its rate is drawn per run).
+//!
+//! Rates are rational probabilities. Windows (host outages, partitions) and process events
+//! (provider crashes, shard restarts) are absolute times inside the fault phase; nothing
+//! fires after it, which is what lets the quiescence phase demand convergence.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::rng::{Ratio, SimRng};
+
+/// A closed interval of simulated time (since the start of the run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Which host or shard it concerns.
+    pub target: usize,
+    /// When it starts.
+    pub start: Duration,
+    /// When it ends.
+    pub end: Duration,
+}
+
+impl Window {
+    /// Whether `at` lies inside the window.
+    #[must_use]
+    pub fn covers(&self, target: usize, at: Duration) -> bool {
+        self.target == target && self.start <= at && at < self.end
+    }
+}
+
+/// Hypervisor call faults, drawn once per call.
+#[derive(Clone, Debug)]
+pub struct HostFaults {
+    /// The call fails before it reaches the host (nothing happened).
+    pub error: Ratio,
+    /// The call takes far longer than usual (possibly past the deadline).
+    pub spike: Ratio,
+    /// The host acts much later and never answers (past the deadline).
+    pub hang: Ratio,
+    /// The host acts, the reply is lost (an indefinite error).
+    pub lost_reply: Ratio,
+    /// Create defines the domain but fails to start it (`SideEffects::Applied`).
+    pub partial_create: Ratio,
+    /// Usual service time of a host operation.
+    pub service: (Duration, Duration),
+    /// Hosts unreachable for a while (target = host index).
+    pub outages: Vec<Window>,
+}
+
+/// Shard ↔ provider network faults.
+#[derive(Clone, Debug)]
+pub struct NetFaults {
+    /// One-way delay range.
+    pub delay: (Duration, Duration),
+    /// A request is lost (never delivered).
+    pub drop_request: Ratio,
+    /// A reply is lost (the call becomes indefinite).
+    pub drop_reply: Ratio,
+    /// A shard cut off from the provider (target = shard index).
+    pub partitions: Vec<Window>,
+}
+
+/// Durability faults of the simulated store.
+#[derive(Clone, Debug)]
+pub struct StoreFaults {
+    /// Usual fsync time.
+    pub fsync: (Duration, Duration),
+    /// An fsync takes 50–500 ms.
+    pub slow_fsync: Ratio,
+    /// An fsync fails: the store fails stop and the supervisor restarts the process.
+    pub fsync_failure: Ratio,
+}
+
+/// Everything one run does, derived from its seed.
+#[derive(Clone, Debug)]
+pub struct FaultPlan {
+    /// The run's seed.
+    pub seed: u64,
+    /// Number of hosts (one zone each).
+    pub hosts: usize,
+    /// Speculative slots per host.
+    pub slots_per_host: usize,
+    /// Number of shards.
+    pub shards: usize,
+    /// Concurrent workers per shard incarnation.
+    pub workers: usize,
+    /// How long faults are injected and traffic runs.
+    pub fault_phase: Duration,
+    /// Every transition deadline (`--transition-timeout`).
+    pub transition_timeout: Duration,
+    /// The shards' RPC deadline.
+    pub rpc_timeout: Duration,
+    /// Background reconcile period.
+    pub reconcile_interval: Duration,
+    /// Hypervisor faults.
+    pub host: HostFaults,
+    /// Network faults.
+    pub net: NetFaults,
+    /// Store faults.
+    pub store: StoreFaults,
+    /// When the provider is killed.
+    pub crashes: Vec<Duration>,
+    /// How long a killed provider stays down.
+    pub restart_delay: (Duration, Duration),
+    /// (shard, time): the shard restarts with a new epoch; the old process lives on as a
+    /// zombie for a while.
+    pub shard_restarts: Vec<(usize, Duration)>,
+    /// How long a zombie keeps sending.
+    pub zombie_life: (Duration, Duration),
+}
+
+const HOST_RATES: &[Ratio] = &[
+    Ratio::new(1, 200),
+    Ratio::new(1, 50),
+    Ratio::new(1, 20),
+    Ratio::new(1, 10),
+];
+const NET_RATES: &[Ratio] = &[Ratio::new(1, 500), Ratio::new(1, 100), Ratio::new(1, 30)];
+const STORE_FAIL_RATES: &[Ratio] = &[Ratio::new(1, 2000), Ratio::new(1, 500)];
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn ms(m: u64) -> Duration {
+    Duration::from_millis(m)
+}
+
+impl FaultPlan {
+    /// Draws the plan of run `seed`.
+    #[must_use]
+    pub fn draw(seed: u64) -> Self {
+        let mut rng = SimRng::stream(seed, "plan");
+        let hosts = usize::try_from(rng.between(2, 4)).expect("small");
+        let shards = usize::try_from(rng.between(2, 4)).expect("small");
+        let fault_phase = secs(rng.between(60, 180));
+        let transition_timeout = secs(rng.between(5, 30));
+        let host = HostFaults {
+            error: rng.swarm_rate(HOST_RATES),
+            spike: rng.swarm_rate(HOST_RATES),
+            hang: rng.swarm_rate(HOST_RATES),
+            lost_reply: rng.swarm_rate(HOST_RATES),
+            partial_create: rng.swarm_rate(HOST_RATES),
+            service: (ms(rng.between(5, 50)), ms(rng.between(100, 1500))),
+            outages: windows(&mut rng, hosts, fault_phase, secs(30)),
+        };
+        let net = NetFaults {
+            delay: (Duration::from_micros(200), ms(rng.between(1, 50))),
+            drop_request: rng.swarm_rate(NET_RATES),
+            drop_reply: rng.swarm_rate(NET_RATES),
+            partitions: windows(&mut rng, shards, fault_phase, secs(20)),
+        };
+        let store = StoreFaults {
+            fsync: (Duration::from_micros(100), ms(rng.between(1, 20))),
+            slow_fsync: rng.swarm_rate(&[Ratio::new(1, 100), Ratio::new(1, 10)]),
+            fsync_failure: rng.swarm_rate(STORE_FAIL_RATES),
+        };
+        let crashes = events(&mut rng, fault_phase, 5);
+        let shard_restarts = events(&mut rng, fault_phase, 3)
+            .into_iter()
+            .map(|at| (rng.index(shards), at))
+            .collect();
+        Self {
+            seed,
+            hosts,
+            slots_per_host: usize::try_from(rng.between(3, 6)).expect("small"),
+            shards,
+            workers: usize::try_from(rng.between(1, 3)).expect("small"),
+            fault_phase,
+            transition_timeout,
+            rpc_timeout: secs(5),
+            reconcile_interval: secs(rng.between(5, 30)),
+            host,
+            net,
+            store,
+            crashes,
+            restart_delay: (ms(200), secs(rng.between(1, 10))),
+            shard_restarts,
+            zombie_life: (secs(1), secs(rng.between(5, 60))),
+        }
+    }
+}
+
+/// Up to three windows per target in about half the runs, inside the fault phase.
+fn windows(rng: &mut SimRng, targets: usize, phase: Duration, longest: Duration) -> Vec<Window> {
+    if rng.chance(Ratio::new(1, 2)) {
+        return Vec::new();
+    }
+    let count = rng.between(1, 3);
+    let mut windows: Vec<Window> = (0..count)
+        .map(|_| {
+            let start = rng.duration(secs(2), phase.saturating_sub(secs(2)));
+            let end = (start + rng.duration(secs(1), longest)).min(phase);
+            Window {
+                target: rng.index(targets),
+                start,
+                end,
+            }
+        })
+        .collect();
+    windows.sort_by_key(|w| (w.start, w.target));
+    windows
+}
+
+/// Up to `most` event times inside the fault phase (none in about a quarter of the runs).
+fn events(rng: &mut SimRng, phase: Duration, most: u64) -> Vec<Duration> {
+    if rng.chance(Ratio::new(1, 4)) {
+        return Vec::new();
+    }
+    let count = rng.between(1, most);
+    let mut times: Vec<Duration> = (0..count).map(|_| rng.duration(secs(2), phase)).collect();
+    times.sort();
+    times
+}
+
+fn show_windows(f: &mut fmt::Formatter<'_>, name: &str, windows: &[Window]) -> fmt::Result {
+    write!(f, " {name}=[")?;
+    for (i, w) in windows.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let (start, end) = (w.start.as_secs_f64(), w.end.as_secs_f64());
+        write!(f, "{sep}{}@{start:.1}-{end:.1}s", w.target)?;
+    }
+    f.write_str("]")
+}
+
+impl fmt::Display for FaultPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (h, n, s) = (&self.host, &self.net, &self.store);
+        write!(
+            f,
+            "hosts={} slots/host={} shards={} workers={} fault_phase={}s transition_timeout={}s \
+             reconcile={}s",
+            self.hosts,
+            self.slots_per_host,
+            self.shards,
+            self.workers,
+            self.fault_phase.as_secs(),
+            self.transition_timeout.as_secs(),
+            self.reconcile_interval.as_secs(),
+        )?;
+        write!(
+            f,
+            "\n  hypervisor: error={} spike={} hang={} lost_reply={} partial_create={} \
+             service={:?}..{:?}",
+            h.error, h.spike, h.hang, h.lost_reply, h.partial_create, h.service.0, h.service.1
+        )?;
+        show_windows(f, "outages", &h.outages)?;
+        write!(
+            f,
+            "\n  network: delay<={:?} drop_request={} drop_reply={}",
+            n.delay.1, n.drop_request, n.drop_reply
+        )?;
+        show_windows(f, "partitions", &n.partitions)?;
+        write!(
+            f,
+            "\n  store: fsync<={:?} slow_fsync={} fsync_failure={}",
+            s.fsync.1, s.slow_fsync, s.fsync_failure
+        )?;
+        let crashes: Vec<String> = self
+            .crashes
+            .iter()
+            .map(|t| format!("{:.1}s", t.as_secs_f64()))
+            .collect();
+        let restarts: Vec<String> = self
+            .shard_restarts
+            .iter()
+            .map(|(shard, t)| format!("{shard}@{:.1}s", t.as_secs_f64()))
+            .collect();
+        write!(
+            f,
+            "\n  process: provider_crashes=[{}] restart_delay<={:?} shard_restarts=[{}] \
+             zombie_life<={:?}",
+            crashes.join(","),
+            self.restart_delay.1,
+            restarts.join(","),
+            self.zombie_life.1
+        )
+    }
+}

@@ -1,0 +1,255 @@
+//! The shared world of one run: the fault plan, the things that outlive the provider
+//! process (hosts, disk), the simulated network's endpoint, the checkers' ledger and the
+//! trace. Every lock here is held only for a synchronous step (never across an await), and
+//! madsim runs everything on one thread, so the locks only serve the type system.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bigfleet_libvirt_domain::{CapacityType, Machine, MachineId, MachineState, StringMap};
+use bigfleet_libvirt_infra::config::format_machine_id;
+use futures::channel::mpsc::UnboundedSender;
+use madsim::runtime::NodeHandle;
+
+use crate::checkers::{Invariant, Ledger, Violations};
+use crate::fakes::clock::elapsed;
+use crate::fakes::hypervisor::Hosts;
+use crate::fakes::store::Disk;
+use crate::faults::FaultPlan;
+use crate::net::Envelope;
+use crate::rng::SimRng;
+use crate::server::SimProvider;
+use crate::trace::Trace;
+use crate::workload::WatcherView;
+
+/// The provider label of the simulated deployment.
+pub const PROVIDER_LABEL: &str = "sim";
+
+/// Counters for the closing report.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    /// RPCs the shards sent.
+    pub rpcs: u64,
+    /// RPCs that got a definite answer.
+    pub answered: u64,
+    /// RPCs whose outcome the caller could not know.
+    pub indefinite: u64,
+    /// Host operations executed.
+    pub host_operations: u64,
+    /// Provider kills (scheduled crashes and supervisor restarts).
+    pub crashes: u64,
+}
+
+/// Locks, ignoring poisoning: a panicking run is reported, and its state is still readable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Everything shared by the nodes of one run.
+pub struct World {
+    /// The run's plan.
+    pub plan: FaultPlan,
+    /// The provider label.
+    pub provider_label: String,
+    /// The slots the hosts offer (all Speculative).
+    pub inventory: Vec<Machine>,
+    trace: Mutex<Trace>,
+    hosts: Mutex<Hosts>,
+    disk: Mutex<Disk>,
+    net_rng: Mutex<SimRng>,
+    endpoint: Mutex<Option<UnboundedSender<Envelope>>>,
+    provider: Mutex<Option<SimProvider>>,
+    host_nodes: Mutex<Vec<NodeHandle>>,
+    supervisor: Mutex<Option<UnboundedSender<String>>>,
+    ledger: Mutex<Ledger>,
+    violations: Mutex<Violations>,
+    stats: Mutex<Stats>,
+    watchers: Mutex<Vec<WatcherView>>,
+    calm: AtomicBool,
+    incarnations: AtomicU64,
+}
+
+impl World {
+    /// The world of `plan`, before any node exists.
+    #[must_use]
+    pub fn new(plan: FaultPlan, keep_trace: bool) -> Self {
+        let inventory = inventory(&plan);
+        Self {
+            provider_label: PROVIDER_LABEL.to_owned(),
+            inventory,
+            trace: Mutex::new(Trace::new(keep_trace)),
+            hosts: Mutex::new(Hosts::new(plan.seed, plan.hosts)),
+            disk: Mutex::new(Disk::default()),
+            net_rng: Mutex::new(SimRng::stream(plan.seed, "network")),
+            endpoint: Mutex::new(None),
+            provider: Mutex::new(None),
+            host_nodes: Mutex::new(Vec::new()),
+            supervisor: Mutex::new(None),
+            ledger: Mutex::new(Ledger::default()),
+            violations: Mutex::new(Violations::default()),
+            stats: Mutex::new(Stats::default()),
+            watchers: Mutex::new(vec![WatcherView::default(); plan.shards]),
+            calm: AtomicBool::new(false),
+            incarnations: AtomicU64::new(0),
+            plan,
+        }
+    }
+
+    /// Appends a trace line at the current simulated time.
+    pub fn trace(&self, event: impl AsRef<str>) {
+        lock(&self.trace).record(elapsed(), event.as_ref());
+    }
+
+    /// The trace.
+    pub fn trace_log(&self) -> MutexGuard<'_, Trace> {
+        lock(&self.trace)
+    }
+
+    /// Records a broken invariant.
+    pub fn violation(&self, invariant: Invariant, detail: impl Into<String>) {
+        let detail = detail.into();
+        self.trace(format!("VIOLATION {}: {detail}", invariant.name()));
+        lock(&self.violations).push(invariant, elapsed(), detail);
+    }
+
+    /// The violations so far.
+    pub fn violations(&self) -> MutexGuard<'_, Violations> {
+        lock(&self.violations)
+    }
+
+    /// The hosts' state.
+    pub fn hosts(&self) -> MutexGuard<'_, Hosts> {
+        lock(&self.hosts)
+    }
+
+    /// The disk.
+    pub fn disk(&self) -> MutexGuard<'_, Disk> {
+        lock(&self.disk)
+    }
+
+    /// The network's decision stream.
+    pub fn net_rng(&self) -> MutexGuard<'_, SimRng> {
+        lock(&self.net_rng)
+    }
+
+    /// The checkers' model of what clients were told.
+    pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        lock(&self.ledger)
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> MutexGuard<'_, Stats> {
+        lock(&self.stats)
+    }
+
+    /// The watchers' delta-maintained views.
+    pub fn watchers(&self) -> MutexGuard<'_, Vec<WatcherView>> {
+        lock(&self.watchers)
+    }
+
+    /// Where requests to the provider go, while it serves.
+    #[must_use]
+    pub fn endpoint(&self) -> Option<UnboundedSender<Envelope>> {
+        lock(&self.endpoint).clone()
+    }
+
+    /// Publishes (or withdraws) the provider's endpoint.
+    pub fn set_endpoint(&self, endpoint: Option<UnboundedSender<Envelope>>) {
+        *lock(&self.endpoint) = endpoint;
+    }
+
+    /// The serving provider, for white-box checks.
+    #[must_use]
+    pub fn provider(&self) -> Option<SimProvider> {
+        lock(&self.provider).clone()
+    }
+
+    /// Publishes (or withdraws) the serving provider.
+    pub fn set_provider(&self, provider: Option<SimProvider>) {
+        *lock(&self.provider) = provider;
+    }
+
+    /// Registers the node of the next host.
+    pub fn add_host_node(&self, node: NodeHandle) {
+        lock(&self.host_nodes).push(node);
+    }
+
+    /// The node of host `index`.
+    #[must_use]
+    pub fn host_node(&self, index: usize) -> NodeHandle {
+        lock(&self.host_nodes)[index].clone()
+    }
+
+    /// Installs the supervisor's restart-request queue.
+    pub fn set_supervisor(&self, queue: UnboundedSender<String>) {
+        *lock(&self.supervisor) = Some(queue);
+    }
+
+    /// Asks the supervisor to restart the provider process.
+    pub fn request_restart(&self, reason: &str) {
+        if let Some(queue) = lock(&self.supervisor).as_ref() {
+            let _ = queue.unbounded_send(reason.to_owned());
+        }
+    }
+
+    /// Whether faults have stopped (the quiescence phase).
+    #[must_use]
+    pub fn calm(&self) -> bool {
+        self.calm.load(Ordering::Relaxed)
+    }
+
+    /// Stops all faults.
+    pub fn set_calm(&self) {
+        self.calm.store(true, Ordering::Relaxed);
+    }
+
+    /// Numbers provider processes 1, 2, ….
+    pub fn next_incarnation(&self) -> u64 {
+        self.incarnations.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Whether host `host` is unreachable at `at` (inside one of its outage windows).
+    #[must_use]
+    pub fn host_unreachable(&self, host: usize, at: Duration) -> bool {
+        self.plan.host.outages.iter().any(|w| w.covers(host, at))
+    }
+}
+
+/// The slots: `slots_per_host` Speculative machines on each host, ids in the product's
+/// format.
+fn inventory(plan: &FaultPlan) -> Vec<Machine> {
+    let resources = StringMap::from([
+        ("cpu".to_owned(), "2".to_owned()),
+        ("memory".to_owned(), "4Gi".to_owned()),
+    ]);
+    (0..plan.hosts)
+        .flat_map(|host| (0..plan.slots_per_host).map(move |slot| (host, slot)))
+        .map(|(host, slot)| {
+            let zone = format!("zone-{host}");
+            let id = format_machine_id(
+                PROVIDER_LABEL,
+                CapacityType::OnDemand,
+                "kvm.small",
+                &zone,
+                u64::try_from(slot).expect("small"),
+            );
+            Machine {
+                id: MachineId::new(id).expect("non-empty"),
+                state: MachineState::Speculative,
+                host: None,
+                instance_type: "kvm.small".to_owned(),
+                zone,
+                capacity_type: CapacityType::OnDemand,
+                price_per_hour: 0.5,
+                interruption_probability: 0.0,
+                resources: resources.clone(),
+                allocatable: resources.clone(),
+                labels: StringMap::from([("sim/slot".to_owned(), slot.to_string())]),
+                last_error: String::new(),
+                cluster: String::new(),
+                shard_metadata: StringMap::new(),
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,100 @@
+//! The real libvirt backend end to end: the binary against a libvirt test-driver host
+//! (`--connect test:///…/node.xml --image base.qcow2`), driven over gRPC. Create and Delete
+//! define, start, destroy and undefine real (in-memory) domains; Configure needs a qemu
+//! guest agent, which the test driver does not have, so it must fail with a clear error.
+
+use std::path::Path;
+use std::process::Command;
+
+use bigfleet_libvirt_infra::libvirt::fixture::Fixture;
+use bigfleet_libvirt_proto::v1alpha1 as pb;
+use pb::MachineState as S;
+
+use crate::harness::*;
+
+/// A host big enough for every built-in slot under the default reserve and ratios.
+fn node(dir: &Path) -> String {
+    let fixture = Fixture {
+        cpus: 32,
+        memory_mib: 256 * 1024,
+        ..Fixture::default()
+    };
+    fixture.write(dir, "node.xml").expect("write the fixture")
+}
+
+fn start(dir: &Path) -> Server {
+    let connect = format!("--connect={}", node(dir));
+    Server::start(&[
+        connect.as_str(),
+        "--image=base.qcow2",
+        "--provider=e2e",
+        "--seed-count=4",
+    ])
+}
+
+#[tokio::test]
+async fn create_and_delete_drive_real_domains_over_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let mut c = server.client().await;
+    let speculative = list(&mut c, &[S::Speculative], 0, b"").await.machines;
+    assert_eq!(speculative.len(), 4, "every slot fits the host");
+    let id = pick(&server, &mut c).await;
+    create(&mut c, &id, None).await.expect("Create");
+    let idle = reach(&mut c, &id, S::Idle, SETTLE).await;
+    let host = idle.host.clone().expect("an Idle machine has a host");
+    assert_eq!(host.provider, "e2e");
+    assert!(host.r#ref.starts_with("local/bigfleet-"), "{host:?}");
+    assert_eq!(idle.last_error, "");
+    delete(&mut c, &id, None).await.expect("Delete");
+    let gone = reach(&mut c, &id, S::Speculative, SETTLE).await;
+    assert!(!host_set(&gone), "Delete clears the host: {gone:?}");
+    // The slot can be created again: the first domain really was undefined.
+    create(&mut c, &id, None).await.expect("Create again");
+    reach(&mut c, &id, S::Idle, SETTLE).await;
+}
+
+#[tokio::test]
+async fn configure_fails_clearly_without_a_guest_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let mut c = server.client().await;
+    let id = walk_to_idle(&server, &mut c).await;
+    configure(&mut c, &id, "e2e-cluster", &[], None)
+        .await
+        .expect("Configure is accepted");
+    let failed = reach(&mut c, &id, S::Failed, SETTLE).await;
+    let error = &failed.last_error;
+    assert!(error.contains("guest agent"), "{error}");
+    assert!(error.contains("not supported"), "{error}");
+    assert!(
+        !error.contains("conformance"),
+        "the blob never reaches last_error"
+    );
+}
+
+fn refused(args: &[&str]) -> String {
+    let output = Command::new(binary())
+        .arg("offerings")
+        .args(args)
+        .output()
+        .expect("run bigfleet-libvirt");
+    assert!(!output.status.success(), "{args:?} must be refused");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn the_libvirt_backend_needs_an_image_and_refuses_fault_hooks() {
+    let dir = tempfile::tempdir().unwrap();
+    let connect = format!("--connect={}", node(dir.path()));
+    let error = refused(&[connect.as_str()]);
+    assert!(error.contains("--image is required"), "{error}");
+    let error = refused(&[connect.as_str(), "--image=base.qcow2", "--fake-fault-hooks"]);
+    assert!(error.contains("--fake-fault-hooks"), "{error}");
+    let error = refused(&[
+        connect.as_str(),
+        "--image=base.qcow2",
+        "--cpu-allocation-ratio=0",
+    ]);
+    assert!(error.contains("--cpu-allocation-ratio"), "{error}");
+}
