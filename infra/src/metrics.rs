@@ -67,6 +67,13 @@ pub struct OpLabels {
     pub op: String,
 }
 
+/// A single `phase` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// `define`, `start`, `agent_ready`, `bootstrap`, `drain` or `delete`.
+    pub phase: String,
+}
+
 /// A single `outcome` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -114,6 +121,8 @@ pub struct Metrics {
     pub api_calls: Family<ApiLabels, Counter>,
     /// Hypervisor call latency by operation.
     pub api_duration: Family<OpLabels, Histogram>,
+    /// Duration of each libvirt phase (define, start, agent ready, bootstrap, drain, delete).
+    pub phases: Family<PhaseLabels, Histogram>,
     /// libvirt host health, one-hot over the states (1 = the host's current state).
     pub host_health: Family<HostLabels, Gauge>,
     /// What the last describe found out of line with the provider's records, by kind.
@@ -146,6 +155,14 @@ impl Metrics {
         let api_calls = Family::<ApiLabels, Counter>::default();
         let api_duration =
             Family::<OpLabels, Histogram>::new_with_constructor(transition_histogram as fn() -> _);
+        let phases = Family::<PhaseLabels, Histogram>::new_with_constructor(
+            transition_histogram as fn() -> _,
+        );
+        registry.register(
+            "bigfleet_libvirt_phase_duration_seconds",
+            "Duration of each libvirt phase: define, start, agent_ready, bootstrap, drain, delete",
+            phases.clone(),
+        );
         let host_health = Family::<HostLabels, Gauge>::default();
         let drift = Family::<DriftLabels, Gauge>::default();
         let prefix = "bigfleet_libvirt";
@@ -216,9 +233,19 @@ impl Metrics {
             reconcile,
             api_calls,
             api_duration,
+            phases,
             host_health,
             drift,
         }
+    }
+
+    /// Records how long one libvirt phase took.
+    pub fn observe_phase(&self, phase: &str, seconds: f64) {
+        self.phases
+            .get_or_create(&PhaseLabels {
+                phase: phase.to_owned(),
+            })
+            .observe(seconds);
     }
 
     /// The text exposition of every series.
@@ -229,6 +256,12 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("encode metrics into a string");
         out
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
     }
 }
 

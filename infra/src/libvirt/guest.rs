@@ -12,6 +12,8 @@
 
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use bigfleet_libvirt_ports::Clock;
 use virt::error::ErrorNumber;
 
@@ -93,6 +95,12 @@ pub(crate) struct DomainAgent {
 
 impl GuestAgent for DomainAgent {
     async fn command(&self, json: String, timeout_secs: i32) -> Result<String, AgentError> {
+        // The span names the command only: its arguments can carry bootstrap-blob chunks.
+        let span = tracing::debug_span!(
+            "guest_agent",
+            domain = %self.name,
+            command = execute_name(&json)
+        );
         let name = self.name.clone();
         let called = self
             .host
@@ -105,6 +113,7 @@ impl GuestAgent for DomainAgent {
                     .qemu_agent_command(&json, timeout_secs, 0)
                     .map_err(|e| classify(&e, &name)))
             })
+            .instrument(span)
             .await;
         match called {
             Ok(answer) => answer,
@@ -132,5 +141,25 @@ fn classify(error: &virt::error::Error, name: &str) -> AgentError {
         AgentError::NotReady(message)
     } else {
         AgentError::Failed(message)
+    }
+}
+
+/// The `execute` name of a guest-agent request (`guest-ping`, `guest-exec`, …), read from
+/// the start of the JSON the agent module builds; `unknown` if it is not there.
+fn execute_name(json: &str) -> &str {
+    json.split_once("\"execute\":\"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map_or("unknown", |(name, _)| name)
+}
+
+#[cfg(test)]
+mod span_tests {
+    use super::execute_name;
+
+    #[test]
+    fn the_span_names_the_command_and_nothing_else() {
+        let json = r#"{"execute":"guest-file-write","arguments":{"handle":3,"buf-b64":"U0VD"}}"#;
+        assert_eq!(execute_name(json), "guest-file-write");
+        assert_eq!(execute_name(r#"{"arguments":{}}"#), "unknown");
     }
 }

@@ -23,6 +23,7 @@ use super::ownership::Tag;
 use super::seed;
 use super::volumes::{self, overlay_name, seed_name};
 use super::xml::{self, DomainSpec};
+use crate::system::Stopwatch;
 
 /// What one Create asks for.
 #[derive(Clone, Debug)]
@@ -132,14 +133,18 @@ fn build(
         seed_path: &seed_path,
         network: &settings.network,
     });
+    let watch = Stopwatch::start();
     let domain = session
         .conn
         .define_domain_xml(&document)
         .map_err(|e| maybe_done(format!("define domain {}: {}", spec.name, text(&e))))?;
+    settings.metrics.observe_phase("define", watch.seconds());
     made.domain = Some(domain.clone());
+    let watch = Stopwatch::start();
     domain
         .create()
         .map_err(|e| maybe_done(format!("start domain {}: {}", spec.name, text(&e))))?;
+    settings.metrics.observe_phase("start", watch.seconds());
     if let Err(e) = domain.set_autostart(true) {
         warn!(domain = %spec.name, error = %text(&e), "set domain autostart");
     }

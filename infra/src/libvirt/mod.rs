@@ -132,6 +132,8 @@ pub(crate) struct Settings {
     pub(crate) network: String,
     pub(crate) user_data: Vec<u8>,
     pub(crate) capacity: CapacityPolicy,
+    /// Where the blocking create path records its define/start phase durations.
+    pub(crate) metrics: Metrics,
 }
 
 pub(crate) struct Inner<C> {
@@ -192,6 +194,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
                 .clone()
                 .unwrap_or_else(|| seed::DEFAULT_USER_DATA.to_vec()),
             capacity: config.capacity,
+            metrics: metrics.clone(),
         });
         let hosts: BTreeMap<String, Arc<Host>> = config
             .connections

@@ -18,6 +18,7 @@ use bigfleet_libvirt_ports::{
 use futures::FutureExt;
 use tracing::{info, warn};
 
+use super::agent;
 use super::describe::{self, HostView, Scan};
 use super::error::{maybe_done, nothing_done, refused};
 use super::guest::{self, DomainAgent};
@@ -27,6 +28,7 @@ use super::orphans::Orphan;
 use super::{Inner, LibvirtHypervisor, volumes};
 use crate::metrics::DriftLabels;
 use crate::naming::domain_name;
+use crate::system::Stopwatch;
 
 fn prefixed(what: &str, error: HypervisorError) -> HypervisorError {
     HypervisorError {
@@ -59,6 +61,19 @@ impl<C: Clock> LibvirtHypervisor<C> {
                 domain_name(&self.inner.config.provider, machine.id.as_str()),
             )),
         }
+    }
+
+    /// Waits for the guest agent and records how long it took (the `agent_ready` phase).
+    async fn agent_ready(&self, what: &str, agent: &DomainAgent) -> Result<(), HypervisorError> {
+        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        let watch = Stopwatch::start();
+        agent::wait_ready(agent, clock, policy)
+            .await
+            .map_err(|e| maybe_done(format!("{what}: {e}")))?;
+        self.inner
+            .metrics
+            .observe_phase("agent_ready", watch.seconds());
+        Ok(())
     }
 
     async fn power_on(&self, what: &str, machine: &Machine) -> Result<Arc<Host>, HypervisorError> {
@@ -286,9 +301,14 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let agent = DomainAgent { host, name };
         let blob = request.bootstrap_blob.expose();
         let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        self.agent_ready("configure", &agent).await?;
+        let watch = Stopwatch::start();
         guest::bootstrap(&agent, clock, policy, &request.cluster_id, blob)
             .await
             .map_err(|e| maybe_done(format!("configure: {e}")))?;
+        self.inner
+            .metrics
+            .observe_phase("bootstrap", watch.seconds());
         // Only a successful bootstrap binds the domain to the cluster.
         self.retag("configure", machine, &request.cluster_id).await
     }
@@ -299,9 +319,12 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let (_, name) = self.target(machine)?;
         let agent = DomainAgent { host, name };
         let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        self.agent_ready("drain", &agent).await?;
+        let watch = Stopwatch::start();
         guest::drain(&agent, clock, policy, request.grace_period_seconds)
             .await
             .map_err(|e| maybe_done(format!("drain: {e}")))?;
+        self.inner.metrics.observe_phase("drain", watch.seconds());
         self.retag("drain", machine, "").await
     }
 
@@ -310,9 +333,11 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let (host, name) = self.target(machine)?;
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
         let id = machine.id.to_string();
+        let watch = Stopwatch::start();
         host.call(move |s| lifecycle::delete(s, &owner, &settings, &name, &id))
             .await
             .map_err(|e| prefixed("delete", e))?;
+        self.inner.metrics.observe_phase("delete", watch.seconds());
         self.inner.known().remove(machine.id.as_str());
         Ok(())
     }

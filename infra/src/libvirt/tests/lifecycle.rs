@@ -153,6 +153,25 @@ async fn delete_removes_the_domain_and_its_volumes_but_never_the_base() {
 }
 
 #[tokio::test]
+async fn create_and_delete_record_their_phase_durations() {
+    let rig = rig().await;
+    let phase_count = |rig: &Rig, phase: &str| {
+        let rendered = rig.metrics.render();
+        let needle = format!("bigfleet_libvirt_phase_duration_seconds_count{{phase=\"{phase}\"}} ");
+        rendered
+            .lines()
+            .find_map(|l| l.strip_prefix(needle.as_str()))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    let machine = create(&rig.hv, &rig.slots[0]).await.unwrap();
+    assert_eq!(phase_count(&rig, "define"), 1);
+    assert_eq!(phase_count(&rig, "start"), 1);
+    assert_eq!(phase_count(&rig, "delete"), 0);
+    delete(&rig.hv, &machine).await.unwrap();
+    assert_eq!(phase_count(&rig, "delete"), 1);
+}
+
+#[tokio::test]
 async fn deleting_a_vanished_domain_still_cleans_its_volumes() {
     let rig = rig().await;
     let machine = create(&rig.hv, &rig.slots[0]).await.unwrap();
