@@ -1311,7 +1311,12 @@ fn create_rpc_and_transition(run: &OtlpRun) -> (&Span, &Span) {
     let id = run.machine.as_str();
     let rpc = run.one(
         "rpc",
-        &[("method", "Create"), ("machine_id", id), ("code", "OK")],
+        &[
+            ("method", "Create"),
+            ("machine_id", id),
+            ("operation_id", run.create_op.as_str()),
+            ("code", "OK"),
+        ],
     );
     let create = [
         ("kind", "create"),
@@ -1388,7 +1393,12 @@ async fn otlp_exports_rpc_and_transition_spans() {
     create_rpc_and_transition(&run);
     run.one(
         "rpc",
-        &[("method", "Configure"), ("machine_id", id), ("code", "OK")],
+        &[
+            ("method", "Configure"),
+            ("machine_id", id),
+            ("operation_id", run.configure_op.as_str()),
+            ("code", "OK"),
+        ],
     );
     run.one(
         "rpc",
@@ -1496,4 +1506,48 @@ async fn handler_panic_is_answered_internal_counted_and_survived() {
     );
     let recovered = |m: &str, _: &serde_json::Value| m == "recovered panic in gRPC handler";
     logged(|| lines_of(&server), Duration::from_secs(2), recovered).await;
+}
+
+/// A port already in use is fatal: the binary exits non-zero with an error naming the flag
+/// whose address could not be bound, for the gRPC port and for the metrics port.
+#[test]
+fn a_busy_port_is_fatal_and_names_its_flag() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().to_string();
+    let cases = [
+        (
+            "--addr",
+            format!("--addr={busy}"),
+            "--metrics-addr=127.0.0.1:0".to_owned(),
+        ),
+        (
+            "--metrics-addr",
+            "--addr=127.0.0.1:0".to_owned(),
+            format!("--metrics-addr={busy}"),
+        ),
+    ];
+    for (flag, addr, metrics) in cases {
+        let output = Command::new(binary())
+            .args([
+                "--use-fake-backend",
+                "--seed-count=4",
+                addr.as_str(),
+                metrics.as_str(),
+            ])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            !output.status.success(),
+            "{flag}: a busy port must stop the binary"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("bigfleet-libvirt: ") && last.contains(flag) && last.contains(&busy),
+            "{flag}: the last stderr line must name the flag and the address: {stderr}"
+        );
+    }
+    drop(taken);
 }

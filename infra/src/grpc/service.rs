@@ -69,7 +69,13 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         body: impl Future<Output = Result<T, Status>>,
     ) -> Result<T, Status> {
         let watch = Stopwatch::start();
-        let span = info_span!("rpc", method, machine_id, code = tracing::field::Empty);
+        let span = info_span!(
+            "rpc",
+            method,
+            machine_id,
+            operation_id = tracing::field::Empty,
+            code = tracing::field::Empty
+        );
         let result = AssertUnwindSafe(body)
             .catch_unwind()
             .instrument(span.clone())
@@ -111,6 +117,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         blob: bigfleet_libvirt_ports::BootstrapBlob,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let ack = self.provider.mutate(mutation, blob).await;
+        if let Ok(ack) = &ack {
+            // Runs inside the rpc span (see `observe`), so the span carries the operation id.
+            tracing::Span::current().record("operation_id", ack.operation_id.as_str());
+        }
         ack.map(|ack| Response::new(transition_ack(&ack)))
             .map_err(|e| status::for_provider_error(&e))
     }
