@@ -12,7 +12,7 @@ use bigfleet_libvirt_domain::Ack;
 use bigfleet_libvirt_ports::{Clock, Hypervisor, Provider, Spawner, StateStore};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use futures::FutureExt;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 use tracing::{Instrument, Level, debug, error, info, info_span, warn};
 
 use crate::grpc::{convert, status};
@@ -50,15 +50,6 @@ impl<H, S, C, E> CapacityService<H, S, C, E> {
     }
 }
 
-/// The gRPC code's name as Prometheus labels and logs show it.
-#[must_use]
-pub fn code_name(code: Code) -> String {
-    match code {
-        Code::Ok => "OK".to_owned(),
-        other => format!("{other:?}"),
-    }
-}
-
 impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C, E> {
     /// Runs one handler body: span, panic guard, metrics and the rpc log line.
     async fn observe<T>(
@@ -86,8 +77,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
             error!(parent: &span, method, cause, "recovered panic in gRPC handler");
             Err(status::internal())
         });
-        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
-        let code = code_name(code);
+        let code = status::outcome_name(result.as_ref().err());
         span.record("code", code.as_str());
         let labels = GrpcLabels {
             method: method.to_owned(),

@@ -42,6 +42,16 @@ pub fn for_store_error(error: &StoreError) -> Status {
     }
 }
 
+/// The name of an answer's gRPC code as metric labels and logs show it (`OK`, `NotFound`,
+/// `FailedPrecondition`, …): `None` is a success.
+#[must_use]
+pub fn outcome_name(error: Option<&Status>) -> String {
+    match error.map(Status::code) {
+        None | Some(Code::Ok) => "OK".to_owned(),
+        Some(other) => format!("{other:?}"),
+    }
+}
+
 /// Get with an empty id.
 #[must_use]
 pub fn missing_get_id() -> Status {
