@@ -109,6 +109,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                 overlay_path: &overlay,
                 seed_path: &seed,
                 network: "default",
+                platform: &xml::Platform::default(),
             })
         })
         .collect()

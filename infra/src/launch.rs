@@ -10,7 +10,7 @@ use std::time::Duration;
 use bigfleet_libvirt_domain::{Machine, Policy, Timeouts};
 use bigfleet_libvirt_ports::ProviderConfig;
 
-use crate::libvirt::{CapacityPolicy, GcPolicy};
+use crate::libvirt::{CapacityPolicy, DirectKernel, DomainType, GcPolicy, Platform};
 use crate::tls::TlsFiles;
 
 use crate::config::{
@@ -31,6 +31,10 @@ pub struct Flags {
     pub image: String,
     pub storage_pool: String,
     pub network: String,
+    pub domain_type: String,
+    pub guest_kernel: String,
+    pub guest_initrd: String,
+    pub guest_cmdline: String,
     pub base_user_data: Option<PathBuf>,
     pub capacity_type: String,
     pub instance_types: Option<PathBuf>,
@@ -91,6 +95,7 @@ pub struct LibvirtSettings {
     pub image: String,
     pub storage_pool: String,
     pub network: String,
+    pub platform: Platform,
     pub base_user_data: Option<PathBuf>,
     pub catalog: InstanceCatalog,
     pub capacity: CapacityPolicy,
@@ -280,7 +285,8 @@ fn libvirt_settings(
     Ok(LibvirtSettings {
         image: flags.image.clone(),
         storage_pool: flags.storage_pool.clone(),
-        network: flags.network.clone(),
+        network: flags.network.trim().to_owned(),
+        platform: platform(flags)?,
         base_user_data: flags.base_user_data.clone(),
         catalog: catalog.clone(),
         capacity: CapacityPolicy {
@@ -293,6 +299,52 @@ fn libvirt_settings(
             collect: flags.gc_orphans,
             grace: flags.orphan_grace,
         },
+    })
+}
+
+/// `--domain-type` and the direct-boot flags. The paths are on the libvirt host, so only
+/// their shape can be checked here: absolute, and the initrd and command line only with a
+/// kernel to go with them.
+fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
+    let domain_type = match flags.domain_type.trim() {
+        "" | "kvm" => DomainType::Kvm,
+        "qemu" => DomainType::Qemu,
+        other => {
+            return Err(flag(format!(
+                "--domain-type must be kvm or qemu (got {other:?}); qemu is software \
+                 emulation for hosts where KVM cannot run guests"
+            )));
+        }
+    };
+    let kernel = flags.guest_kernel.trim();
+    let initrd = flags.guest_initrd.trim();
+    let cmdline = flags.guest_cmdline.trim();
+    if kernel.is_empty() {
+        if !initrd.is_empty() || !cmdline.is_empty() {
+            return Err(flag(
+                "--guest-initrd and --guest-cmdline only apply to direct kernel boot: set \
+                 --guest-kernel too, or drop them to boot the image's own boot loader",
+            ));
+        }
+        return Ok(Platform {
+            domain_type,
+            kernel: None,
+        });
+    }
+    for (name, path) in [("--guest-kernel", kernel), ("--guest-initrd", initrd)] {
+        if !path.is_empty() && !path.starts_with('/') {
+            return Err(flag(format!(
+                "{name} must be an absolute path on the libvirt host (got {path:?})"
+            )));
+        }
+    }
+    Ok(Platform {
+        domain_type,
+        kernel: Some(DirectKernel {
+            kernel: kernel.to_owned(),
+            initrd: (!initrd.is_empty()).then(|| initrd.to_owned()),
+            cmdline: cmdline.to_owned(),
+        }),
     })
 }
 

@@ -293,3 +293,39 @@ fn other_bad_inputs_are_refused_naming_the_flag() {
     let error = refused(&["--prices", "kvm.nope=1"]);
     assert!(error.contains("--prices"), "{error}");
 }
+
+#[test]
+fn bad_platform_flags_are_refused_naming_the_flag() {
+    let error = refused(&["--use-fake-backend", "--domain-type", "xen"]);
+    assert!(error.contains("--domain-type"), "{error}");
+    let error = refused(&["--use-fake-backend", "--guest-initrd", "/guest/initrd.img"]);
+    assert!(error.contains("--guest-kernel"), "{error}");
+    let error = refused(&["--use-fake-backend", "--guest-cmdline", "console=ttyS0"]);
+    assert!(error.contains("--guest-kernel"), "{error}");
+    let error = refused(&["--use-fake-backend", "--guest-kernel", "guest/vmlinuz"]);
+    assert!(
+        error.contains("--guest-kernel") && error.contains("absolute"),
+        "{error}"
+    );
+    let error = refused(&[
+        "--use-fake-backend",
+        "--guest-kernel",
+        "/guest/vmlinuz",
+        "--guest-initrd",
+        "initrd.img",
+    ]);
+    assert!(error.contains("--guest-initrd"), "{error}");
+    dry_run(&[
+        "--use-fake-backend",
+        "--domain-type",
+        "qemu",
+        "--guest-kernel",
+        "/guest/vmlinuz",
+        "--guest-initrd",
+        "/guest/initrd.img",
+        "--guest-cmdline",
+        "console=ttyS0 panic=-1",
+        "--network",
+        "",
+    ]);
+}

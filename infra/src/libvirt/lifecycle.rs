@@ -132,6 +132,7 @@ fn build(
         overlay_path: &overlay_path,
         seed_path: &seed_path,
         network: &settings.network,
+        platform: &settings.platform,
     });
     let watch = Stopwatch::start();
     let domain = session

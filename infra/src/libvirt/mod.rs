@@ -52,6 +52,7 @@ pub use capacity::CapacityPolicy;
 pub use host::{Health, HostPolicy};
 pub use orphans::GcPolicy;
 pub use ownership::{NAMESPACE, Tag};
+pub use xml::{DirectKernel, DomainType, Platform};
 
 use crate::config::{HostConnection, InstanceCatalog};
 use crate::metrics::Metrics;
@@ -73,8 +74,10 @@ pub struct LibvirtConfig {
     pub image: String,
     /// The storage pool for overlays and seeds (`--storage-pool`).
     pub storage_pool: String,
-    /// The libvirt network for each domain's NIC (`--network`).
+    /// The libvirt network for each domain's NIC (`--network`); empty = no NIC.
     pub network: String,
+    /// Accelerator and boot method (`--domain-type`, `--guest-kernel`, …).
+    pub platform: Platform,
     /// The cloud-init user-data (`--base-user-data`); `None` = `#cloud-config {}`.
     pub user_data: Option<Vec<u8>>,
     /// Host capacity accounting.
@@ -111,6 +114,7 @@ impl LibvirtConfig {
             image: image.to_owned(),
             storage_pool: "default".to_owned(),
             network: "default".to_owned(),
+            platform: Platform::default(),
             user_data: None,
             capacity: CapacityPolicy::default(),
             gc: GcPolicy::default(),
@@ -130,6 +134,7 @@ pub(crate) struct Settings {
     pub(crate) image: String,
     pub(crate) storage_pool: String,
     pub(crate) network: String,
+    pub(crate) platform: Platform,
     pub(crate) user_data: Vec<u8>,
     pub(crate) capacity: CapacityPolicy,
     /// Where the blocking create path records its define/start phase durations.
@@ -189,6 +194,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
             image: config.image.clone(),
             storage_pool: config.storage_pool.clone(),
             network: config.network.clone(),
+            platform: config.platform.clone(),
             user_data: config
                 .user_data
                 .clone()

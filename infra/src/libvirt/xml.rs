@@ -6,11 +6,57 @@
 //! raw. The domain mirrors libvirt-reference §5.4: x86_64/q35 with BIOS boot, host CPU,
 //! a virtio disk on the qcow2 overlay, the cloud-init seed as a read-only SATA CD-ROM, one
 //! virtio NIC on `--network`, the qemu guest-agent channel and a serial console.
+//!
+//! Beyond the reference, a [`Platform`] can ask for software emulation (`--domain-type
+//! qemu`, for hosts without usable KVM: no host CPU model then), direct kernel boot
+//! (`--guest-kernel`, for images without a boot loader) and no NIC (`--network ''`).
 
 use super::ownership::{Tag, escape};
 
 /// The guest-agent channel name qemu-ga listens on.
 pub const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
+
+/// The accelerator a domain runs under (`--domain-type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DomainType {
+    /// Hardware virtualisation; the guest sees the host CPU model.
+    #[default]
+    Kvm,
+    /// QEMU's software emulation (TCG), for hosts where KVM cannot run guests.
+    Qemu,
+}
+
+impl DomainType {
+    /// The value of `<domain type=…>`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Kvm => "kvm",
+            Self::Qemu => "qemu",
+        }
+    }
+}
+
+/// A kernel booted directly by QEMU instead of the image's boot loader. The paths are on
+/// the libvirt host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectKernel {
+    /// The kernel image (`--guest-kernel`).
+    pub kernel: String,
+    /// The initramfs (`--guest-initrd`), if any.
+    pub initrd: Option<String>,
+    /// The kernel command line (`--guest-cmdline`).
+    pub cmdline: String,
+}
+
+/// How every domain is virtualised and booted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Platform {
+    /// The accelerator.
+    pub domain_type: DomainType,
+    /// `None` boots the overlay disk through the BIOS, as the reference does.
+    pub kernel: Option<DirectKernel>,
+}
 
 /// What a domain is made of.
 #[derive(Clone, Debug)]
@@ -27,8 +73,26 @@ pub struct DomainSpec<'a> {
     pub overlay_path: &'a str,
     /// Path of the NoCloud seed volume.
     pub seed_path: &'a str,
-    /// The libvirt network for the NIC.
+    /// The libvirt network for the NIC; empty = no NIC.
     pub network: &'a str,
+    /// Accelerator and boot method.
+    pub platform: &'a Platform,
+}
+
+/// The `<os>` children after `<type>`: the boot device or the direct-boot kernel.
+fn boot_elements(platform: &Platform) -> String {
+    let Some(direct) = &platform.kernel else {
+        return "<boot dev='hd'/>".to_owned();
+    };
+    let mut out = format!("<kernel>{}</kernel>", escape(&direct.kernel));
+    if let Some(initrd) = &direct.initrd {
+        out.push_str(&format!("\n    <initrd>{}</initrd>", escape(initrd)));
+    }
+    out.push_str(&format!(
+        "\n    <cmdline>{}</cmdline>",
+        escape(&direct.cmdline)
+    ));
+    out
 }
 
 /// The domain XML for `spec`.
@@ -40,8 +104,25 @@ pub fn domain(spec: &DomainSpec<'_>) -> String {
     let network = escape(spec.network);
     let (vcpu, memory) = (spec.vcpu, spec.memory_mib);
     let tag = spec.tag.to_domain_xml();
+    let kind = spec.platform.domain_type.as_str();
+    let boot = boot_elements(spec.platform);
+    // TCG cannot pass the host CPU through; QEMU's default model is the portable choice.
+    let cpu = match spec.platform.domain_type {
+        DomainType::Kvm => "\n  <cpu mode='host-passthrough' check='none'/>",
+        DomainType::Qemu => "",
+    };
+    let nic = if spec.network.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\n    <interface type='network'>
+      <source network='{network}'/>
+      <model type='virtio'/>
+    </interface>"
+        )
+    };
     format!(
-        "<domain type='kvm'>
+        "<domain type='{kind}'>
   <name>{name}</name>
   <metadata>{tag}</metadata>
   <memory unit='MiB'>{memory}</memory>
@@ -49,10 +130,9 @@ pub fn domain(spec: &DomainSpec<'_>) -> String {
   <vcpu placement='static'>{vcpu}</vcpu>
   <os>
     <type arch='x86_64' machine='q35'>hvm</type>
-    <boot dev='hd'/>
+    {boot}
   </os>
-  <features><acpi/><apic/></features>
-  <cpu mode='host-passthrough' check='none'/>
+  <features><acpi/><apic/></features>{cpu}
   <clock offset='utc'/>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
@@ -68,11 +148,7 @@ pub fn domain(spec: &DomainSpec<'_>) -> String {
       <source file='{seed}'/>
       <target dev='sda' bus='sata'/>
       <readonly/>
-    </disk>
-    <interface type='network'>
-      <source network='{network}'/>
-      <model type='virtio'/>
-    </interface>
+    </disk>{nic}
     <channel type='unix'>
       <source mode='bind'/>
       <target type='virtio' name='{AGENT_CHANNEL}'/>
@@ -138,8 +214,14 @@ pub fn volume_format(volume_xml: &str) -> Option<String> {
 mod tests {
     use super::*;
 
+    const KVM: Platform = Platform {
+        domain_type: DomainType::Kvm,
+        kernel: None,
+    };
+
     fn spec<'a>(tag: &'a Tag, network: &'a str) -> DomainSpec<'a> {
         DomainSpec {
+            platform: &KVM,
             name: "bigfleet-0123456789abcdef01234567",
             tag,
             vcpu: 2,
@@ -170,6 +252,79 @@ mod tests {
         let metadata = find("metadata").next().unwrap();
         let tag_xml = &xml[metadata.range()];
         assert!(tag_xml.contains("machineID"), "{tag_xml}");
+    }
+
+    #[test]
+    fn the_reference_platform_is_kvm_with_host_cpu_booting_the_disk() {
+        let tag = Tag::new("libvirt", "m");
+        let xml = domain(&spec(&tag, "default"));
+        let document = roxmltree::Document::parse(&xml).unwrap();
+        let root = document.root_element();
+        assert_eq!(root.attribute("type"), Some("kvm"));
+        let has = |name: &str| document.descendants().any(|n| n.has_tag_name(name));
+        assert!(has("boot") && has("cpu") && has("interface"));
+        assert!(!has("kernel") && !has("initrd") && !has("cmdline"));
+    }
+
+    #[test]
+    fn emulated_direct_boot_without_nic() {
+        let tag = Tag::new("libvirt", "m");
+        let platform = Platform {
+            domain_type: DomainType::Qemu,
+            kernel: Some(DirectKernel {
+                kernel: "/guest/vmlinuz".to_owned(),
+                initrd: Some("/guest/initrd & co.img".to_owned()),
+                cmdline: "console=ttyS0 panic=-1".to_owned(),
+            }),
+        };
+        let spec = DomainSpec {
+            platform: &platform,
+            ..spec(&tag, "")
+        };
+        let xml = domain(&spec);
+        let document = roxmltree::Document::parse(&xml).unwrap();
+        assert_eq!(document.root_element().attribute("type"), Some("qemu"));
+        let text = |name: &str| {
+            document
+                .descendants()
+                .find(|n| n.has_tag_name(name))
+                .and_then(|n| n.text())
+        };
+        assert_eq!(text("kernel"), Some("/guest/vmlinuz"));
+        assert_eq!(text("initrd"), Some("/guest/initrd & co.img"));
+        assert_eq!(text("cmdline"), Some("console=ttyS0 panic=-1"));
+        let has = |name: &str| document.descendants().any(|n| n.has_tag_name(name));
+        assert!(!has("boot"), "direct boot replaces the boot device");
+        assert!(!has("cpu"), "TCG gets QEMU's default CPU model");
+        assert!(!has("interface"), "an empty --network means no NIC");
+        assert_eq!(
+            document
+                .descendants()
+                .filter(|n| n.has_tag_name("disk"))
+                .count(),
+            2,
+            "the overlay and the seed stay attached"
+        );
+    }
+
+    #[test]
+    fn direct_boot_without_initrd_has_no_initrd_element() {
+        let tag = Tag::new("libvirt", "m");
+        let platform = Platform {
+            domain_type: DomainType::Kvm,
+            kernel: Some(DirectKernel {
+                kernel: "/k".to_owned(),
+                initrd: None,
+                cmdline: String::new(),
+            }),
+        };
+        let xml = domain(&DomainSpec {
+            platform: &platform,
+            ..spec(&tag, "default")
+        });
+        let document = roxmltree::Document::parse(&xml).unwrap();
+        assert!(!document.descendants().any(|n| n.has_tag_name("initrd")));
+        assert!(document.descendants().any(|n| n.has_tag_name("cpu")));
     }
 
     #[test]

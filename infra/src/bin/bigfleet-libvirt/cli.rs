@@ -84,7 +84,7 @@ pub struct Cli {
         default_value = "default"
     )]
     pub storage_pool: String,
-    /// libvirt network for the domain NIC (libvirt backend).
+    /// libvirt network for the domain NIC (libvirt backend); empty = no NIC.
     #[arg(
         long,
         global = true,
@@ -92,6 +92,38 @@ pub struct Cli {
         default_value = "default"
     )]
     pub network: String,
+    /// Domain type: kvm, or qemu for software emulation where KVM cannot run guests.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_DOMAIN_TYPE",
+        default_value = "kvm"
+    )]
+    pub domain_type: String,
+    /// Direct kernel boot: kernel path on the libvirt host; empty = boot the image's disk.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_GUEST_KERNEL",
+        default_value = ""
+    )]
+    pub guest_kernel: String,
+    /// Direct kernel boot: initramfs path on the libvirt host (needs --guest-kernel).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_GUEST_INITRD",
+        default_value = ""
+    )]
+    pub guest_initrd: String,
+    /// Direct kernel boot: kernel command line (needs --guest-kernel).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_GUEST_CMDLINE",
+        default_value = ""
+    )]
+    pub guest_cmdline: String,
     /// Cloud-init user-data file baked into every new domain (libvirt backend).
     #[arg(
         long,
@@ -311,6 +343,10 @@ impl Cli {
             image: self.image.clone(),
             storage_pool: self.storage_pool.clone(),
             network: self.network.clone(),
+            domain_type: self.domain_type.clone(),
+            guest_kernel: self.guest_kernel.clone(),
+            guest_initrd: self.guest_initrd.clone(),
+            guest_cmdline: self.guest_cmdline.clone(),
             base_user_data: path(&self.base_user_data),
             capacity_type: self.capacity_type.clone(),
             instance_types: path(&self.instance_types),

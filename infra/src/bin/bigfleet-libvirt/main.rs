@@ -176,6 +176,7 @@ fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
     );
     config.storage_pool = settings.storage_pool.clone();
     config.network = settings.network.clone();
+    config.platform = settings.platform.clone();
     config.user_data = user_data;
     config.capacity = settings.capacity;
     config.gc = settings.gc;

@@ -98,6 +98,7 @@ async fn two_provider_labels_never_see_or_touch_each_others_domains() {
         overlay_path: "/x",
         seed_path: "/y",
         network: "default",
+        platform: &xml::Platform::default(),
     });
     on_host(&hv_b, ZONE, move |s| {
         s.conn.define_domain_xml(&document).unwrap();

@@ -72,6 +72,48 @@ async fn create_defines_a_tagged_running_domain_with_its_volumes() {
 }
 
 #[tokio::test]
+async fn the_configured_platform_reaches_the_defined_domain() {
+    let rig = rig_with(
+        &Fixture::default(),
+        slots("libvirt", ZONE, "kvm.small", 1),
+        |config| {
+            config.network = String::new();
+            config.platform = xml::Platform {
+                domain_type: xml::DomainType::Qemu,
+                kernel: Some(xml::DirectKernel {
+                    kernel: "/guest/vmlinuz".to_owned(),
+                    initrd: Some("/guest/initrd.img".to_owned()),
+                    cmdline: "console=ttyS0 panic=-1".to_owned(),
+                }),
+            };
+        },
+    )
+    .await;
+    let slot = &rig.slots[0];
+    create(&rig.hv, slot).await.unwrap();
+    let name = domain_name("libvirt", slot.id.as_str());
+    let document = on_host(&rig.hv, ZONE, move |s| {
+        let d = s.conn.lookup_domain_by_name(&name).unwrap();
+        d.xml_desc(0).unwrap()
+    })
+    .await;
+    assert!(document.contains("<domain type='qemu'"), "{document}");
+    assert!(
+        document.contains("<kernel>/guest/vmlinuz</kernel>"),
+        "{document}"
+    );
+    assert!(
+        document.contains("<initrd>/guest/initrd.img</initrd>"),
+        "{document}"
+    );
+    assert!(
+        document.contains("<cmdline>console=ttyS0 panic=-1</cmdline>"),
+        "{document}"
+    );
+    assert!(!document.contains("<interface"), "{document}");
+}
+
+#[tokio::test]
 async fn create_is_idempotent_and_adopts_a_stopped_domain() {
     let rig = rig().await;
     let slot = &rig.slots[1];

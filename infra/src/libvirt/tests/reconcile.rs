@@ -33,6 +33,7 @@ async fn plant_orphans(rig: &Rig) -> (String, String) {
         overlay_path: "/o",
         seed_path: "/s",
         network: "default",
+        platform: &xml::Platform::default(),
     });
     let volume = xml::seed_volume(&stray_volume, 4096);
     on_host(&rig.hv, ZONE, move |s| {
