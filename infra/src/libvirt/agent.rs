@@ -20,6 +20,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bigfleet_libvirt_ports::Clock;
 use serde_json::{Value, json};
 
+use super::backoff::Backoff;
+
 /// Why an agent command failed, as far as the protocol cares.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AgentError {
@@ -53,16 +55,24 @@ pub trait GuestAgent: Send + Sync {
     ) -> impl Future<Output = Result<String, AgentError>> + Send;
 }
 
+/// The first wait before re-pinging an agent that did not answer.
+const FIRST_PING_RETRY: Duration = Duration::from_millis(200);
+
+/// The first wait before polling a guest command's status again.
+const FIRST_POLL: Duration = Duration::from_millis(50);
+
 /// Timing and size limits of the protocol.
 #[derive(Clone, Debug)]
 pub struct AgentPolicy {
     /// Agent timeout of one `guest-ping`.
     pub ping_timeout_secs: i32,
-    /// Wait between failed pings.
+    /// Longest wait between failed pings (the first retries come sooner, doubling).
     pub ping_retry: Duration,
     /// Agent timeout of every other command.
     pub command_timeout_secs: i32,
-    /// Wait between `guest-exec-status` polls.
+    /// Longest wait between `guest-exec-status` polls (the first polls come sooner,
+    /// doubling), so a short command is seen to end within milliseconds and a long one
+    /// costs one poll per interval.
     pub poll_interval: Duration,
     /// Raw bytes per `guest-file-write`.
     pub chunk_bytes: usize,
@@ -73,8 +83,8 @@ pub struct AgentPolicy {
 impl Default for AgentPolicy {
     fn default() -> Self {
         Self {
-            ping_timeout_secs: 5,
-            ping_retry: Duration::from_secs(3),
+            ping_timeout_secs: 2,
+            ping_retry: Duration::from_secs(1),
             command_timeout_secs: 60,
             poll_interval: Duration::from_secs(2),
             chunk_bytes: 48 * 1024,
@@ -157,6 +167,11 @@ pub async fn wait_ready<A: GuestAgent, C: Clock>(
     policy: &AgentPolicy,
 ) -> Result<(), String> {
     let ping = request("guest-ping", None);
+    let mut backoff = Backoff::new(
+        FIRST_PING_RETRY.min(policy.ping_retry),
+        policy.ping_retry,
+        0,
+    );
     loop {
         match agent.command(ping.clone(), policy.ping_timeout_secs).await {
             Ok(reply) if returned(&reply).is_ok() => return Ok(()),
@@ -165,7 +180,7 @@ pub async fn wait_ready<A: GuestAgent, C: Clock>(
             }
             Ok(_) | Err(_) => {}
         }
-        let next = clock.now().saturating_add(policy.ping_retry);
+        let next = clock.now().saturating_add(backoff.next_wait());
         clock.sleep_until(next).await;
     }
 }
@@ -246,6 +261,8 @@ pub async fn exec<A: GuestAgent, C: Clock>(
         .and_then(Value::as_i64)
         .filter(|pid| *pid > 0)
         .ok_or_else(|| format!("guest-exec reply has no pid: {started}"))?;
+    let first = FIRST_POLL.min(policy.poll_interval);
+    let mut backoff = Backoff::new(first, policy.poll_interval, pid.unsigned_abs());
     loop {
         let reply = call(
             agent,
@@ -259,7 +276,7 @@ pub async fn exec<A: GuestAgent, C: Clock>(
         if status.exited {
             return Ok(status);
         }
-        let next = clock.now().saturating_add(policy.poll_interval);
+        let next = clock.now().saturating_add(backoff.next_wait());
         clock.sleep_until(next).await;
     }
 }
