@@ -295,7 +295,10 @@ impl Core {
             .records
             .get_mut(id)
             .expect("update of a record that exists");
-        edit(Arc::make_mut(&mut record.machine));
+        let machine = Arc::make_mut(&mut record.machine);
+        edit(machine);
+        // make_mut edits in place when nobody else holds this version: drop its memo.
+        machine.encoded.reset();
         record.machine.assert_shape();
         self.touch(id)
     }

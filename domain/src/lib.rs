@@ -28,7 +28,8 @@ pub use crate::core::{
 pub use crate::cursor::parse_cursor;
 pub use crate::fence::{FenceKey, FenceMark, FenceToken};
 pub use crate::machine::{
-    CapacityType, HostRef, Machine, MachineId, MachineIdError, MachineState, StringMap, Timestamp,
+    CapacityType, Encoded, HostRef, Machine, MachineId, MachineIdError, MachineState, StringMap,
+    Timestamp,
 };
 pub use crate::mutate::{Ack, Dispatch, MutateDecision, MutateError, MutateRequest, Mutation};
 pub use crate::operation::{Kind, OperationId};

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -238,6 +239,60 @@ pub struct Machine {
     pub cluster: String,
     /// Opaque shard metadata, stored and echoed verbatim while bound.
     pub shard_metadata: StringMap,
+    /// The record's encoding, memoised by the adapter that serialises it (see [`Encoded`]).
+    #[serde(skip)]
+    pub encoded: Encoded,
+}
+
+/// A memo of one version of a record's serialised form, so an adapter that answers many
+/// reads (a full List of 100k machines) encodes each version once instead of per read.
+///
+/// The domain never reads it. Every change to a record empties it (changes go through one
+/// place, which resets it after the edit), a clone starts empty, it never takes part in
+/// equality, and it is never persisted.
+#[derive(Default)]
+pub struct Encoded(OnceLock<Arc<[u8]>>);
+
+impl Encoded {
+    /// The memoised bytes, computing them with `encode` on first use.
+    pub fn get_or_init(&self, encode: impl FnOnce() -> Vec<u8>) -> Arc<[u8]> {
+        Arc::clone(self.0.get_or_init(|| Arc::from(encode())))
+    }
+
+    /// Whether the bytes have been computed for this version.
+    #[must_use]
+    pub fn is_set(&self) -> bool {
+        self.0.get().is_some()
+    }
+
+    /// Forgets the bytes: the record they encoded has changed.
+    pub(crate) fn reset(&mut self) {
+        self.0.take();
+    }
+}
+
+impl Clone for Encoded {
+    /// A clone is about to be edited or outlive this version: it starts empty.
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for Encoded {
+    /// Derived data: two records are equal by their fields alone.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for Encoded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.is_set() {
+            "Encoded(set)"
+        } else {
+            "Encoded(empty)"
+        })
+    }
 }
 
 impl Machine {

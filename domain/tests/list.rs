@@ -314,3 +314,39 @@ fn deltas_never_repeat_a_machine_across_a_restart() {
         );
     }
 }
+
+/// The encoding memo an adapter keeps on a record never outlives the version it encodes:
+/// a change empties it whether the old version is still held elsewhere (copy on write) or
+/// not (edited in place), and equality ignores it.
+#[test]
+fn a_change_empties_the_encoding_memo() {
+    let mut core = seeded(2);
+    let first = core.get(&id(0)).unwrap();
+    assert_eq!(&*first.encoded.get_or_init(|| b"v1".to_vec()), b"v1");
+    assert_eq!(
+        &*core.get(&id(0)).unwrap().encoded.get_or_init(Vec::new),
+        b"v1",
+        "an unchanged record keeps its memo"
+    );
+    // Held elsewhere: the change copies the record, and the copy starts empty.
+    accept(&mut core, plain(&id(0), Kind::Create));
+    let changed = core.get(&id(0)).unwrap();
+    assert!(!changed.encoded.is_set(), "{changed:?}");
+    assert!(
+        first.encoded.is_set(),
+        "the old version keeps its own bytes"
+    );
+    drop((first, changed));
+
+    // Held by nobody: the change edits the record in place and must still empty the memo.
+    core.get(&id(1))
+        .unwrap()
+        .encoded
+        .get_or_init(|| b"old".to_vec());
+    accept(&mut core, plain(&id(1), Kind::Create));
+    let changed = core.get(&id(1)).unwrap();
+    assert!(!changed.encoded.is_set(), "{changed:?}");
+    let copy = (*changed).clone();
+    copy.encoded.get_or_init(|| b"x".to_vec());
+    assert_eq!(copy, *changed, "the memo takes no part in equality");
+}

@@ -25,6 +25,7 @@ pub fn speculative(id: &str) -> Machine {
         last_error: String::new(),
         cluster: String::new(),
         shard_metadata: StringMap::new(),
+        encoded: Default::default(),
     }
 }
 

@@ -116,10 +116,14 @@ async fn handle(service: &Service, rpc: Rpc) -> Reply {
             .get(Request::new(r))
             .await
             .map(|m| Answer::Machine(m.into_inner())),
-        Rpc::List(r) => service
-            .list(Request::new(r))
-            .await
-            .map(|l| Answer::List(l.into_inner())),
+        // The answer is what a client would decode from the wire: the spliced encodings
+        // (so the memo of each record's encoding is exercised under the simulation too).
+        Rpc::List(r) => service.list(Request::new(r)).await.and_then(|l| {
+            l.into_inner()
+                .to_list()
+                .map(Answer::List)
+                .map_err(|e| tonic::Status::internal(format!("List answer does not decode: {e}")))
+        }),
     }
 }
 

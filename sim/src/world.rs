@@ -249,6 +249,7 @@ fn inventory(plan: &FaultPlan) -> Vec<Machine> {
                 last_error: String::new(),
                 cluster: String::new(),
                 shard_metadata: StringMap::new(),
+                encoded: Default::default(),
             }
         })
         .collect()

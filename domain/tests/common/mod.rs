@@ -77,6 +77,7 @@ pub fn speculative(i: usize) -> Machine {
         last_error: String::new(),
         cluster: String::new(),
         shard_metadata: StringMap::new(),
+        encoded: Default::default(),
     }
 }
 

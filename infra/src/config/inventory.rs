@@ -217,6 +217,7 @@ fn slot(
         last_error: String::new(),
         cluster: String::new(),
         shard_metadata: StringMap::new(),
+        encoded: Default::default(),
     }
 }
 

@@ -11,6 +11,7 @@ use std::panic::AssertUnwindSafe;
 use bigfleet_libvirt_domain::Ack;
 use bigfleet_libvirt_ports::{Clock, Hypervisor, Provider, Spawner, StateStore};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
+use bigfleet_libvirt_proto::wire::EncodedMachineList;
 use futures::FutureExt;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Level, debug, error, info, info_span, warn};
@@ -202,7 +203,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
     async fn list(
         &self,
         request: Request<pb::ListFilter>,
-    ) -> Result<Response<pb::MachineList>, Status> {
+    ) -> Result<Response<EncodedMachineList>, Status> {
         let query = convert::list_query(&request.into_inner());
         let body = async {
             let page = self
@@ -217,8 +218,19 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
                     "list"
                 );
             }
-            Ok(Response::new(pb::MachineList {
-                machines: page.machines.iter().map(|m| convert::machine(m)).collect(),
+            // Each version of a record is converted and encoded once, on the first List
+            // that returns it; later Lists reuse the bytes (the record's memo is emptied
+            // whenever it changes).
+            let machines = page
+                .machines
+                .iter()
+                .map(|m| {
+                    m.encoded
+                        .get_or_init(|| EncodedMachineList::encode_machine(&convert::machine(m)))
+                })
+                .collect();
+            Ok(Response::new(EncodedMachineList {
+                machines,
                 revision: convert::revision(page.revision),
             }))
         };

@@ -195,6 +195,7 @@ pub fn from_wire(m: &pb::Machine) -> Option<Machine> {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        encoded: Default::default(),
     })
 }
 

@@ -92,6 +92,7 @@ mod tests {
                 last_error,
                 cluster,
                 shard_metadata,
+                encoded: Default::default(),
             }
         }
     }
