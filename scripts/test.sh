@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: installs what the build needs, builds the binary the black-box
-# tests spawn, then runs every unit, property, snapshot and integration test.
+# tests spawn, runs every unit, property, snapshot and integration test, then the
+# deterministic simulation (its own --cfg madsim build: sim tests, determinism check, the
+# fixed seed list) and the real-QEMU tier (a real libvirtd + QEMU guest; it says why and
+# passes where the machine cannot run it).
+#
+#   scripts/test.sh            everything
+#   scripts/test.sh --quick    only the cargo tests (no simulation, no real-QEMU tier)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 cargo build --locked --workspace --bins
 cargo test --locked --workspace
+if [[ ${1:-} == --quick ]]; then
+    exit 0
+fi
+scripts/sim.sh --ci
+scripts/qemu-tier.sh ci

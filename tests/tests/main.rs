@@ -20,6 +20,7 @@ mod list;
 mod metadata;
 mod ops;
 mod property;
+mod qemu_e2e;
 mod scale;
 mod smoke;
 mod tidy;

@@ -28,7 +28,6 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -46,31 +45,6 @@ const REQUESTS: &str = "bigfleet_libvirt_grpc_requests_total";
 
 // ---------------------------------------------------------------------------------------
 // HTTP side server and /metrics.
-
-/// A one-shot HTTP/1.0 GET (the server closes the connection): (status, head, body).
-async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String, String)> {
-    let io = async {
-        let mut tcp = TcpStream::connect(addr).await?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-        tcp.write_all(request.as_bytes()).await?;
-        let mut raw = Vec::new();
-        tcp.read_to_end(&mut raw).await?;
-        Ok::<_, std::io::Error>(raw)
-    };
-    let raw = tokio::time::timeout(Duration::from_secs(5), io)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "HTTP GET timed out"))??;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other(format!("no HTTP head in {text:?}")))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
-    Ok((status, head.to_owned(), body.to_owned()))
-}
 
 /// One parsed `/metrics` page.
 struct Scrape {

@@ -7,10 +7,12 @@
 
 #![allow(dead_code)]
 
+pub mod http;
 pub mod process;
 pub mod profiles;
 pub mod walk;
 
+pub use http::http_get;
 pub use process::{Server, binary};
 pub use profiles::{bare_metal, core, fault};
 pub use walk::*;
