@@ -145,11 +145,16 @@ skip_reason() {
     fi
 }
 
-cmd_check() {
+# Succeeds, after printing why, when this machine cannot run the tier.
+skipped() {
     local reason
     reason=$(skip_reason)
-    if [[ -n $reason ]]; then
-        echo "qemu tier: skipped: $reason"
+    [[ -n $reason ]] || return 1
+    echo "qemu tier: skipped: $reason"
+}
+
+cmd_check() {
+    if skipped; then
         exit 3
     fi
 }
@@ -440,10 +445,7 @@ ci_cleanup() {
 }
 
 cmd_ci() {
-    local reason
-    reason=$(skip_reason)
-    if [[ -n $reason ]]; then
-        echo "qemu tier: skipped: $reason"
+    if skipped; then
         return 0
     fi
     lock

@@ -290,6 +290,7 @@ async fn bench() -> Result<(), BoxError> {
         "store", "conc", "calls/s", "p50 ack", "p99 ack", "× raw fsync"
     );
     let mut durable_at_64 = 0.0;
+    let mut memory_at_64 = 0.0;
     for concurrency in [1usize, 16, 64] {
         let calls = match (quick, concurrency) {
             (true, _) => 64 * 4,
@@ -308,8 +309,10 @@ async fn bench() -> Result<(), BoxError> {
                 fmt(load.p99),
                 load.throughput / fsync_rate
             );
-            if durable && concurrency == 64 {
-                durable_at_64 = load.throughput;
+            match (durable, concurrency) {
+                (true, 64) => durable_at_64 = load.throughput,
+                (false, 64) => memory_at_64 = load.throughput,
+                _ => {}
             }
         }
     }
@@ -321,6 +324,14 @@ async fn bench() -> Result<(), BoxError> {
     };
     println!(
         "\ngroup commit: durable throughput at concurrency 64 = {ratio:.1}× the raw fsync rate (target ≥ {GROUP_COMMIT_TARGET}×): {verdict}"
+    );
+    // No store can make the provider faster than it is with no disk at all: when the
+    // in-memory run is itself below the target, the target is out of reach on this disk
+    // and what is left to judge is how much of the in-memory rate durability keeps.
+    println!(
+        "ceiling: in-memory throughput at concurrency 64 = {:.1}× the raw fsync rate; durable keeps {:.0}% of it",
+        memory_at_64 / fsync_rate,
+        100.0 * durable_at_64 / memory_at_64
     );
     let machines = if quick { 10_000 } else { 100_000 };
     let (restart, listed) = restart_to_ready(dir.path(), machines).await?;
