@@ -1,19 +1,25 @@
-//! The simulated network between shards and the provider, as message delays and drops.
+//! The network between shards and the provider: madsim's simulated network, plus the
+//! plan's faults on top.
 //!
-//! madsim-tonic is not used: the provider's gRPC server pulls in tonic-health, reflection,
-//! axum and OTLP, which cannot run on madsim's network (see the README). Instead a shard's
-//! call travels as a message: a seeded one-way delay, then delivery into the provider
-//! node's inbox (where a task calls the generated `CapacityProvider` trait method of the
-//! real `CapacityService`), then the reply travels back with its own delay. A dropped
-//! request is never delivered; a dropped reply leaves the call indefinite; a partition
-//! drops both directions for one shard. A provider that is down refuses at once.
+//! Every call is one connection over `madsim::net` from the caller's node to the provider
+//! node's listener at [`PROVIDER_ADDR`] (madsim adds its own 1–10 ms per message), where a
+//! task calls the generated `CapacityProvider` trait method of the real `CapacityService`
+//! and sends the answer back on the same connection — a unary gRPC call's shape. madsim-
+//! tonic itself is not used: the provider's gRPC server pulls in tonic-health, reflection,
+//! axum and OTLP, which cannot run on madsim's network (see the README).
+//!
+//! The plan's faults apply per leg, drawn from the seed: an extra one-way delay, a dropped
+//! request (never sent), a dropped reply (received and discarded, so the call is
+//! indefinite) and partitions that drop both directions for one shard. A provider that is
+//! down refuses the connection at once; one that dies with the call in hand resets it.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use futures::FutureExt;
-use futures::channel::oneshot;
+use madsim::net::Endpoint;
 use tonic::Status;
 
 use crate::fakes::clock::elapsed;
@@ -50,13 +56,23 @@ pub enum Answer {
 /// What the provider answered.
 pub type Reply = Result<Answer, Status>;
 
-/// A request in the provider's inbox.
-pub struct Envelope {
-    /// The call.
-    pub rpc: Rpc,
-    /// Where the answer goes.
-    pub reply: oneshot::Sender<Reply>,
+/// The provider node's address.
+pub const PROVIDER_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+
+/// Where the provider listens.
+pub const PROVIDER_ADDR: SocketAddr = SocketAddr::new(PROVIDER_IP, 9000);
+
+/// The address of shard `index`'s node.
+#[must_use]
+pub fn shard_ip(index: usize) -> IpAddr {
+    let index = u32::try_from(index).expect("shard count fits an IPv4 host part");
+    IpAddr::V4(Ipv4Addr::from(
+        u32::from(Ipv4Addr::new(10, 0, 1, 0)) + index,
+    ))
 }
+
+/// The auditor's node (the quiescence checks).
+pub const AUDITOR_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 2, 1));
 
 /// What the caller learned.
 // Outcomes live for one call; boxing the answer would only make matching on it clumsier.
@@ -122,20 +138,12 @@ async fn deliver(world: &Arc<World>, client: Client, rpc: Rpc, deadline: Duratio
         sleep_until(deadline).await;
         return Outcome::Indefinite("request lost");
     }
-    let Some(endpoint) = world.endpoint() else {
-        return Outcome::Refused;
-    };
-    let (reply, answer) = oneshot::channel();
-    if endpoint.unbounded_send(Envelope { rpc, reply }).is_err() {
-        return Outcome::Refused;
-    }
     let answer = futures::select_biased! {
-        answer = answer.fuse() => answer,
+        outcome = exchange(rpc).fuse() => match outcome {
+            Ok(answer) => answer,
+            Err(outcome) => return outcome,
+        },
         () = sleep_until(deadline).fuse() => return Outcome::Indefinite("no answer in time"),
-    };
-    let Ok(answer) = answer else {
-        // The provider died with the call in hand: the connection resets.
-        return Outcome::Indefinite("connection reset");
     };
     let (delay, cut) = leg(world, client);
     if cut || dropped(world, client, false) {
@@ -146,6 +154,31 @@ async fn deliver(world: &Arc<World>, client: Client, rpc: Rpc, deadline: Duratio
         () = madsim::time::sleep(delay).fuse() => Outcome::Answered(answer),
         () = sleep_until(deadline).fuse() => Outcome::Indefinite("answer too late"),
     }
+}
+
+/// One call on its own connection: connect, send the request, wait for the answer.
+async fn exchange(rpc: Rpc) -> Result<Reply, Outcome> {
+    let endpoint = Endpoint::bind("0.0.0.0:0")
+        .await
+        .expect("the caller's node has an address");
+    // Nobody listens while the provider is down (or not yet serving): refused, so the
+    // call certainly did nothing.
+    let (tx, mut rx) = endpoint
+        .connect1(PROVIDER_ADDR)
+        .await
+        .map_err(|_| Outcome::Refused)?;
+    tx.send(Box::new(rpc))
+        .await
+        .map_err(|_| Outcome::Indefinite("connection reset"))?;
+    // The provider died with the call in hand: the connection resets.
+    let payload = rx
+        .recv()
+        .await
+        .map_err(|_| Outcome::Indefinite("connection reset"))?;
+    let reply = payload
+        .downcast::<Reply>()
+        .expect("the provider answers with a Reply");
+    Ok(*reply)
 }
 
 fn dropped(world: &World, client: Client, request: bool) -> bool {

@@ -20,6 +20,7 @@ use madsim::task::NodeId;
 use crate::checkers::{Invariant, Violations, quiescence};
 use crate::fakes::clock::elapsed;
 use crate::faults::FaultPlan;
+use crate::net;
 use crate::rng::SimRng;
 use crate::server;
 use crate::trace::Trace;
@@ -143,11 +144,16 @@ async fn drive(world: Arc<World>) -> Duration {
     let provider = handle
         .create_node()
         .name("provider")
+        .ip(net::PROVIDER_IP)
         .init(move || server::run_provider(Arc::clone(&init)))
         .build();
     let shards: Vec<_> = (0..world.plan.shards)
         .map(|shard| {
-            let node = handle.create_node().name(format!("shard-{shard}")).build();
+            let node = handle
+                .create_node()
+                .name(format!("shard-{shard}"))
+                .ip(net::shard_ip(shard))
+                .build();
             node.spawn(workload::run_shard(Arc::clone(&world), shard))
         })
         .collect();
@@ -174,7 +180,16 @@ async fn drive(world: Arc<World>) -> Duration {
     while (world.stats().crashes == kills || world.provider().is_none()) && elapsed() < give_up {
         madsim::time::sleep(Duration::from_millis(100)).await;
     }
-    quiescence::run(&world).await;
+    // The auditor calls the provider over the network too, from a node of its own.
+    let auditor = handle
+        .create_node()
+        .name("auditor")
+        .ip(net::AUDITOR_IP)
+        .build();
+    let audit = Arc::clone(&world);
+    let _ = auditor
+        .spawn(async move { quiescence::run(&audit).await })
+        .await;
     world.trace(format!("end stats={:?}", *world.stats()));
     elapsed()
 }
@@ -214,7 +229,6 @@ async fn supervise(
         };
         world.stats().crashes += 1;
         handle.kill(provider);
-        world.set_endpoint(None);
         world.set_provider(None);
         let (low, high) = world.plan.restart_delay;
         let down = rng.duration(low, high);

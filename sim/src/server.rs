@@ -3,9 +3,9 @@
 //! It builds the provider through the binary's composition root (`infra::app::assemble`)
 //! with the simulated adapters, wrapped in the same `InstrumentedHypervisor` decorator the
 //! binary uses, and serves the real `CapacityService` (the generated `CapacityProvider`
-//! trait: proto conversion and the status module included) from an inbox of simulated
-//! requests. `app::serve` itself is not used: it binds tonic, health, reflection and axum
-//! on real sockets. Its background reconcile loop is mirrored here on the simulated clock.
+//! trait: proto conversion and the status module included) to connections accepted on
+//! madsim's simulated network at [`PROVIDER_ADDR`]. `app::serve` itself is not used: it
+//! binds tonic, health, reflection and axum on real sockets. Its background reconcile loop is mirrored here on the simulated clock.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,15 +17,14 @@ use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_infra::metrics::Metrics;
 use bigfleet_libvirt_ports::{Clock, Provider, ProviderConfig};
 use bigfleet_libvirt_proto::v1alpha1::capacity_provider_server::CapacityProvider;
-use futures::StreamExt;
-use futures::channel::mpsc;
+use madsim::net::Endpoint;
 use tonic::Request;
 
 use crate::checkers;
 use crate::fakes::clock::{SimClock, SimSpawner};
 use crate::fakes::hypervisor::SimHypervisor;
 use crate::fakes::store::SimStateStore;
-use crate::net::{Answer, Envelope, Reply, Rpc};
+use crate::net::{Answer, PROVIDER_ADDR, Reply, Rpc};
 use crate::world::World;
 
 /// The hypervisor as the provider sees it.
@@ -75,20 +74,27 @@ pub async fn run_provider(world: Arc<World>) {
     checkers::restart::after_start(&world, &provider, &before);
     world.set_provider(Some(provider.clone()));
     let service = Arc::new(CapacityService::new(provider.clone(), metrics));
-    let (endpoint, mut inbox) = mpsc::unbounded::<Envelope>();
-    world.set_endpoint(Some(endpoint));
+    let listener = Endpoint::bind(PROVIDER_ADDR)
+        .await
+        .expect("the provider node owns its address");
     world.trace(format!("provider #{incarnation} serving"));
     drop(madsim::task::spawn(reconcile_loop(
         Arc::clone(&world),
         provider,
     )));
-    while let Some(envelope) = inbox.next().await {
+    while let Ok((tx, mut rx, _peer)) = listener.accept1().await {
         let service = Arc::clone(&service);
         let world = Arc::clone(&world);
         drop(madsim::task::spawn(async move {
-            let reply = handle(&service, envelope.rpc.clone()).await;
-            checkers::online::on_answer(&world, &envelope.rpc, &reply);
-            let _ = envelope.reply.send(reply);
+            // A caller that gave up before its request arrived leaves nothing to answer.
+            let Ok(payload) = rx.recv().await else {
+                return;
+            };
+            let rpc = *payload.downcast::<Rpc>().expect("callers send an Rpc");
+            let reply = handle(&service, rpc.clone()).await;
+            checkers::online::on_answer(&world, &rpc, &reply);
+            // The caller may be gone (deadline passed): its loss, as with a real reset.
+            let _ = tx.send(Box::new(reply)).await;
         }));
     }
 }

@@ -17,7 +17,6 @@ use crate::fakes::clock::elapsed;
 use crate::fakes::hypervisor::Hosts;
 use crate::fakes::store::Disk;
 use crate::faults::FaultPlan;
-use crate::net::Envelope;
 use crate::rng::SimRng;
 use crate::server::SimProvider;
 use crate::trace::Trace;
@@ -58,7 +57,6 @@ pub struct World {
     hosts: Mutex<Hosts>,
     disk: Mutex<Disk>,
     net_rng: Mutex<SimRng>,
-    endpoint: Mutex<Option<UnboundedSender<Envelope>>>,
     provider: Mutex<Option<SimProvider>>,
     host_nodes: Mutex<Vec<NodeHandle>>,
     supervisor: Mutex<Option<UnboundedSender<String>>>,
@@ -82,7 +80,6 @@ impl World {
             hosts: Mutex::new(Hosts::new(plan.seed, plan.hosts)),
             disk: Mutex::new(Disk::default()),
             net_rng: Mutex::new(SimRng::stream(plan.seed, "network")),
-            endpoint: Mutex::new(None),
             provider: Mutex::new(None),
             host_nodes: Mutex::new(Vec::new()),
             supervisor: Mutex::new(None),
@@ -146,17 +143,6 @@ impl World {
     /// The watchers' delta-maintained views.
     pub fn watchers(&self) -> MutexGuard<'_, Vec<WatcherView>> {
         lock(&self.watchers)
-    }
-
-    /// Where requests to the provider go, while it serves.
-    #[must_use]
-    pub fn endpoint(&self) -> Option<UnboundedSender<Envelope>> {
-        lock(&self.endpoint).clone()
-    }
-
-    /// Publishes (or withdraws) the provider's endpoint.
-    pub fn set_endpoint(&self, endpoint: Option<UnboundedSender<Envelope>>) {
-        *lock(&self.endpoint) = endpoint;
     }
 
     /// The serving provider, for white-box checks.
