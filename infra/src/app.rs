@@ -1,28 +1,45 @@
 //! The composition root shared by the binary and the simulator: [`assemble`] builds the
-//! provider from config and adapters, [`serve`] runs it on already-bound listeners until a
-//! shutdown future completes. Nothing here parses flags or reads the environment.
+//! provider from config and adapters, [`capacity_server`] the generated gRPC server over
+//! its handlers, [`serve`] runs them on already-bound listeners until a shutdown future
+//! completes. Nothing here parses flags or reads the environment.
+//!
+//! Under `--cfg madsim` (the simulation, `sim/`) the generated server is madsim-tonic's:
+//! the simulator hosts [`capacity_server`] on madsim's network, and [`serve`], with
+//! tonic-health, reflection, TLS, the HTTP side server and the reconcile loop on tokio, is
+//! compiled out (a stub that refuses to run keeps the binary compiling).
 
 // The servers here (tonic, axum) run only on the real tokio runtime, so their plumbing
 // tasks are spawned on it directly; provider work goes through the Spawner port.
 #![allow(clippy::disallowed_methods)]
 use std::future::Future;
+#[cfg(not(madsim))]
 use std::net::SocketAddr;
+#[cfg(not(madsim))]
 use std::sync::Arc;
 use std::time::Duration;
 
-use bigfleet_libvirt_domain::{MachineState, Timestamp};
+use bigfleet_libvirt_domain::MachineState;
+#[cfg(not(madsim))]
+use bigfleet_libvirt_domain::Timestamp;
 use bigfleet_libvirt_ports::{
     Clock, Hypervisor, Provider, ProviderConfig, Spawner, StartError, StateStore, TransitionEvent,
 };
 use bigfleet_libvirt_proto::v1alpha1::capacity_provider_server::CapacityProviderServer;
 use tokio::net::TcpListener;
+#[cfg(not(madsim))]
 use tokio_stream::StreamExt;
+#[cfg(not(madsim))]
 use tokio_stream::wrappers::TcpListenerStream;
-use tracing::{info, warn};
+#[cfg(not(madsim))]
+use tracing::info;
+use tracing::warn;
 
 use crate::grpc::CapacityService;
+#[cfg(not(madsim))]
 use crate::http::{self, Readiness};
-use crate::metrics::{KindLabels, Metrics, OutcomeLabels, StateLabels, TransitionLabels};
+use crate::metrics::{KindLabels, Metrics, TransitionLabels};
+#[cfg(not(madsim))]
+use crate::metrics::{OutcomeLabels, StateLabels};
 
 /// How the servers run.
 #[derive(Clone, Debug)]
@@ -99,12 +116,27 @@ fn record_transition(metrics: &Metrics, event: &TransitionEvent) {
     }
 }
 
+/// The largest request the gRPC server decodes.
+const MAX_DECODING_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
+
+/// The generated `CapacityProvider` server over the real handlers ([`CapacityService`]):
+/// what [`serve`] hosts on tonic, and the simulation on madsim-tonic.
+pub fn capacity_server<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    provider: Provider<H, S, C, E>,
+    metrics: Metrics,
+    fault_hooks: bool,
+) -> CapacityProviderServer<CapacityService<H, S, C, E>> {
+    let capacity = CapacityService::new(provider, metrics).with_fault_hooks(fault_hooks);
+    CapacityProviderServer::new(capacity).max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE)
+}
+
 /// Serves gRPC on `grpc` and, when given, HTTP on `http` until `shutdown` completes; then
 /// flips readiness and gRPC health first, lets in-flight RPCs finish for the drain period,
 /// and returns.
 ///
 /// # Errors
 /// When a server fails while running.
+#[cfg(not(madsim))]
 pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     provider: Provider<H, S, C, E>,
     metrics: Metrics,
@@ -117,9 +149,7 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
     let readiness = Readiness::default();
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let capacity = CapacityService::new(provider.clone(), metrics.clone())
-        .with_fault_hooks(config.fault_hooks);
-    let service = CapacityProviderServer::new(capacity).max_decoding_message_size(16 * 1024 * 1024);
+    let service = capacity_server(provider.clone(), metrics.clone(), config.fault_hooks);
     let mut router = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(service);
@@ -209,6 +239,24 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     Ok(())
 }
 
+/// The simulation build has no tokio sockets, tonic-health, reflection, TLS or HTTP side
+/// server to run: it hosts [`capacity_server`] on madsim-tonic itself (`sim/`).
+///
+/// # Errors
+/// Always.
+#[cfg(madsim)]
+pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    _provider: Provider<H, S, C, E>,
+    _metrics: Metrics,
+    _grpc: TcpListener,
+    _http: Option<TcpListener>,
+    _config: ServeConfig,
+    _shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    anyhow::bail!("app::serve is compiled out of the simulation build (--cfg madsim)")
+}
+
+#[cfg(not(madsim))]
 fn log_banner(banner: &Banner, grpc: SocketAddr, http: Option<SocketAddr>) {
     let metrics_addr = http.map(|a| a.to_string()).unwrap_or_default();
     info!(
@@ -223,6 +271,7 @@ fn log_banner(banner: &Banner, grpc: SocketAddr, http: Option<SocketAddr>) {
     );
 }
 
+#[cfg(not(madsim))]
 fn refresh_gauges<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     provider: &Provider<H, S, C, E>,
     metrics: &Metrics,
@@ -238,6 +287,7 @@ fn refresh_gauges<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     }
 }
 
+#[cfg(not(madsim))]
 async fn reconcile_loop<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     provider: Provider<H, S, C, E>,
     metrics: Metrics,

@@ -1,9 +1,10 @@
 //! Deterministic simulation of bigfleet-libvirt under madsim.
 //!
 //! The real provider (the `Provider` service, built by the binary's composition root
-//! `infra::app::assemble`, and the real `CapacityService` gRPC handlers with their proto
-//! conversion and status mapping) runs on simulated nodes against fault-injecting hosts,
-//! a store with an explicit durability model and shards sending concurrent fenced traffic.
+//! `infra::app::assemble`, and the generated `CapacityProvider` gRPC server over the real
+//! `CapacityService` handlers, served by madsim-tonic) runs on simulated nodes against
+//! fault-injecting hosts, a store with an explicit durability model and shards sending
+//! concurrent fenced traffic through the generated client over madsim's network.
 //! Every decision comes from the madsim seed; the runner prints it first and a hash of the
 //! event trace last, and a failing seed prints the one command that replays it.
 //!

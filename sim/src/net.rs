@@ -1,17 +1,17 @@
-//! The network between shards and the provider: madsim's simulated network, plus the
-//! plan's faults on top.
+//! The network between shards and the provider: gRPC over madsim's simulated network,
+//! plus the plan's faults on top.
 //!
-//! Every call is one connection over `madsim::net` from the caller's node to the provider
-//! node's listener at [`PROVIDER_ADDR`] (madsim adds its own 1–10 ms per message), where a
-//! task calls the generated `CapacityProvider` trait method of the real `CapacityService`
-//! and sends the answer back on the same connection — a unary gRPC call's shape. madsim-
-//! tonic itself is not used: the provider's gRPC server pulls in tonic-health, reflection,
-//! axum and OTLP, which cannot run on madsim's network (see the README).
+//! Every call goes through the generated `CapacityProviderClient` on a madsim-tonic
+//! `Channel` to the madsim-tonic `Server` on the provider node at [`PROVIDER_ADDR`]
+//! (`server.rs`). madsim-tonic opens one simulated connection per call (after a handshake
+//! connection) and carries the request and the answer as values; madsim adds its own
+//! 1–10 ms per message.
 //!
-//! The plan's faults apply per leg, drawn from the seed: an extra one-way delay, a dropped
-//! request (never sent), a dropped reply (received and discarded, so the call is
-//! indefinite) and partitions that drop both directions for one shard. A provider that is
-//! down refuses the connection at once; one that dies with the call in hand resets it.
+//! The plan's faults apply per leg, drawn from the seed, as decisions around the call: an
+//! extra one-way delay, a dropped request (never sent), a dropped reply (received and
+//! discarded, so the call is indefinite) and partitions that drop both directions for one
+//! shard. A provider that is down refuses the connection at once; one that dies with the
+//! call in hand resets it (see [`transport_failure`]).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use futures::FutureExt;
-use madsim::net::Endpoint;
-use tonic::Status;
+use madsim_tonic::Status;
+use madsim_tonic::transport::Endpoint;
+use pb::capacity_provider_client::CapacityProviderClient;
 
 use crate::fakes::clock::elapsed;
 use crate::world::World;
@@ -156,29 +157,55 @@ async fn deliver(world: &Arc<World>, client: Client, rpc: Rpc, deadline: Duratio
     }
 }
 
-/// One call on its own connection: connect, send the request, wait for the answer.
+/// One call through the generated client: madsim-tonic connects, sends the request and
+/// waits for the answer on a connection of its own.
 async fn exchange(rpc: Rpc) -> Result<Reply, Outcome> {
-    let endpoint = Endpoint::bind("0.0.0.0:0")
-        .await
-        .expect("the caller's node has an address");
-    // Nobody listens while the provider is down (or not yet serving): refused, so the
-    // call certainly did nothing.
-    let (tx, mut rx) = endpoint
-        .connect1(PROVIDER_ADDR)
-        .await
-        .map_err(|_| Outcome::Refused)?;
-    tx.send(Box::new(rpc))
-        .await
-        .map_err(|_| Outcome::Indefinite("connection reset"))?;
-    // The provider died with the call in hand: the connection resets.
-    let payload = rx
-        .recv()
-        .await
-        .map_err(|_| Outcome::Indefinite("connection reset"))?;
-    let reply = payload
-        .downcast::<Reply>()
-        .expect("the provider answers with a Reply");
-    Ok(*reply)
+    let endpoint = Endpoint::from_shared(format!("http://{PROVIDER_ADDR}"))
+        .expect("the provider's address is a valid URI");
+    let mut client = CapacityProviderClient::new(endpoint.connect_lazy());
+    let reply = match rpc {
+        Rpc::Create(r) => client.create(r).await.map(|a| Answer::Ack(a.into_inner())),
+        Rpc::Configure(r) => client
+            .configure(r)
+            .await
+            .map(|a| Answer::Ack(a.into_inner())),
+        Rpc::Drain(r) => client.drain(r).await.map(|a| Answer::Ack(a.into_inner())),
+        Rpc::Delete(r) => client.delete(r).await.map(|a| Answer::Ack(a.into_inner())),
+        Rpc::Get(r) => client.get(r).await.map(|m| Answer::Machine(m.into_inner())),
+        // madsim-tonic hands over the server's `EncodedMachineList` itself; decode it as a
+        // client decodes the bytes.
+        Rpc::List(r) => client
+            .list(r)
+            .await
+            .and_then(|l| crate::server::decode_list(l.get_ref())),
+    };
+    match reply {
+        Err(status) => match transport_failure(&status) {
+            Some(outcome) => Err(outcome),
+            None => Ok(Err(status)),
+        },
+        answer => Ok(answer),
+    }
+}
+
+/// What a status the transport made (rather than the provider) means for the call.
+///
+/// madsim-tonic turns a failed simulated connection into a status on the client side
+/// (`From<io::Error>`, code UNAVAILABLE), while every status the server answers carries
+/// the `content-type` its server appends, so the metadata tells them apart. Nobody
+/// listening (the provider is down or not yet serving) fails the connect — "transport
+/// error" from the handshake, "connection refused" from the call's own connection — before
+/// the request is sent: refused, so the call certainly did nothing. A connection that
+/// breaks afterwards ("connection reset": the provider died with the call in hand) leaves
+/// it indefinite.
+fn transport_failure(status: &Status) -> Option<Outcome> {
+    if status.metadata().contains_key("content-type") {
+        return None;
+    }
+    Some(match status.message() {
+        "transport error" | "connection refused" => Outcome::Refused,
+        _ => Outcome::Indefinite("connection reset"),
+    })
 }
 
 fn dropped(world: &World, client: Client, request: bool) -> bool {

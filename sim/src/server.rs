@@ -2,23 +2,29 @@
 //!
 //! It builds the provider through the binary's composition root (`infra::app::assemble`)
 //! with the simulated adapters, wrapped in the same `InstrumentedHypervisor` decorator the
-//! binary uses, and serves the real `CapacityService` (the generated `CapacityProvider`
-//! trait: proto conversion and the status module included) to connections accepted on
-//! madsim's simulated network at [`PROVIDER_ADDR`]. `app::serve` itself is not used: it
-//! binds tonic, health, reflection and axum on real sockets. Its background reconcile loop is mirrored here on the simulated clock.
+//! binary uses, and serves the generated `CapacityProviderServer` over the real
+//! `CapacityService` (`infra::app::capacity_server`: proto conversion, the status module,
+//! the panic guard, metrics) on a madsim-tonic `Server` at [`PROVIDER_ADDR`], on madsim's
+//! simulated network. `app::serve` itself is compiled out of this build: it runs tonic,
+//! health, reflection, TLS and axum on real sockets. Its background reconcile loop is
+//! mirrored here on the simulated clock.
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{Policy, Timeouts};
 use bigfleet_libvirt_infra::app;
-use bigfleet_libvirt_infra::grpc::CapacityService;
 use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_infra::metrics::Metrics;
 use bigfleet_libvirt_ports::{Clock, Provider, ProviderConfig};
-use bigfleet_libvirt_proto::v1alpha1::capacity_provider_server::CapacityProvider;
-use madsim::net::Endpoint;
-use tonic::Request;
+use bigfleet_libvirt_proto::v1alpha1 as pb;
+use bigfleet_libvirt_proto::wire::EncodedMachineList;
+use futures::{FutureExt, StreamExt};
+use madsim_tonic::codegen::http::uri::PathAndQuery;
+use madsim_tonic::codegen::{BoxFuture, BoxMessage, BoxMessageStream, Service};
+use madsim_tonic::transport::{NamedService, Server};
+use madsim_tonic::{Request, Response, Status};
 
 use crate::checkers;
 use crate::fakes::clock::{SimClock, SimSpawner};
@@ -31,7 +37,6 @@ use crate::world::World;
 pub type SimHost = InstrumentedHypervisor<SimHypervisor>;
 /// The provider under test.
 pub type SimProvider = Provider<SimHost, SimStateStore, SimClock, SimSpawner>;
-type Service = CapacityService<SimHost, SimStateStore, SimClock, SimSpawner>;
 
 /// The provider's configuration in the simulation.
 #[must_use]
@@ -73,64 +78,127 @@ pub async fn run_provider(world: Arc<World>) {
     };
     checkers::restart::after_start(&world, &provider, &before);
     world.set_provider(Some(provider.clone()));
-    let service = Arc::new(CapacityService::new(provider.clone(), metrics));
-    let listener = Endpoint::bind(PROVIDER_ADDR)
-        .await
-        .expect("the provider node owns its address");
+    let service = app::capacity_server(provider.clone(), metrics, false);
     world.trace(format!("provider #{incarnation} serving"));
     drop(madsim::task::spawn(reconcile_loop(
         Arc::clone(&world),
         provider,
     )));
-    while let Ok((tx, mut rx, _peer)) = listener.accept1().await {
-        let service = Arc::clone(&service);
-        let world = Arc::clone(&world);
-        drop(madsim::task::spawn(async move {
-            // A caller that gave up before its request arrived leaves nothing to answer.
-            let Ok(payload) = rx.recv().await else {
-                return;
+    // Returns only if the address cannot be bound or accepting fails; a kill drops it.
+    let served = Server::builder()
+        .add_service(Observed {
+            inner: service,
+            world: Arc::clone(&world),
+        })
+        .serve(PROVIDER_ADDR)
+        .await;
+    panic!("provider #{incarnation} stopped serving: {served:?}");
+}
+
+/// The generated server with the online checks on every answer as it leaves the provider
+/// (also those whose caller is gone or whose reply the network will drop).
+///
+/// madsim-tonic hands messages over as values: a unary request stream holds the one
+/// request, already there, and the answer stream the one answer.
+struct Observed<S> {
+    inner: S,
+    world: Arc<World>,
+}
+
+impl<S: NamedService> NamedService for Observed<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type Call = (PathAndQuery, Request<BoxMessageStream>);
+
+impl<S> Service<Call> for Observed<S>
+where
+    S: Service<
+            Call,
+            Response = Response<BoxMessageStream>,
+            Error = Status,
+            Future = BoxFuture<Response<BoxMessageStream>, Status>,
+        >,
+{
+    type Response = Response<BoxMessageStream>;
+    type Error = Status;
+    type Future = BoxFuture<Response<BoxMessageStream>, Status>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, (path, request): Call) -> Self::Future {
+        let (metadata, extensions, mut messages) = request.into_parts();
+        let message = messages
+            .next()
+            .now_or_never()
+            .flatten()
+            .expect("a unary call carries its request")
+            .expect("the request arrived");
+        let rpc = rpc_of(&message);
+        let request = Request::from_parts(metadata, extensions, one(message));
+        let answer = self.inner.call((path, request));
+        let world = Arc::clone(&self.world);
+        Box::pin(async move {
+            let (answer, reply) = match answer.await {
+                Ok(response) => {
+                    let (metadata, mut messages, extensions) = response.into_parts();
+                    let message = messages.next().await.expect("a unary call has an answer")?;
+                    let reply = answer_of(&message);
+                    let response = Response::from_parts(metadata, one(message), extensions);
+                    (Ok(response), reply)
+                }
+                Err(status) => (Err(status.clone()), Err(status)),
             };
-            let rpc = *payload.downcast::<Rpc>().expect("callers send an Rpc");
-            let reply = handle(&service, rpc.clone()).await;
             checkers::online::on_answer(&world, &rpc, &reply);
-            // The caller may be gone (deadline passed): its loss, as with a real reset.
-            let _ = tx.send(Box::new(reply)).await;
-        }));
+            answer
+        })
     }
 }
 
-/// Calls the generated trait method for `rpc`.
-async fn handle(service: &Service, rpc: Rpc) -> Reply {
-    match rpc {
-        Rpc::Create(r) => service
-            .create(Request::new(r))
-            .await
-            .map(|a| Answer::Ack(a.into_inner())),
-        Rpc::Configure(r) => service
-            .configure(Request::new(r))
-            .await
-            .map(|a| Answer::Ack(a.into_inner())),
-        Rpc::Drain(r) => service
-            .drain(Request::new(r))
-            .await
-            .map(|a| Answer::Ack(a.into_inner())),
-        Rpc::Delete(r) => service
-            .delete(Request::new(r))
-            .await
-            .map(|a| Answer::Ack(a.into_inner())),
-        Rpc::Get(r) => service
-            .get(Request::new(r))
-            .await
-            .map(|m| Answer::Machine(m.into_inner())),
-        // The answer is what a client would decode from the wire: the spliced encodings
-        // (so the memo of each record's encoding is exercised under the simulation too).
-        Rpc::List(r) => service.list(Request::new(r)).await.and_then(|l| {
-            l.into_inner()
-                .to_list()
-                .map(Answer::List)
-                .map_err(|e| tonic::Status::internal(format!("List answer does not decode: {e}")))
-        }),
+fn one(message: BoxMessage) -> BoxMessageStream {
+    futures::stream::once(async move { Ok(message) }).boxed()
+}
+
+/// The request as the checkers see it.
+fn rpc_of(message: &BoxMessage) -> Rpc {
+    if let Some(r) = message.downcast_ref::<pb::CreateRequest>() {
+        Rpc::Create(r.clone())
+    } else if let Some(r) = message.downcast_ref::<pb::ConfigureRequest>() {
+        Rpc::Configure(r.clone())
+    } else if let Some(r) = message.downcast_ref::<pb::DrainRequest>() {
+        Rpc::Drain(r.clone())
+    } else if let Some(r) = message.downcast_ref::<pb::DeleteRequest>() {
+        Rpc::Delete(r.clone())
+    } else if let Some(r) = message.downcast_ref::<pb::MachineRef>() {
+        Rpc::Get(r.clone())
+    } else if let Some(r) = message.downcast_ref::<pb::ListFilter>() {
+        Rpc::List(r.clone())
+    } else {
+        unreachable!("every CapacityProvider request type is listed")
     }
+}
+
+/// The answer as the checkers see it: for List, what a client decodes from the spliced
+/// encodings (so the memo of each record's encoding is exercised here too).
+fn answer_of(message: &BoxMessage) -> Reply {
+    if let Some(a) = message.downcast_ref::<pb::TransitionAck>() {
+        Ok(Answer::Ack(a.clone()))
+    } else if let Some(m) = message.downcast_ref::<pb::Machine>() {
+        Ok(Answer::Machine(m.clone()))
+    } else if let Some(l) = message.downcast_ref::<EncodedMachineList>() {
+        decode_list(l)
+    } else {
+        unreachable!("every CapacityProvider answer type is listed")
+    }
+}
+
+/// Decodes a List answer as a client would decode it from the wire.
+pub fn decode_list(list: &EncodedMachineList) -> Reply {
+    list.to_list()
+        .map(Answer::List)
+        .map_err(|e| Status::internal(format!("List answer does not decode: {e}")))
 }
 
 /// The binary's background reconcile loop (`app::serve`), on the simulated clock.
