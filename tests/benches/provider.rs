@@ -332,18 +332,7 @@ async fn start_provider(seed_count: usize) -> Result<(Running, StepsProbe), BoxE
             let page = provider.list(&query).await.map_err(|e| e.to_string())?;
             let list = t.elapsed();
             let t = Instant::now();
-            let message = EncodedMachineList {
-                machines: page
-                    .machines
-                    .iter()
-                    .map(|m| {
-                        m.encoded.get_or_init(|| {
-                            EncodedMachineList::encode_machine(&convert::machine(m))
-                        })
-                    })
-                    .collect(),
-                revision: convert::revision(page.revision),
-            };
+            let message = convert::encoded_list(&page);
             let convert = t.elapsed();
             let t = Instant::now();
             let bytes = message.encode_to_vec();

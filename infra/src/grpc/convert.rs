@@ -8,11 +8,12 @@ use std::collections::BTreeSet;
 use std::hash::BuildHasher;
 
 use bigfleet_libvirt_domain::{
-    FenceToken, HostRef, ListQuery, Machine, MachineState, MutateRequest, Mutation, StringMap,
-    parse_cursor,
+    FenceToken, HostRef, ListPage, ListQuery, Machine, MachineState, MutateRequest, Mutation,
+    StringMap, parse_cursor,
 };
 use bigfleet_libvirt_ports::BootstrapBlob;
 use bigfleet_libvirt_proto::v1alpha1 as pb;
+use bigfleet_libvirt_proto::wire::EncodedMachineList;
 
 /// A Create request as a domain mutation.
 #[must_use]
@@ -143,6 +144,24 @@ fn host(host: &HostRef) -> pb::HostRef {
     pb::HostRef {
         provider: host.provider.clone(),
         r#ref: host.reference.clone(),
+    }
+}
+
+/// A List page as the wire response. Each version of a record is converted and encoded
+/// once, on the first List that returns it; later Lists reuse the bytes (the record's memo
+/// is emptied whenever it changes).
+#[must_use]
+pub fn encoded_list(page: &ListPage) -> EncodedMachineList {
+    EncodedMachineList {
+        machines: page
+            .machines
+            .iter()
+            .map(|m| {
+                m.encoded
+                    .get_or_init(|| EncodedMachineList::encode_machine(&machine(m)))
+            })
+            .collect(),
+        revision: revision(page.revision),
     }
 }
 

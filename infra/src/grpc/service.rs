@@ -218,21 +218,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
                     "list"
                 );
             }
-            // Each version of a record is converted and encoded once, on the first List
-            // that returns it; later Lists reuse the bytes (the record's memo is emptied
-            // whenever it changes).
-            let machines = page
-                .machines
-                .iter()
-                .map(|m| {
-                    m.encoded
-                        .get_or_init(|| EncodedMachineList::encode_machine(&convert::machine(m)))
-                })
-                .collect();
-            Ok(Response::new(EncodedMachineList {
-                machines,
-                revision: convert::revision(page.revision),
-            }))
+            Ok(Response::new(convert::encoded_list(&page)))
         };
         self.observe("List", false, "", body).await
     }
