@@ -13,7 +13,7 @@ use crate::machine::{Machine, MachineId, MachineState, Timestamp};
 use crate::operation::{Kind, OperationId};
 use crate::validate::{InvalidMachine, validate_instance};
 
-pub use crate::list::{ListPage, ListQuery};
+pub use crate::list::{ListPage, ListQuery, ListRotation};
 pub use crate::reconcile::ReconcileReport;
 pub use crate::transitions::{Completion, CompletionOutcome, TransitionResult};
 

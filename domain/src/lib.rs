@@ -22,8 +22,8 @@ mod validate;
 
 pub use crate::changes::{ChangeSet, Snapshot};
 pub use crate::core::{
-    Completion, CompletionOutcome, Core, ListPage, ListQuery, Policy, ReconcileReport, SeedError,
-    Timeouts, TransitionResult,
+    Completion, CompletionOutcome, Core, ListPage, ListQuery, ListRotation, Policy,
+    ReconcileReport, SeedError, Timeouts, TransitionResult,
 };
 pub use crate::cursor::parse_cursor;
 pub use crate::fence::{FenceKey, FenceMark, FenceToken};

@@ -3,6 +3,13 @@
 //! A full list walks records in id order; a delta walks the (revision, id) index from the
 //! cursor, so 100 changes among 100k machines cost 100 steps. Filters combine as
 //! since-filter, then state filter, then the cap; the returned revision is always the head.
+//!
+//! Which records a capped call returns is not fixed by the contract, but callers rely on it
+//! spreading: BigFleet's tooling picks a slot with `List(SPECULATIVE, max_results=1)` and
+//! expects the next such pick to be a different machine. So a capped call, when given a
+//! [`ListRotation`], starts just after where the previous capped call of its kind stopped
+//! and wraps around once: back-to-back capped pages walk the whole matching set before any
+//! record repeats. Uncapped calls ignore the rotation and never move it.
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
@@ -23,10 +30,21 @@ pub struct ListQuery {
     pub since_revision: Option<i64>,
 }
 
+/// Where the previous capped List stopped, one position per kind of walk (full lists go by
+/// id, deltas by (revision, id)). In memory only: a restart starts both walks again from
+/// the beginning, which the contract allows (the subset a capped call returns is
+/// unspecified).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListRotation {
+    full: Option<MachineId>,
+    delta: Option<(i64, MachineId)>,
+}
+
 /// A List answer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ListPage {
-    /// The machines, in id order (full list) or revision order (delta).
+    /// The machines, in id order (full list) or revision order (delta); a capped page
+    /// walked with a [`ListRotation`] starts after the previous capped page and may wrap.
     pub machines: Vec<Arc<Machine>>,
     /// The head revision.
     pub revision: i64,
@@ -79,6 +97,85 @@ impl Core {
         };
         ListPage {
             machines,
+            revision: self.revision,
+        }
+    }
+
+    /// The machines a List call returns, spreading capped calls over the matching set: a
+    /// capped page starts after the record where the previous capped page of the same kind
+    /// (full or delta) stopped, wraps around at most once, and moves `rotation` to its own
+    /// last record. Uncapped calls are exactly [`Core::list`].
+    #[must_use]
+    pub fn list_rotating(&self, query: &ListQuery, rotation: &mut ListRotation) -> ListPage {
+        let Some(cap) = query.max_results else {
+            return self.list(query);
+        };
+        let wanted = |r: &&Record| {
+            query
+                .states
+                .as_ref()
+                .is_none_or(|s| s.contains(&r.machine.state))
+        };
+        let picked: Vec<&Record> = match query.since_revision {
+            None => {
+                let after = rotation.full.as_ref();
+                let tail = after.map_or_else(
+                    || self.records.range::<MachineId, _>(..),
+                    |a| {
+                        self.records
+                            .range::<MachineId, _>((Bound::Excluded(a), Bound::Unbounded))
+                    },
+                );
+                let head = after.map(|a| self.records.range::<MachineId, _>(..=a));
+                let picked: Vec<&Record> = tail
+                    .chain(head.into_iter().flatten())
+                    .map(|(_, r)| r)
+                    .filter(wanted)
+                    .take(cap)
+                    .collect();
+                if let Some(last) = picked.last() {
+                    rotation.full = Some(last.machine.id.clone());
+                }
+                picked
+            }
+            Some(cursor) => {
+                let Some(next) = cursor.checked_add(1) else {
+                    return ListPage {
+                        machines: Vec::new(),
+                        revision: self.revision,
+                    };
+                };
+                let lowest = (next, MachineId::lowest());
+                // A position below this delta's start says nothing about it: start fresh.
+                let after = rotation.delta.as_ref().filter(|p| **p >= lowest);
+                let tail = after.map_or_else(
+                    || {
+                        self.by_revision
+                            .range((Bound::Included(&lowest), Bound::Unbounded))
+                    },
+                    |a| {
+                        self.by_revision
+                            .range((Bound::Excluded(a), Bound::Unbounded))
+                    },
+                );
+                let head = after.map(|a| {
+                    self.by_revision
+                        .range((Bound::Included(&lowest), Bound::Included(a)))
+                });
+                let picked: Vec<(&(i64, MachineId), &Record)> = tail
+                    .chain(head.into_iter().flatten())
+                    .map(|key| (key, &self.records[&key.1]))
+                    .filter(|(_, r)| wanted(r))
+                    .take(cap)
+                    .collect();
+                if let Some((key, _)) = picked.last() {
+                    rotation.delta = Some((*key).clone());
+                }
+                picked.into_iter().map(|(_, r)| r).collect()
+            }
+        };
+        ListPage {
+            machines: picked.iter().map(|r| Arc::clone(&r.machine)).collect(),
             revision: self.revision,
         }
     }

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 
 use bigfleet_libvirt_domain::{
-    Core, Kind, ListQuery, MachineState, Policy, TransitionResult, parse_cursor,
+    Core, Kind, ListQuery, ListRotation, MachineState, Policy, TransitionResult, parse_cursor,
 };
 use common::*;
 
@@ -349,4 +349,124 @@ fn a_change_empties_the_encoding_memo() {
     let copy = (*changed).clone();
     copy.encoded.get_or_init(|| b"x".to_vec());
     assert_eq!(copy, *changed, "the memo takes no part in equality");
+}
+
+fn capped(query: ListQuery, cap: usize) -> ListQuery {
+    ListQuery {
+        max_results: Some(cap),
+        ..query
+    }
+}
+
+fn page_ids(core: &Core, query: &ListQuery, rotation: &mut ListRotation) -> Vec<String> {
+    let page = core.list_rotating(query, rotation);
+    assert_eq!(page.revision, core.revision(), "the revision is the head");
+    page.machines.iter().map(|m| m.id.to_string()).collect()
+}
+
+#[test]
+fn capped_pages_walk_the_whole_set_before_repeating() {
+    let core = seeded(7);
+    let mut rotation = ListRotation::default();
+    let query = capped(ListQuery::default(), 3);
+    let pages: Vec<Vec<String>> = (0..3)
+        .map(|_| page_ids(&core, &query, &mut rotation))
+        .collect();
+    assert_eq!(pages[0], [id(0), id(1), id(2)]);
+    assert_eq!(pages[1], [id(3), id(4), id(5)]);
+    assert_eq!(
+        pages[2],
+        [id(6), id(0), id(1)],
+        "wraps around once the set is walked"
+    );
+    // One at a time: seven distinct picks, then the walk repeats.
+    let one = capped(ListQuery::default(), 1);
+    let mut rotation = ListRotation::default();
+    let picks: Vec<String> = (0..8)
+        .flat_map(|_| page_ids(&core, &one, &mut rotation))
+        .collect();
+    let distinct: BTreeSet<&String> = picks[..7].iter().collect();
+    assert_eq!(distinct.len(), 7, "{picks:?}");
+    assert_eq!(picks[7], picks[0]);
+}
+
+#[test]
+fn a_capped_page_larger_than_the_set_returns_each_record_once() {
+    let core = seeded(4);
+    let mut rotation = ListRotation::default();
+    let query = capped(ListQuery::default(), 3);
+    page_ids(&core, &query, &mut rotation);
+    let big = capped(ListQuery::default(), 10);
+    let page = page_ids(&core, &big, &mut rotation);
+    assert_eq!(
+        page,
+        [id(3), id(0), id(1), id(2)],
+        "no duplicates across the wrap"
+    );
+}
+
+#[test]
+fn rotation_applies_the_state_filter_and_skips_what_does_not_match() {
+    let mut core = seeded(6);
+    drive(&mut core, &id(1), MachineState::Idle);
+    drive(&mut core, &id(4), MachineState::Idle);
+    let query = capped(states(&[MachineState::Speculative]), 1);
+    let mut rotation = ListRotation::default();
+    let picks: Vec<String> = (0..5)
+        .flat_map(|_| page_ids(&core, &query, &mut rotation))
+        .collect();
+    assert_eq!(picks, [id(0), id(2), id(3), id(5), id(0)]);
+    let none = capped(states(&[MachineState::Failed]), 1);
+    assert!(page_ids(&core, &none, &mut rotation).is_empty());
+    assert_eq!(
+        page_ids(&core, &query, &mut rotation),
+        [id(2)],
+        "an empty page leaves the rotation where it was"
+    );
+}
+
+#[test]
+fn uncapped_lists_ignore_and_keep_the_rotation() {
+    let core = seeded(4);
+    let mut rotation = ListRotation::default();
+    page_ids(&core, &capped(ListQuery::default(), 1), &mut rotation);
+    let before = rotation.clone();
+    let full = page_ids(&core, &ListQuery::default(), &mut rotation);
+    assert_eq!(
+        full,
+        [id(0), id(1), id(2), id(3)],
+        "a full list is in id order"
+    );
+    assert_eq!(rotation, before);
+    assert_eq!(
+        core.list_rotating(&ListQuery::default(), &mut rotation),
+        core.list(&ListQuery::default())
+    );
+}
+
+#[test]
+fn capped_deltas_rotate_within_the_delta_only() {
+    let mut core = seeded(6);
+    let base = core.revision();
+    for i in [4, 1, 3] {
+        accept(&mut core, plain(&id(i), Kind::Create));
+    }
+    let query = capped(since(base), 2);
+    let mut rotation = ListRotation::default();
+    let first = page_ids(&core, &query, &mut rotation);
+    let second = page_ids(&core, &query, &mut rotation);
+    assert_eq!(first, [id(4), id(1)], "oldest change first");
+    assert_eq!(
+        second,
+        [id(3), id(4)],
+        "continues, then wraps inside the delta"
+    );
+    // A later cursor excludes the earlier position; the walk restarts inside the new delta.
+    let later = capped(since(base + 1), 5);
+    assert_eq!(page_ids(&core, &later, &mut rotation), [id(1), id(3)]);
+    // The full walk has its own position, untouched by deltas.
+    assert_eq!(
+        page_ids(&core, &capped(ListQuery::default(), 1), &mut rotation),
+        [id(0)]
+    );
 }

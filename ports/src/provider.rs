@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
-    Ack, Completion, CompletionOutcome, Core, Dispatch, Kind, ListPage, ListQuery, Machine,
-    MachineState, MutateError, Mutation, OperationId, Policy, ReconcileReport, SeedError,
+    Ack, Completion, CompletionOutcome, Core, Dispatch, Kind, ListPage, ListQuery, ListRotation,
+    Machine, MachineState, MutateError, Mutation, OperationId, Policy, ReconcileReport, SeedError,
     Timestamp, TransitionResult,
 };
 use futures::FutureExt;
@@ -97,6 +97,9 @@ type Barrier = Shared<BoxFuture<'static, Result<(), StoreError>>>;
 struct Guarded {
     core: Core,
     last_commit: Barrier,
+    /// Where the last capped List stopped, so consecutive (and concurrent) capped picks
+    /// spread over the inventory instead of all returning its first records. In memory only.
+    rotation: ListRotation,
 }
 
 struct Inner<H, S, C, E> {
@@ -166,6 +169,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let guarded = Guarded {
             core,
             last_commit: settled(),
+            rotation: ListRotation::default(),
         };
         let inner = Inner {
             core: Mutex::new(guarded),
@@ -272,14 +276,21 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     }
 
     /// The machines a List call returns, once everything they may reflect is durable (so a
-    /// cursor handed out is never ahead of what a restart reloads).
+    /// cursor handed out is never ahead of what a restart reloads). A capped call continues
+    /// where the previous capped call stopped (see [`ListRotation`]); the step happens under
+    /// the lock, so concurrent capped pickers get different machines.
     ///
     /// # Errors
     /// When the state it reflects could not be persisted.
     pub async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         let (page, durable) = {
-            let guarded = self.lock();
-            (guarded.core.list(query), guarded.last_commit.clone())
+            let mut guarded = self.lock();
+            let Guarded {
+                core,
+                last_commit,
+                rotation,
+            } = &mut *guarded;
+            (core.list_rotating(query, rotation), last_commit.clone())
         };
         durable.await?;
         Ok(page)

@@ -101,72 +101,58 @@ async fn b302_marks_are_per_shard_and_machine() {
     let server = core();
     let mut c = server.client().await;
     let m = pick_n(&server, &mut c, 3).await;
+    b302_procedure(&mut c, [&m[0], &m[1], &m[2]]).await;
+}
+
+/// B302 exactly as BigFleet's certification runner drives it: each of mA, mB and mC is the
+/// first machine of its own `List(SPECULATIVE, max_results=1)`, three calls in a row with
+/// nothing in between and no de-duplication. This only passes when consecutive capped
+/// Lists spread their picks.
+#[tokio::test]
+async fn b302_with_the_upstream_harness_picks() {
+    let server = core();
+    let mut c = server.client().await;
+    let mut picks = Vec::new();
+    for _ in 0..3 {
+        let page = list(&mut c, &[S::Speculative], 1, b"").await;
+        assert_eq!(page.machines.len(), 1, "a capped pick returns one machine");
+        picks.push(page.machines[0].id.clone());
+    }
+    println!("three back-to-back List(SPECULATIVE, max_results=1) picks: {picks:?}");
+    b302_procedure(&mut c, [&picks[0], &picks[1], &picks[2]]).await;
+}
+
+/// The B302 procedure on three machines, which must be distinct.
+async fn b302_procedure(c: &mut Client, [ma, mb, mc]: [&String; 3]) {
     assert!(
-        m[0] != m[1] && m[1] != m[2] && m[0] != m[2],
-        "picks must be distinct: {m:?}"
+        ma != mb && mb != mc && ma != mc,
+        "picks must be distinct: {ma} {mb} {mc}"
     );
-    let (ma, mb, mc) = (&m[0], &m[1], &m[2]);
     let [a, b, cc, d] = ["b302a", "b302b", "b302c", "b302d"].map(unique_shard);
 
     // Cross-shard.
-    expect(
-        "A mA (9,9)",
-        &create(&mut c, ma, tok(&a, 9, 9)).await,
-        Code::Ok,
-    );
-    expect(
-        "B mB (7,3)",
-        &create(&mut c, mb, tok(&b, 7, 3)).await,
-        Code::Ok,
-    );
-    expect(
-        "C mC (1,1)",
-        &create(&mut c, mc, tok(&cc, 1, 1)).await,
-        Code::Ok,
-    );
-    expect("A mA (1,1)", &create(&mut c, ma, tok(&a, 1, 1)).await, FP);
-    expect(
-        "B mB (7,3) again",
-        &create(&mut c, mb, tok(&b, 7, 3)).await,
-        FP,
-    );
-    expect(
-        "C mC (1,1) again",
-        &create(&mut c, mc, tok(&cc, 1, 1)).await,
-        FP,
-    );
-    expect(
-        "B mB (7,4)",
-        &create(&mut c, mb, tok(&b, 7, 4)).await,
-        Code::Ok,
-    );
+    expect("A mA (9,9)", &create(c, ma, tok(&a, 9, 9)).await, Code::Ok);
+    expect("B mB (7,3)", &create(c, mb, tok(&b, 7, 3)).await, Code::Ok);
+    expect("C mC (1,1)", &create(c, mc, tok(&cc, 1, 1)).await, Code::Ok);
+    expect("A mA (1,1)", &create(c, ma, tok(&a, 1, 1)).await, FP);
+    expect("B mB (7,3) again", &create(c, mb, tok(&b, 7, 3)).await, FP);
+    expect("C mC (1,1) again", &create(c, mc, tok(&cc, 1, 1)).await, FP);
+    expect("B mB (7,4)", &create(c, mb, tok(&b, 7, 4)).await, Code::Ok);
 
     // Cross-machine within shard D.
     expect(
         "D mA (5,30)",
-        &create(&mut c, ma, tok(&d, 5, 30)).await,
+        &create(c, ma, tok(&d, 5, 30)).await,
         Code::Ok,
     );
-    expect(
-        "D mB (5,7)",
-        &create(&mut c, mb, tok(&d, 5, 7)).await,
-        Code::Ok,
-    );
-    expect(
-        "D mB (5,7) again",
-        &create(&mut c, mb, tok(&d, 5, 7)).await,
-        FP,
-    );
+    expect("D mB (5,7)", &create(c, mb, tok(&d, 5, 7)).await, Code::Ok);
+    expect("D mB (5,7) again", &create(c, mb, tok(&d, 5, 7)).await, FP);
     expect(
         "D mA (5,30) again",
-        &create(&mut c, ma, tok(&d, 5, 30)).await,
+        &create(c, ma, tok(&d, 5, 30)).await,
         FP,
     );
-    expect(
-        "D mB (4,999)",
-        &create(&mut c, mb, tok(&d, 4, 999)).await,
-        FP,
-    );
+    expect("D mB (4,999)", &create(c, mb, tok(&d, 4, 999)).await, FP);
 }
 
 /// B303: on one (shard, machine), a token is accepted only when strictly greater than the

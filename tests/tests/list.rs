@@ -441,3 +441,95 @@ async fn b909_cursor_round_trips_and_corruption_falls_back() {
     let got = ids(&l, "flipped");
     assert!(got.is_subset(&f), "flipped cursor returned unknown ids");
 }
+
+/// What BigFleet's tooling does to pick a slot: `List(SPECULATIVE, max_results=1)`, three
+/// times in a row, taking the first machine each time. The picks must differ (B302 as the
+/// certification runner drives it depends on it).
+#[tokio::test]
+async fn back_to_back_capped_picks_return_different_machines() {
+    let server = core();
+    let mut c = server.client().await;
+    let mut picks = Vec::new();
+    for _ in 0..3 {
+        let page = list(&mut c, &[S::Speculative], 1, b"").await;
+        assert_eq!(page.machines.len(), 1);
+        assert_eq!(state(&page.machines[0]), S::Speculative);
+        picks.push(page.machines[0].id.clone());
+    }
+    println!("three back-to-back List(SPECULATIVE, max_results=1) picks: {picks:?}");
+    let distinct: BTreeSet<&String> = picks.iter().collect();
+    assert_eq!(distinct.len(), 3, "picks repeat: {picks:?}");
+}
+
+/// Capped pages walk the whole matching set before any machine repeats, apply the state
+/// filter, and always carry the head revision.
+#[tokio::test]
+async fn capped_pages_walk_the_matching_set_without_repeats() {
+    let server = core();
+    let mut c = server.client().await;
+    // Two machines leave Speculative, so the filter has something to skip.
+    let busy = [
+        walk_to_idle(&server, &mut c).await,
+        walk_to_idle(&server, &mut c).await,
+    ];
+    let full = list_all(&mut c).await;
+    let matching: BTreeSet<String> = full
+        .machines
+        .iter()
+        .filter(|m| state(m) == S::Speculative)
+        .map(|m| m.id.clone())
+        .collect();
+    assert!(
+        matching.len() > 10,
+        "{} Speculative machines",
+        matching.len()
+    );
+    let cap = 7;
+    let mut walked = Vec::new();
+    while walked.len() < matching.len() {
+        let page = list(&mut c, &[S::Speculative], cap, b"").await;
+        assert_eq!(
+            page.revision, full.revision,
+            "a capped page carries the head"
+        );
+        assert!(!page.machines.is_empty() && page.machines.len() <= cap as usize);
+        for m in &page.machines {
+            assert_eq!(state(m), S::Speculative, "{} passed the filter", m.id);
+            assert!(!busy.contains(&m.id));
+        }
+        walked.extend(page.machines.iter().map(|m| m.id.clone()));
+    }
+    let first_lap = &walked[..matching.len()];
+    let distinct: BTreeSet<String> = first_lap.iter().cloned().collect();
+    assert_eq!(distinct, matching, "one lap covers the set exactly once");
+    // The walk is periodic: past the first lap it repeats the lap in the same order.
+    let next = list(&mut c, &[S::Speculative], 1, b"").await;
+    assert_eq!(next.machines[0].id, walked[walked.len() % matching.len()]);
+    assert_eq!(
+        walked[matching.len()..],
+        walked[..walked.len() - matching.len()]
+    );
+}
+
+/// Sixteen shards that each ask for one Speculative machine at the same moment, each on its
+/// own connection, get sixteen different machines instead of racing for one.
+#[tokio::test]
+async fn concurrent_capped_pickers_get_different_machines() {
+    let server = core();
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        clients.push(server.client().await);
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(16));
+    let picks = futures::future::join_all(clients.into_iter().map(|mut c| {
+        let barrier = std::sync::Arc::clone(&barrier);
+        async move {
+            barrier.wait().await;
+            let page = list(&mut c, &[S::Speculative], 1, b"").await;
+            page.machines[0].id.clone()
+        }
+    }))
+    .await;
+    let distinct: BTreeSet<&String> = picks.iter().collect();
+    assert_eq!(distinct.len(), 16, "pickers collided: {picks:?}");
+}
