@@ -2,7 +2,8 @@
 # The real-QEMU test tier: a real libvirtd + QEMU (TCG) in a Debian 12 chroot, and a tiny
 # guest (Debian cloud kernel + busybox/qemu-ga initramfs) the provider can drive through
 # the guest agent. The chroot keeps the host untouched: installing Debian 12's
-# qemu-system-x86 on the host would remove its qemu-utils 10.0.2 (see stack.md §3).
+# qemu-system-x86 on the host would remove its newer qemu-utils (qemu-img 10.0.2, from
+# bookworm-backports), which declares Breaks: qemu-system-common (<< 8.0).
 #
 #   scripts/qemu-tier.sh check     exit 0 if this machine can run the tier, else print
 #                                  "qemu tier: skipped: <reason>" and exit 3

@@ -61,7 +61,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Whether this is a first boot: nothing was ever stored (contract §10).
+    /// Whether this is a first boot: nothing was ever stored (docs/contract.md §10).
     #[must_use]
     pub fn is_fresh(&self) -> bool {
         self.machines.is_empty()

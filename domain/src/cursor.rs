@@ -1,4 +1,4 @@
-//! List cursors: the revision counter as ASCII decimal (contract §8).
+//! List cursors: the revision counter as ASCII decimal (docs/contract.md §8).
 
 /// Parses a `since_revision` cursor as a base-10 signed 64-bit integer with an optional
 /// leading sign. Anything else (empty, letters, binary, trailing junk, overflow) yields

@@ -1,4 +1,4 @@
-//! Fencing tokens and high-water marks (contract §3).
+//! Fencing tokens and high-water marks (docs/contract.md §3).
 //!
 //! One mark is kept per (shard_id, machine_id). A token passes only if it is strictly newer
 //! than the mark, comparing (epoch, sequence) lexicographically as signed integers; an equal

@@ -1,4 +1,4 @@
-//! Get and List (contract §8).
+//! Get and List (docs/contract.md §8).
 //!
 //! A full list walks records in id order; a delta walks the (revision, id) index from the
 //! cursor, so 100 changes among 100k machines cost 100 steps. Filters combine as

@@ -1,9 +1,9 @@
 //! Machine records and their value types.
 //!
 //! A [`Machine`] is what the shard sees through Get and List. Its structural shape depends on
-//! its state (contract §2.1); [`Machine::assert_shape`] checks that shape before a record is
-//! persisted and after it is loaded, because a record out of shape means the state machine
-//! itself is broken and must not be written anywhere.
+//! its state (docs/contract.md §2.1); [`Machine::assert_shape`] checks that shape before a
+//! record is persisted and after it is loaded, because a record out of shape means the state
+//! machine itself is broken and must not be written anywhere.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -302,7 +302,7 @@ impl Machine {
         self.host.as_ref().is_some_and(HostRef::is_set)
     }
 
-    /// Describes how the record breaks the structural shape its state implies (contract
+    /// Describes how the record breaks the structural shape its state implies (docs/contract.md
     /// §2.1), or `None` when it is in shape.
     #[must_use]
     pub fn shape_violation(&self) -> Option<String> {

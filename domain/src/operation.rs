@@ -1,7 +1,7 @@
 //! Transition kinds and operation ids.
 //!
 //! Idempotency is keyed on (machine, kind) rather than (machine, target state) because
-//! Create and Drain share the target Idle (contract §4).
+//! Create and Drain share the target Idle (docs/contract.md §4).
 
 use std::fmt;
 

@@ -1,5 +1,5 @@
-//! Reconcile (contract §9): adopt described records the inventory lacks and refresh the
-//! substrate facts of known ones. Lifecycle state, host, binding, metadata, last_error,
+//! Reconcile (docs/contract.md §9): adopt described records the inventory lacks and refresh
+//! the substrate facts of known ones. Lifecycle state, host, binding, metadata, last_error,
 //! instance type, zone and capacity type are never touched, and records are never removed.
 
 use std::sync::Arc;

@@ -1,9 +1,9 @@
 //! Mutating calls and transition completions.
 //!
-//! The order inside [`Core::mutate`] is the contract's (§2.3) and is load-bearing: empty id,
-//! then the Delete capability (before the fence, so an unsupported Delete never moves a
-//! mark), then the fence (before not-found, so a zombie learns nothing), then not-found,
-//! the idempotent short-circuit, the position check, and finally accept.
+//! The order inside [`Core::mutate`] is that of docs/contract.md §2.3 and is load-bearing: empty
+//! id, an empty cluster id, then the Delete capability (before the fence, so an unsupported Delete
+//! never moves a mark), then the fence (before not-found, so a zombie learns nothing), then
+//! not-found, the idempotent short-circuit, the position check, and finally accept.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Field-shape validation of records the hypervisor describes (contract §7).
+//! Field-shape validation of records the hypervisor describes (docs/contract.md §7).
 //!
 //! At start-up a violation aborts seeding; during reconcile the record is skipped with a
 //! warning. Unlike the reference, non-finite prices are rejected (certification B802 needs
@@ -72,7 +72,7 @@ pub enum InvalidMachine {
 /// Checks one described record.
 ///
 /// # Errors
-/// The first rule the record breaks, in the order of contract §7.
+/// The first rule the record breaks, in the order of docs/contract.md §7.
 pub fn validate_instance(machine: &Machine, require_zone: bool) -> Result<(), InvalidMachine> {
     let id = machine.id.to_string();
     if machine.instance_type.is_empty() {

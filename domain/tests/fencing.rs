@@ -1,5 +1,5 @@
-//! Fencing (contract §3, certification B301–B305): per (shard, machine) marks, strictly-newer
-//! signed lexicographic comparison, the zero-token bypass and the check order.
+//! Fencing (docs/contract.md §3, certification B301–B305): per (shard, machine) marks,
+//! strictly-newer signed lexicographic comparison, the zero-token bypass and the check order.
 
 mod common;
 

@@ -1,5 +1,5 @@
-//! Idempotency (contract §4, certification B214): op ids from one global counter, reuse only
-//! in the kind's transitional state or stable target, request payload not part of the key.
+//! Idempotency (docs/contract.md §4, certification B214): op ids from one global counter, reuse
+//! only in the kind's transitional state or stable target, request payload not part of the key.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Completions (contract §2.2, §5, §6): success edges and their post-effects, failures,
+//! Completions (docs/contract.md §2.2, §5, §6): success edges and their post-effects, failures,
 //! timeouts, late and stale results, Failed as a sink, and the cluster binding.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Get, List and revisions (contract §8): filters, cap, strictly-greater deltas, the head
+//! Get, List and revisions (docs/contract.md §8): filters, cap, strictly-greater deltas, the head
 //! revision, what does and does not bump it, cursor parsing and restart re-listing.
 
 mod common;

@@ -1,4 +1,4 @@
-//! The outcome matrix of contract §2.5 and §4: every state × every kind, with and without
+//! The outcome matrix of docs/contract.md §2.5 and §4: every state × every kind, with and without
 //! prior operation records, rendered as a reviewed snapshot and checked against an oracle
 //! transcribed from the contract table.
 
@@ -195,7 +195,7 @@ fn class_of(cell: &str) -> &str {
     }
 }
 
-/// The contract §2.5 table, transcribed independently of the core's `Kind` helpers.
+/// The docs/contract.md §2.5 table, transcribed independently of the core's `Kind` helpers.
 fn expected(state: MachineState, kind: Kind, has_record: bool) -> &'static str {
     use Kind as K;
     use MachineState as S;

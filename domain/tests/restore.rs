@@ -1,4 +1,4 @@
-//! Restore (contract §5, §10): interrupted transitions come back Failed, everything else is
+//! Restore (docs/contract.md §5, §10): interrupted transitions come back Failed, everything else is
 //! reloaded verbatim, and the store contract (applying change sets reproduces the snapshot).
 
 mod common;

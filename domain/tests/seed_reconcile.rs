@@ -1,4 +1,4 @@
-//! Seeding and reconcile (contract §7, §9): field-shape validation, duplicates, adoption of
+//! Seeding and reconcile (docs/contract.md §7, §9): field-shape validation, duplicates, adoption of
 //! unknown records and the narrow set of substrate facts a reconcile may refresh.
 
 mod common;

@@ -1,6 +1,6 @@
 //! The bare-metal profile (`--capacity-type=bare_metal`): a fixed, free pool without Delete.
 //! Every machine is BARE_METAL at price 0; Delete answers UNIMPLEMENTED for any id and any
-//! token, before the fence (contract §2.3 step 2), so it never advances a fence mark; the
+//! token, before the fence (docs/contract.md §2.3, step 3), so it never advances a fence mark; the
 //! Create → Configure → Drain cycle works as in the core profile.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The upstream baseline (`intUnderflow/bigfleet`, `test/conformance/`, conformance.md §2):
+//! The upstream baseline (`intUnderflow/bigfleet`, `test/conformance/`, docs/conformance.md §2):
 //! the 16 `conformance_test.go`, 6 `fencing_test.go` and 3 `metadata_test.go` functions,
 //! one test each, named after the upstream function.
 //!

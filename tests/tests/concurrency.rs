@@ -1,5 +1,5 @@
-//! Conformance §3.4 — concurrency & idempotency (B401–B409): bursts of identical calls fired
-//! together (all tasks released by one barrier) collapse to one transition and one op id,
+//! docs/conformance.md §3.4 — concurrency & idempotency (B401–B409): bursts of identical calls
+//! fired together (all tasks released by one barrier) collapse to one transition and one op id,
 //! zombie and live epochs race, and no unfenced call is ever FAILED_PRECONDITION.
 
 use std::collections::BTreeSet;

@@ -1,4 +1,4 @@
-//! Durability & restart recovery (conformance §3.9 and §5, B1001–B1007) against our own
+//! Durability & restart recovery (docs/conformance.md §3.9 and §5, B1001–B1007) against our own
 //! binary with `--state` (a redb file), plus the properties behind them under load: the
 //! process is SIGKILLed mid-traffic and restarted on the same file (always on a new port),
 //! and everything it acknowledged must still be there — fence marks, operation ids,
@@ -23,7 +23,7 @@ use tonic::Code;
 
 use crate::harness::*;
 
-/// The lane's walk deadline (§5.1: 20 s per reach).
+/// The lane's walk deadline (docs/conformance.md §5.1: 20 s per reach).
 const WALK: Duration = Duration::from_secs(20);
 /// The part of every restart-recovery last_error the lane relies on.
 const INTERRUPTED: &str = "interrupted by a provider restart";
@@ -63,7 +63,7 @@ fn sigkill(server: &mut Server) {
     server.kill();
 }
 
-/// The contract's restart-recovery message for `kind` (contract §5).
+/// The contract's restart-recovery message for `kind` (docs/contract.md §5).
 fn interrupted(kind: &str) -> String {
     format!("{kind} transition interrupted by a provider restart; needs re-drive")
 }
@@ -147,10 +147,10 @@ fn durable_view(
 }
 
 // ---------------------------------------------------------------------------------------
-// 1. The §5.1 choreography
+// 1. The choreography (docs/conformance.md §5.1)
 // ---------------------------------------------------------------------------------------
 
-/// The lane's Configure of C (§5.1 3b), sent again verbatim for B1002.
+/// The lane's Configure of C (docs/conformance.md §5.1), sent again verbatim for B1002.
 async fn configure_c(c: &mut Client, id: &str) -> Result<pb::TransitionAck, tonic::Status> {
     configure_map(
         c,
@@ -300,8 +300,8 @@ async fn b1001_to_b1007_durability_lane() {
 // 2. Strong B1006
 // ---------------------------------------------------------------------------------------
 
-/// §5.2 against our own binary: a Configure held open by the `fault-timeout` hook (30 s
-/// deadline) is cut off by SIGKILL; after the restart a single Get shows FAILED with the
+/// docs/conformance.md §5.2 against our own binary: a Configure held open by the `fault-timeout`
+/// hook (30 s deadline) is cut off by SIGKILL; after the restart a single Get shows FAILED with the
 /// restart-recovery last_error, and the record keeps its cluster, metadata and host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn b1006_strong_interrupted_configure_comes_back_failed() {

@@ -1,4 +1,4 @@
-//! Transition matrix / errors (conformance.md §3.2): B201–B215 against the core profile,
+//! Transition matrix / errors (docs/conformance.md §3.2): B201–B215 against the core profile,
 //! plus the empty-cluster_id check this provider documents.
 //!
 //! Where the suite tolerates several outcomes, the provider's documented choice is

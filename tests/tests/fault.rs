@@ -1,4 +1,4 @@
-//! Timeouts & failure — the fault lane (conformance §3.6 and §4, B701–B708), against the
+//! Timeouts & failure — the fault lane (docs/conformance.md §3.6 and §4, B701–B708), against the
 //! fake's fault hooks with a 2 s transition timeout. Faults are selected over the wire only:
 //! slots labelled `conformance.fault/create=error`, and the Configure cluster ids
 //! `fault-error`, `fault-timeout`, `fault-slow-ok`, `fault-drain-error`,

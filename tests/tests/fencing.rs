@@ -1,4 +1,4 @@
-//! Conformance §3.3 — fencing (B301–B303, B305–B312): the per-(shard, machine) high-water
+//! docs/conformance.md §3.3 — fencing (B301–B303, B305–B312): the per-(shard, machine) high-water
 //! mark, its strict lexicographic order, its place before not-found and idempotency, the
 //! all-zero bypass, and a seeded random token stream against a running-max oracle.
 

@@ -1,4 +1,4 @@
-//! Field shape & cost (conformance §3.7, B801–B807): every record is well formed, costs are
+//! Field shape & cost (docs/conformance.md §3.7, B801–B807): every record is well formed, costs are
 //! in range, host/cluster follow the state, quantities parse, and the host provider is stable.
 
 use bigfleet_libvirt_proto::v1alpha1 as pb;

@@ -1,4 +1,4 @@
-//! Lifecycle & state machine (conformance.md §3.1): B101, B103–B109 against the core profile.
+//! Lifecycle & state machine (docs/conformance.md §3.1): B101, B103–B109 against the core profile.
 
 use std::time::{Duration, Instant};
 
@@ -204,8 +204,8 @@ async fn b108_settled_machines_do_not_move() {
     assert_settled(&mut c, &id, S::Idle).await;
 }
 
-/// The capability probe (§1.6): walk one machine to IDLE and Delete it; true when Delete is
-/// implemented (the machine then returns to SPECULATIVE within 15 s).
+/// The capability probe (docs/conformance.md §1.2): walk one machine to IDLE and Delete it; true
+/// when Delete is implemented (the machine then returns to SPECULATIVE within 15 s).
 async fn probe_delete(server: &Server, c: &mut Client) -> bool {
     let id = walk_to_idle(server, c).await;
     let result = delete(c, &id, None).await;

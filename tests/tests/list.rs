@@ -1,6 +1,6 @@
-//! List, revision & pagination (conformance §3.8, B901–B909). List is an unordered set with
-//! no duplicate ids; this provider's cursor is the ASCII-decimal head revision (contract §8),
-//! so the capability probe must find SinceRevision and Delete.
+//! List, revision & pagination (docs/conformance.md §3.8, B901–B909). List is an unordered set with
+//! no duplicate ids; this provider's cursor is the ASCII-decimal head revision (docs/contract.md
+//! §8), so the capability probe must find SinceRevision and Delete.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -61,8 +61,8 @@ async fn revision(c: &mut Client) -> Vec<u8> {
     list_all(c).await.revision
 }
 
-/// The extension capability probe (§1.6), returning (SinceRevision, Delete). This provider
-/// supports both, so a missing capability fails instead of skipping.
+/// The extension capability probe (docs/conformance.md §1.2), returning (SinceRevision, Delete).
+/// This provider supports both, so a missing capability fails instead of skipping.
 async fn probe(server: &Server, c: &mut Client) -> (bool, bool) {
     let r0 = revision(c).await;
     let id = walk_to_idle(server, c).await;

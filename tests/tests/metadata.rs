@@ -1,4 +1,4 @@
-//! Metadata (conformance §3.5, B501–B505): `shard_metadata` is stored and echoed byte for
+//! Metadata (docs/conformance.md §3.5, B501–B505): `shard_metadata` is stored and echoed byte for
 //! byte — NUL and control bytes, unicode, empty values, NUL inside a key — set at Configure
 //! accept, cleared with the cluster when a Drain completes, never truncated.
 

@@ -509,7 +509,7 @@ async fn first_speculative(c: &mut Client) -> String {
 }
 
 // ---------------------------------------------------------------------------------------
-// An in-process OTLP/gRPC trace collector (stack.md Appendix C).
+// An in-process OTLP/gRPC trace collector: the provider exports its spans here.
 
 struct Capture(tokio::sync::mpsc::UnboundedSender<ExportTraceServiceRequest>);
 

@@ -1,4 +1,4 @@
-//! Conformance §3.11 — property / fuzz (B1201–B1205): seeded random token streams against
+//! docs/conformance.md §3.11 — property / fuzz (B1201–B1205): seeded random token streams against
 //! running-max oracles, random UTF-8 metadata round-trips, random lifecycle walks against
 //! the four-edge model, and the request-shape code discipline. Every random stream comes
 //! from `Xoshiro256PlusPlus` with a fixed seed that is printed (override:
@@ -53,8 +53,9 @@ fn non_fencing_rejection<T>(result: &Result<T, tonic::Status>) -> bool {
     result.is_err() && code(result) != FP
 }
 
-/// The capability probe's Delete half (§1.6): walk a machine to Idle and Delete it; Delete
-/// exists unless the answer is UNIMPLEMENTED. On success the machine returns to the pool.
+/// The capability probe's Delete half (docs/conformance.md §1.2): walk a machine to Idle and Delete
+/// it; Delete exists unless the answer is UNIMPLEMENTED. On success the machine returns to the
+/// pool.
 async fn probe_delete(server: &Server, c: &mut Client) -> bool {
     let id = walk_to_idle(server, c).await;
     let result = delete(c, &id, None).await;

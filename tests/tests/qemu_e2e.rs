@@ -378,7 +378,7 @@ async fn a_failing_hook_fails_configure_with_its_bounded_output() {
         "the blob never reaches last_error"
     );
 
-    // Failed is terminal (contract §2.6): Delete is refused and the domain is left as is,
+    // Failed is terminal (docs/contract.md §2.6): Delete is refused and the domain is left as is,
     // for the operator to inspect.
     let refused = delete(&mut c, &id, None).await;
     assert_eq!(code(&refused), tonic::Code::Aborted, "{refused:?}");

@@ -1,5 +1,5 @@
-//! Scale & soak (conformance §3.10 and §6, B1101–B1109) at the suite's manual size that fits
-//! CI: each test boots its own provider with `--seed-count=4000` (scale-seed 4000) and soaks
+//! Scale & soak (docs/conformance.md §3.10 and §6, B1101–B1109) at the suite's manual size that
+//! fits CI: each test boots its own provider with `--seed-count=4000` (scale-seed 4000) and soaks
 //! for 3 s. Latency budgets are the spec's absolute client-side numbers.
 
 use std::collections::BTreeSet;
@@ -39,7 +39,7 @@ fn ids(list: &pb::MachineList, what: &str) -> BTreeSet<String> {
     seen
 }
 
-/// The extension capability probe (§1.6), returning (SinceRevision, Delete).
+/// The extension capability probe (docs/conformance.md §1.2), returning (SinceRevision, Delete).
 async fn probe(server: &Server, c: &mut Client) -> (bool, bool) {
     let r0 = list_all(c).await.revision;
     let id = walk_to_idle(server, c).await;

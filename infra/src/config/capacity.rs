@@ -1,4 +1,4 @@
-//! Capacity-type strings (libvirt-reference §3.6), from `--capacity-type` or an offering's
+//! Capacity-type strings (docs/libvirt.md §3.6), from `--capacity-type` or an offering's
 //! `capacity_type`.
 //!
 //! A libvirt host is owned hardware: it can be on-demand (slots are created and deleted) or a

@@ -1,4 +1,4 @@
-//! The `--connect` grammar (libvirt-reference §2.1): one bare libvirt URI for
+//! The `--connect` grammar (docs/libvirt.md §2.1): one bare libvirt URI for
 //! `--default-zone`, or a comma-separated `zone=uri` list, one entry per libvirt host.
 //!
 //! The bare-versus-list decision follows the reference heuristic exactly, because a URI's

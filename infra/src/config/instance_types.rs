@@ -1,4 +1,4 @@
-//! The instance-type catalog (libvirt-reference §3.5): the VM shapes offerings may name.
+//! The instance-type catalog (docs/libvirt.md §3.5): the VM shapes offerings may name.
 //!
 //! The built-in `kvm.*` catalog covers a first run; `--instance-types` replaces it (no merge)
 //! with a JSON object `name -> {"vcpu": N, "memory_mib": N}`. The catalog is the only source of

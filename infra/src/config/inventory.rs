@@ -1,4 +1,4 @@
-//! Offerings → the Speculative inventory (libvirt-reference §3.2, §3.4, §3.6).
+//! Offerings → the Speculative inventory (docs/libvirt.md §3.2, §3.4, §3.6).
 //!
 //! Each offering is validated in the reference's order, then expanded into one Speculative
 //! machine per slot, offering by offering. Unlike the reference, slot numbers count per

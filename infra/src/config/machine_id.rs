@@ -1,4 +1,4 @@
-//! Slot ids (libvirt-reference §3.4): `<provider>/<CapacityToken>/<type>/<zone>/<index>`.
+//! Slot ids (docs/libvirt.md §3.4): `<provider>/<CapacityToken>/<type>/<zone>/<index>`.
 //!
 //! Ids persist in the state store and in each domain's libvirt metadata, so the format is
 //! fixed: the index is zero-padded to at least three digits, and parsing reads the last four

@@ -7,7 +7,7 @@
 //! same values in code, and so every rule that decides whether the process may start sits in
 //! one place with one error type whose messages tell the operator which flag to fix and how.
 //!
-//! Where the reference provider is lax (libvirt-reference §15) these loaders are strict on
+//! Where the reference provider is lax (docs/libvirt.md §6) these loaders are strict on
 //! purpose: zones are checked wherever they come from, prices must be finite, overrides must
 //! name a catalog type, and slot numbering never produces two machines with the same id.
 

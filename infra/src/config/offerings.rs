@@ -1,4 +1,4 @@
-//! Offerings (libvirt-reference §3.1, §3.3): the quota, as instance type × zone × count.
+//! Offerings (docs/libvirt.md §3.1, §3.3): the quota, as instance type × zone × count.
 //!
 //! They come from an `--offerings` JSON file, or, without one, from a built-in set sized by
 //! `--seed-count` that spreads slots over two zones and the catalog's first and last type
@@ -29,7 +29,7 @@ pub struct Offering {
     pub instance_type: String,
     /// Zone (one libvirt host).
     pub zone: String,
-    /// Capacity string (§3.6); empty means on-demand.
+    /// Capacity string (docs/libvirt.md §3.6); empty means on-demand.
     #[serde(default, deserialize_with = "null_as_default")]
     pub capacity_type: String,
     /// Number of slots.
@@ -89,12 +89,12 @@ pub fn offerings_from_json(text: &str, source: &str) -> Result<Vec<Offering>, Co
     }
 }
 
-/// The built-in offerings (§3.3). `seed_count <= 0` means [`DEFAULT_SEED_COUNT`]. Zones A/B
-/// are the first two of `zones` (both the only one when there is one, `<default_zone>-a` and
-/// `-b` when there are none); "small"/"large" are the first and last catalog names in sorted
-/// order. The four buckets small@A, large@A, small@B, large@B share the count, the remainder
-/// going to the first buckets; empty buckets are dropped. Buckets that share (type, zone) are
-/// fine: the inventory numbers slots per (type, zone) across offerings, so ids stay distinct.
+/// The built-in offerings (docs/libvirt.md §3.3). `seed_count <= 0` means [`DEFAULT_SEED_COUNT`].
+/// Zones A/B are the first two of `zones` (both the only one when there is one, `<default_zone>-a`
+/// and `-b` when there are none); "small"/"large" are the first and last catalog names in sorted
+/// order. The four buckets small@A, large@A, small@B, large@B share the count, the remainder going
+/// to the first buckets; empty buckets are dropped. Buckets that share (type, zone) are fine: the
+/// inventory numbers slots per (type, zone) across offerings, so ids stay distinct.
 #[must_use]
 pub fn default_offerings(
     seed_count: i64,

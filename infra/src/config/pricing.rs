@@ -1,5 +1,5 @@
-//! Prices (libvirt-reference §4): explicit `--prices` overrides, else a synthetic price from
-//! the shape and two hourly rates.
+//! Prices (docs/libvirt.md §4): explicit `--prices` overrides, else a synthetic price from the
+//! shape and two hourly rates.
 //!
 //! Two deliberate differences from the reference: an override must be a finite, non-negative
 //! number and must name a catalog type (a typo would otherwise price nothing, silently), and a

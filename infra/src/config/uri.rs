@@ -1,4 +1,4 @@
-//! The `--connect` URI security gate (libvirt-reference §2.2).
+//! The `--connect` URI security gate (docs/libvirt.md §2.2).
 //!
 //! There is no URL crate in the workspace, and a libvirt URI needs only three things checked:
 //! its scheme (which names the transport), whether it has a host, and its query parameters.

@@ -7,7 +7,7 @@
 //! in-memory agent. Every request is built with a JSON encoder and every reply parsed
 //! with a JSON decoder; nothing is spliced into strings by hand.
 //!
-//! Rules this module enforces (design.md §4.5): files are written in bounded chunks with
+//! Rules this module enforces (docs/design.md §4.5): files are written in bounded chunks with
 //! `guest-file-open/write/close` (no argv size limit, nothing in the guest's process
 //! list); a process killed by a signal is a failure, as is one that reports no exit code;
 //! the captured output quoted in an error is bounded.

@@ -1,9 +1,9 @@
 //! Jittered exponential backoff for reconnecting to a libvirt host.
 //!
-//! Each host draws its jitter from its own seeded `Xoshiro256PlusPlus` (style R8: a named,
-//! version-stable PRNG, never `thread_rng`), so a test or a replay sees the same waits, while
-//! hosts with different seeds spread their reconnect attempts instead of stampeding a
-//! daemon that just came back.
+//! Each host draws its jitter from its own seeded `Xoshiro256PlusPlus` (docs/design.md §5.2: a
+//! named, version-stable PRNG, never `thread_rng`), so a test or a replay sees the same waits,
+//! while hosts with different seeds spread their reconnect attempts instead of stampeding a daemon
+//! that just came back.
 
 use std::time::Duration;
 

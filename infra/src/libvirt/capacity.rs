@@ -1,5 +1,5 @@
-//! Host capacity accounting (design.md §4.3): what a host can run, what is already committed
-//! on it, and whether one more machine fits.
+//! Host capacity accounting (docs/design.md §4.3): what a host can run, what is already
+//! committed on it, and whether one more machine fits.
 //!
 //! A host's allocatable shape is its node info minus the operator's reserve, times the
 //! allocation ratios. Committed is every domain the last scan saw that uses (or will use)

@@ -1,5 +1,6 @@
-//! Describe (design.md §4.4): what each reachable host really runs, turned into the
-//! inventory the provider seeds from and reconciles against, plus what is out of line.
+//! Describe (docs/design.md §4.4, docs/libvirt.md §5.10): what each reachable host really runs,
+//! turned into the inventory the provider seeds from and reconciles against, plus what is out of
+//! line.
 //!
 //! A scan reads every domain on a host (name, power state, shape, ownership tag) and the
 //! volume names in the pool; everything after that is pure and unit-tested without

@@ -65,7 +65,7 @@ pub(crate) fn owned(
     }
 }
 
-/// Whether libvirt counts the state as running (reference §5.5).
+/// Whether libvirt counts the state as running (docs/libvirt.md §5.5).
 pub(crate) fn is_active(state: DomainState) -> bool {
     matches!(
         state,

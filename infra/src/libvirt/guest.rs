@@ -1,7 +1,7 @@
 //! What runs inside the guest at Configure and Drain, and the libvirt transport to its
 //! qemu agent.
 //!
-//! The in-guest contract (documented in the module README): the image ships an executable
+//! The in-guest contract (docs/libvirt.md §5.7, §5.8): the image ships an executable
 //! `/opt/bigfleet/bootstrap` and a running `qemu-guest-agent`. Configure writes the blob
 //! to `/opt/bigfleet/bootstrap.blob` (mode 0600, through `guest-file-*`, never on a
 //! command line) and runs `/opt/bigfleet/bootstrap <cluster-id>`; the blob is removed when

@@ -1,7 +1,7 @@
 //! One libvirt host (zone): its connection, its health, and how blocking calls reach it.
 //!
 //! libvirt's API is blocking, so every call runs on tokio's blocking pool, behind a
-//! per-host semaphore that bounds how many threads one host may occupy (style R9). A
+//! per-host semaphore that bounds how many threads one host may occupy (docs/design.md §5.3). A
 //! dropped future never cuts a call short: the closure runs to completion on its thread and
 //! the permit is released when it really ends, so a deadline can never leave a half-made
 //! domain behind a call that "returned". Each host is isolated: its own connection, its own

@@ -2,7 +2,7 @@
 //! through the `virt` bindings and implements the `Hypervisor` port.
 //!
 //! The adapter is split by concern so each file stays small enough to review in one
-//! sitting (style R27) and each rule has one home:
+//! sitting (docs/design.md §5.5) and each rule has one home:
 //!
 //! - `host`: one connection per zone, blocking calls behind a per-host semaphore,
 //!   keepalive, liveness probes, reconnect with jittered backoff (`backoff`), health;
@@ -17,8 +17,9 @@
 //! - `service`: the `Hypervisor` implementation tying the above together;
 //! - `fixture`: libvirt test-driver node files for tests, benchmarks and demos.
 //!
-//! The module README (`README.md` beside this file) documents operating it against real
-//! hosts: connection URIs, image requirements, the in-guest hook contract and the flags.
+//! docs/libvirt.md describes how it behaves, and the README's "Running against real libvirt
+//! hosts" section how to operate it: connection URIs, image requirements, the in-guest hook
+//! contract and the flags.
 
 mod agent;
 mod backoff;

@@ -3,7 +3,7 @@
 //!
 //! Documents are built as strings because their shape is fixed; every interpolated value
 //! goes through [`escape`], unlike the reference, which interpolated flag values and paths
-//! raw. The domain mirrors libvirt-reference §5.4: x86_64/q35 with BIOS boot, host CPU,
+//! raw. The domain is described in docs/libvirt.md §5.4: x86_64/q35 with BIOS boot, host CPU,
 //! a virtio disk on the qcow2 overlay, the cloud-init seed as a read-only SATA CD-ROM, one
 //! virtio NIC on `--network`, the qemu guest-agent channel and a serial console.
 //!

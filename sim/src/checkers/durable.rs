@@ -10,7 +10,7 @@ use bigfleet_libvirt_domain::{Machine, MachineState};
 use super::{Invariant, binding_problem, bound_state};
 use crate::world::World;
 
-/// The contract's legal edges (§2.2).
+/// The contract's legal edges (docs/contract.md §2.2).
 fn legal(from: MachineState, to: MachineState) -> bool {
     use MachineState::{
         Configured, Configuring, Creating, Deleting, Draining, Failed, Idle, Speculative,

@@ -1,4 +1,4 @@
-//! Invariant checkers, kept apart from the workload (style R20). They observe the world
+//! Invariant checkers, kept apart from the workload (docs/design.md §5.6). They observe the world
 //! after every step: each answer as it leaves the provider (`online`), each durable commit
 //! (`durable`), each host effect (`hosts`), each provider restart (`restart`), and once
 //! more after faults stop and the provider has converged (`quiescence`).

@@ -153,7 +153,7 @@ pub fn on_mutation(
     let passed = match reply {
         Ok(_) => true,
         Err(status) => match status.code() {
-            // The fence runs before not-found and the position check (contract §2.3).
+            // The fence runs before not-found and the position check (docs/contract.md §2.3).
             Code::NotFound | Code::Aborted => true,
             Code::FailedPrecondition => {
                 if !fencing_justified(world, scope, token) {
