@@ -15,6 +15,7 @@ mod fault;
 mod fencing;
 mod fieldshape;
 mod identity;
+mod identity_docs;
 mod libvirt;
 mod lifecycle;
 mod list;
