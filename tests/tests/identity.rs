@@ -24,7 +24,7 @@ use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use crate::harness::logs::{lines_of, logged, serving_fields};
 use crate::harness::scrape::{Scrape, scrape};
 use crate::harness::tls::{
-    Ca, Leaf, arg, handshake, replace, rustls_client, tls_channel, tls_client, write,
+    Ca, Leaf, arg, handshake, replace, rustls_client, tls_channel, tls_client, tls_list, write,
 };
 use crate::harness::*;
 
@@ -714,4 +714,28 @@ async fn reload_keeps_identity_enforcement() {
         .expect("own Create after the reload");
     let mut nobody = mtls.client(&[]).await;
     assert_denied(get(&mut nobody, &id).await, "no bigfleet:// URI SAN");
+
+    // A rotated client CA: its certificates are verified and their identities enforced.
+    let client_ca = Ca::new("identity client CA 2");
+    replace(&mtls.dir.path().join("ca.pem"), &client_ca.pem, None);
+    let reader = client_ca.client_with_uris("reader", &[READONLY]);
+    let start = Instant::now();
+    while tls_list(mtls.server.addr, &mtls.ca.pem, Some(&reader))
+        .await
+        .is_err()
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the new client CA was not used"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("client CA rotation used after {:?}", start.elapsed());
+    let beta = client_ca.client_with_uris("beta", &[BETA]);
+    let mut beta = tls_client(mtls.server.addr, &mtls.ca.pem, &beta).await;
+    let spare = pick(&mtls.server, &mut beta).await;
+    assert_denied(create(&mut beta, &spare, tok("alpha", 1, 1)).await, BETA);
+    create(&mut beta, &spare, tok("beta", 1, 1))
+        .await
+        .expect("beta's own Create under the new CA");
 }

@@ -140,4 +140,13 @@ mod tests {
             .collect();
         insta::assert_snapshot!(table);
     }
+
+    #[test]
+    fn a_refused_identity_is_permission_denied_with_the_refusal_as_message() {
+        use crate::identity::{Access, Seen, authorize};
+        let denial = authorize(&Seen::Missing, "Get", Access::Read).unwrap_err();
+        let status = super::permission_denied(&denial);
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert_eq!(status.message(), denial.to_string());
+    }
 }
