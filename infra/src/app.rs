@@ -37,6 +37,8 @@ use tracing::warn;
 use crate::grpc::CapacityService;
 #[cfg(not(madsim))]
 use crate::http::{self, Readiness};
+#[cfg(not(madsim))]
+use crate::identity::{Identified, PeerIdentity};
 use crate::metrics::{KindLabels, Metrics, TransitionLabels};
 #[cfg(not(madsim))]
 use crate::metrics::{OutcomeLabels, StateLabels};
@@ -56,6 +58,8 @@ pub struct ServeConfig {
     pub tls: Option<crate::tls::TlsState>,
     /// Honour the fake's test-only hooks in the gRPC layer (the injected handler panic).
     pub fault_hooks: bool,
+    /// Check every call against the client certificate's `bigfleet://` identity (mTLS).
+    pub client_identity: crate::identity::IdentityMode,
 }
 
 /// What the "serving CapacityProvider" line reports.
@@ -71,6 +75,8 @@ pub struct Banner {
     pub offerings: usize,
     /// Configured zones, sorted.
     pub zones: Vec<String>,
+    /// `enforce` or `off`: whether calls are checked against the client identity.
+    pub client_identity: String,
 }
 
 /// Starts the provider over its adapters and wires its transition events into `metrics`.
@@ -126,7 +132,12 @@ pub fn capacity_server<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     metrics: Metrics,
     fault_hooks: bool,
 ) -> CapacityProviderServer<CapacityService<H, S, C, E>> {
-    let capacity = CapacityService::new(provider, metrics).with_fault_hooks(fault_hooks);
+    hosted(CapacityService::new(provider, metrics).with_fault_hooks(fault_hooks))
+}
+
+fn hosted<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    capacity: CapacityService<H, S, C, E>,
+) -> CapacityProviderServer<CapacityService<H, S, C, E>> {
     CapacityProviderServer::new(capacity).max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE)
 }
 
@@ -149,7 +160,12 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
     let readiness = Readiness::default();
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let service = capacity_server(provider.clone(), metrics.clone(), config.fault_hooks);
+    // As `capacity_server`, plus the client-identity check (the simulation has no TLS).
+    let service = hosted(
+        CapacityService::new(provider.clone(), metrics.clone())
+            .with_fault_hooks(config.fault_hooks)
+            .with_client_identity(config.client_identity),
+    );
     let mut router = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(service);
@@ -174,7 +190,14 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let grpc_task = match &config.tls {
         Some(tls) => {
             tokio::spawn(tls.clone().watch(Duration::from_secs(2)));
-            let incoming = crate::tls::incoming(grpc, tls);
+            // Each connection's client identity is read once, here, and handed to its calls.
+            let incoming = crate::tls::incoming(grpc, tls).map(|accepted| {
+                accepted.map(|stream| {
+                    let peer =
+                        PeerIdentity::from_certificates(stream.get_ref().1.peer_certificates());
+                    Identified::new(stream, peer)
+                })
+            });
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
         None => {
@@ -266,6 +289,7 @@ fn log_banner(banner: &Banner, grpc: SocketAddr, http: Option<SocketAddr>) {
         security = banner.security,
         offerings = banner.offerings,
         zones = banner.zones.join(","),
+        client_identity = banner.client_identity,
         metrics_addr,
         "serving CapacityProvider"
     );

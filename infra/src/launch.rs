@@ -10,6 +10,7 @@ use std::time::Duration;
 use bigfleet_libvirt_domain::{Machine, Policy, Timeouts};
 use bigfleet_libvirt_ports::ProviderConfig;
 
+use crate::identity::IdentityMode;
 use crate::libvirt::{CapacityPolicy, DirectKernel, DomainType, GcPolicy, Platform};
 use crate::tls::TlsFiles;
 
@@ -49,6 +50,8 @@ pub struct Flags {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_ca: Option<PathBuf>,
+    /// `enforce` or `off`; `None` = enforce under mTLS.
+    pub client_identity: Option<String>,
     pub fake_fault_hooks: bool,
     pub transition_timeout: Option<Duration>,
     pub fake_delay_min: Duration,
@@ -87,6 +90,8 @@ pub struct Plan {
     pub fake: FakeSettings,
     pub libvirt: LibvirtSettings,
     pub tls: Option<TlsFiles>,
+    /// Whether calls are checked against the client certificate's identity.
+    pub client_identity: IdentityMode,
 }
 
 /// What the libvirt backend needs beyond the connections (ignored by the fake).
@@ -146,6 +151,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     )?;
     let backend = select_backend(flags, &connections)?;
     let tls = check_tls(flags)?;
+    let client_identity = check_client_identity(flags, tls.as_ref())?;
     let libvirt = libvirt_settings(flags, &catalog)?;
     if flags.fake_fault_hooks && backend != Backend::Fake {
         return Err(flag(
@@ -224,6 +230,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         reconcile_interval: (!flags.reconcile_interval.is_zero())
             .then_some(flags.reconcile_interval),
         tls,
+        client_identity,
         fake: FakeSettings {
             fault_hooks: flags.fake_fault_hooks,
             delay_min: flags.fake_delay_min,
@@ -364,6 +371,37 @@ fn check_tls(flags: &Flags) -> Result<Option<TlsFiles>, LaunchError> {
             client_ca: ca.clone(),
         })),
     }
+}
+
+/// `--client-identity` only means something under mTLS, where it defaults to `enforce`.
+fn check_client_identity(
+    flags: &Flags,
+    tls: Option<&TlsFiles>,
+) -> Result<IdentityMode, LaunchError> {
+    let mtls = tls.is_some_and(|files| files.client_ca.is_some());
+    let Some(raw) = &flags.client_identity else {
+        return Ok(if mtls {
+            IdentityMode::Enforce
+        } else {
+            IdentityMode::Off
+        });
+    };
+    let mode = match raw.trim().to_ascii_lowercase().as_str() {
+        "enforce" => IdentityMode::Enforce,
+        "off" => IdentityMode::Off,
+        _ => {
+            return Err(flag(format!(
+                "--client-identity must be enforce or off (got {raw:?})"
+            )));
+        }
+    };
+    if !mtls {
+        return Err(flag(
+            "--client-identity needs --tls-ca (with --tls-cert and --tls-key): client identities \
+             come from verified client certificates; remove --client-identity or add --tls-ca",
+        ));
+    }
+    Ok(mode)
 }
 
 /// Parses a listen address: `:9000` (all interfaces), `host:port`, or empty (disabled).

@@ -7,6 +7,7 @@ pub mod config;
 pub mod fake;
 pub mod grpc;
 pub mod http;
+pub mod identity;
 pub mod instrumented;
 pub mod launch;
 pub mod libvirt;

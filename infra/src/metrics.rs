@@ -99,6 +99,15 @@ pub struct DriftLabels {
     pub kind: String,
 }
 
+/// Labels of `bigfleet_libvirt_authz_denied_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthzLabels {
+    /// Short method name (`Create`, `Get`, …).
+    pub method: String,
+    /// Why the call was refused (`shard_mismatch`, `no_identity`, …).
+    pub reason: String,
+}
+
 /// Every series the provider exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -127,6 +136,8 @@ pub struct Metrics {
     pub host_health: Family<HostLabels, Gauge>,
     /// What the last describe found out of line with the provider's records, by kind.
     pub drift: Family<DriftLabels, Gauge>,
+    /// Calls refused by the client-identity check, by method and reason.
+    pub authz_denied: Family<AuthzLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -222,6 +233,12 @@ impl Metrics {
             "Managed domains vanished or stopped outside the provider, and orphans, by zone",
             drift.clone(),
         );
+        let authz_denied = Family::<AuthzLabels, Counter>::default();
+        registry.register(
+            format!("{prefix}_authz_denied"),
+            "Calls refused by the client-identity check (mTLS), by method and reason",
+            authz_denied.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             grpc_requests,
@@ -236,6 +253,7 @@ impl Metrics {
             phases,
             host_health,
             drift,
+            authz_denied,
         }
     }
 

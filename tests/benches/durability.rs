@@ -19,6 +19,7 @@ use bigfleet_libvirt_infra::config::{
     InstanceCatalog, InventoryConfig, PriceTable, build_inventory, default_offerings,
 };
 use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
+use bigfleet_libvirt_infra::identity::IdentityMode;
 use bigfleet_libvirt_infra::metrics::Metrics;
 use bigfleet_libvirt_infra::store::{MemoryStateStore, RedbStateStore};
 use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
@@ -95,6 +96,7 @@ async fn start<S: StateStore>(
         banner: Banner::default(),
         tls: None,
         fault_hooks: false,
+        client_identity: IdentityMode::Off,
     };
     let task = tokio::spawn(async move {
         let shutdown = async move {

@@ -29,6 +29,7 @@ use bigfleet_libvirt_infra::app::{self, Banner, ServeConfig};
 use bigfleet_libvirt_infra::config::{DEFAULT_PER_GIB_HOUR, DEFAULT_PER_VCPU_HOUR};
 use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_infra::grpc::convert;
+use bigfleet_libvirt_infra::identity::IdentityMode;
 use bigfleet_libvirt_infra::launch::{self, Flags};
 use bigfleet_libvirt_infra::metrics::Metrics;
 use bigfleet_libvirt_infra::store::MemoryStateStore;
@@ -282,6 +283,7 @@ fn flags(seed_count: usize) -> Flags {
         tls_cert: None,
         tls_key: None,
         tls_ca: None,
+        client_identity: None,
         fake_fault_hooks: false,
         transition_timeout: None,
         fake_delay_min: Duration::ZERO,
@@ -360,6 +362,7 @@ async fn start_provider(seed_count: usize) -> Result<(Running, StepsProbe), BoxE
         banner: Banner::default(),
         tls: None,
         fault_hooks: false,
+        client_identity: IdentityMode::Off,
     };
     let task = tokio::spawn(async move {
         app::serve(provider, metrics, listener, None, config, async move {

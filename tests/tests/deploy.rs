@@ -63,7 +63,7 @@ fn repo_root() -> PathBuf {
 }
 
 /// Where the installed tools live.
-struct Tools {
+pub(crate) struct Tools {
     bin: PathBuf,
     helm_home: PathBuf,
 }
@@ -102,7 +102,7 @@ fn install() -> Result<Tools, String> {
 
 /// The tools, or `None` (with the reason printed) when they are missing and the skip
 /// variable is set. Without it a failed install fails the test.
-fn tools() -> Option<&'static Tools> {
+pub(crate) fn tools() -> Option<&'static Tools> {
     match TOOLS.get_or_init(install) {
         Ok(tools) => Some(tools),
         Err(message) => {
@@ -149,7 +149,7 @@ impl Tools {
     }
 
     /// `helm template` of the chart with `args`, validated with kubernetes-validate, as JSON.
-    fn render(&self, args: &[&str]) -> Manifests {
+    pub(crate) fn render(&self, args: &[&str]) -> Manifests {
         let mut full = vec!["template", RELEASE, "deploy/helm", "--namespace", NAMESPACE];
         full.extend_from_slice(args);
         let (ok, yaml, stderr) = self.run("helm", &full);
@@ -177,7 +177,7 @@ impl Tools {
     }
 
     /// `helm template` that must fail; returns helm's error.
-    fn render_error(&self, args: &[&str]) -> String {
+    pub(crate) fn render_error(&self, args: &[&str]) -> String {
         let mut full = vec!["template", RELEASE, "deploy/helm", "--namespace", NAMESPACE];
         full.extend_from_slice(args);
         let (ok, stdout, stderr) = self.run("helm", &full);
@@ -201,7 +201,7 @@ impl Tools {
 }
 
 /// A rendered chart: the objects (as JSON) and the raw YAML.
-struct Manifests {
+pub(crate) struct Manifests {
     docs: Vec<Value>,
     yaml: String,
 }
@@ -239,7 +239,7 @@ impl Manifests {
         &containers[0]
     }
 
-    fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         self.container()["args"]
             .as_array()
             .unwrap()
@@ -248,7 +248,7 @@ impl Manifests {
             .collect()
     }
 
-    fn arg(&self, flag: &str) -> Option<String> {
+    pub(crate) fn arg(&self, flag: &str) -> Option<String> {
         let prefix = format!("{flag}=");
         let matching: Vec<String> = self
             .args()
@@ -294,7 +294,7 @@ fn temp_file(name: &str, content: &str) -> (tempfile::TempDir, String) {
 /// Runs the real binary's dry run with the container args the chart rendered, with each
 /// in-pod file path mapped to a local file, and returns (success, stderr). An argument the
 /// binary does not know makes clap fail with "error: ...".
-fn binary_with_chart_args(args: &[String], files: &[(&str, &str)]) -> (bool, String) {
+pub(crate) fn binary_with_chart_args(args: &[String], files: &[(&str, &str)]) -> (bool, String) {
     let mapped: Vec<String> = args
         .iter()
         .map(|arg| {

@@ -14,6 +14,8 @@ mod errors;
 mod fault;
 mod fencing;
 mod fieldshape;
+mod identity;
+mod identity_docs;
 mod libvirt;
 mod lifecycle;
 mod list;

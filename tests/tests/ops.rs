@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
@@ -24,351 +24,21 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use pb::MachineState as S;
 use prost::Message;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
-};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio::net::TcpListener;
+use tokio_rustls::rustls;
 use tonic::Code;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Endpoint;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
+use crate::harness::logs::*;
+use crate::harness::scrape::*;
+use crate::harness::tls::*;
 use crate::harness::*;
 
 const FAST: [&str; 2] = ["--fake-delay-min=5ms", "--fake-delay-max=40ms"];
 const REQUESTS: &str = "bigfleet_libvirt_grpc_requests_total";
-
-// ---------------------------------------------------------------------------------------
-// HTTP side server and /metrics.
-
-/// One parsed `/metrics` page.
-struct Scrape {
-    parsed: prometheus_parse::Scrape,
-    text: String,
-}
-
-/// Scrapes `/metrics`, checks it is OpenMetrics text ending in `# EOF`, and parses it.
-async fn scrape(addr: SocketAddr) -> Scrape {
-    let (status, head, body) = http_get(addr, "/metrics").await.expect("GET /metrics");
-    assert_eq!(status, 200, "/metrics status; head {head}");
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("content-type: application/openmetrics-text"),
-        "/metrics content type: {head}"
-    );
-    assert_eq!(
-        body.lines().last(),
-        Some("# EOF"),
-        "OpenMetrics ends with # EOF"
-    );
-    let parsed = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned())))
-        .expect("parse the exposition");
-    Scrape { parsed, text: body }
-}
-
-impl Scrape {
-    /// The value of the sample `name` whose label set is exactly `labels`.
-    fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        self.parsed
-            .samples
-            .iter()
-            .filter(|s| s.metric == name && s.labels.len() == labels.len())
-            .find(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-            .and_then(|s| match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => Some(v),
-                _ => None,
-            })
-    }
-
-    /// Like `value`, with an absent series read as 0 (a counter not yet created).
-    fn count(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.value(name, labels).unwrap_or(0.0)
-    }
-
-    /// Every sample of `name`, by the value of `label`.
-    fn by_label(&self, name: &str, label: &str) -> HashMap<String, f64> {
-        self.parsed
-            .samples
-            .iter()
-            .filter(|s| s.metric == name)
-            .filter_map(|s| {
-                let key = s.labels.get(label)?.to_owned();
-                match s.value {
-                    prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => {
-                        Some((key, v))
-                    }
-                    _ => None,
-                }
-            })
-            .collect()
-    }
-}
-
-/// Scrapes until `ok` holds (transition bookkeeping may land just after the state change).
-async fn scrape_until(addr: SocketAddr, what: &str, ok: impl Fn(&Scrape) -> bool) -> Scrape {
-    let start = Instant::now();
-    loop {
-        let page = scrape(addr).await;
-        if ok(&page) {
-            return page;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "{what} never held; last page:\n{}",
-            page.text
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Certificates (rcgen) and TLS clients.
-
-/// A certificate authority made for one test.
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-/// A certificate and its key.
-struct Leaf {
-    cert_pem: String,
-    key_pem: String,
-    der: Vec<u8>,
-}
-
-fn name(common_name: &str) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, common_name);
-    dn
-}
-
-impl Ca {
-    fn new(common_name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name = name(common_name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Ca {
-            pem: cert.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    fn leaf(&self, common_name: &str, serial: u8, server: bool) -> Leaf {
-        let names: Vec<String> = if server {
-            vec!["localhost".into(), "127.0.0.1".into()]
-        } else {
-            Vec::new()
-        };
-        let mut params = CertificateParams::new(names).unwrap();
-        params.distinguished_name = name(common_name);
-        params.serial_number = Some(SerialNumber::from_slice(&[0x5a, serial, 0x17]));
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![if server {
-            ExtendedKeyUsagePurpose::ServerAuth
-        } else {
-            ExtendedKeyUsagePurpose::ClientAuth
-        }];
-        params.use_authority_key_identifier_extension = true;
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            der: cert.der().to_vec(),
-        }
-    }
-
-    /// A server certificate for `localhost` and 127.0.0.1.
-    fn server(&self, common_name: &str, serial: u8) -> Leaf {
-        self.leaf(common_name, serial, true)
-    }
-
-    /// A client certificate.
-    fn client(&self, common_name: &str) -> Leaf {
-        self.leaf(common_name, 0x77, false)
-    }
-}
-
-fn write(dir: &Path, file: &str, contents: &str) -> PathBuf {
-    let path = dir.join(file);
-    std::fs::write(&path, contents).unwrap();
-    path
-}
-
-/// Replaces `path` atomically (write a sibling, then rename), optionally giving the new file
-/// a chosen modification time.
-fn replace(path: &Path, contents: &str, mtime: Option<SystemTime>) {
-    let tmp = path.with_extension("new");
-    std::fs::write(&tmp, contents).unwrap();
-    if let Some(mtime) = mtime {
-        let file = std::fs::File::options().write(true).open(&tmp).unwrap();
-        file.set_modified(mtime).unwrap();
-    }
-    std::fs::rename(&tmp, path).unwrap();
-}
-
-fn arg(flag: &str, path: &Path) -> String {
-    format!("{flag}={}", path.display())
-}
-
-/// A raw rustls client trusting `ca_pem`, optionally presenting `identity`.
-fn rustls_client(ca_pem: &str, identity: Option<&Leaf>, tls12_only: bool) -> Arc<ClientConfig> {
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
-        .unwrap();
-    let versions: &[&'static rustls::SupportedProtocolVersion] = if tls12_only {
-        &[&rustls::version::TLS12]
-    } else {
-        &[&rustls::version::TLS13, &rustls::version::TLS12]
-    };
-    let builder =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_protocol_versions(versions)
-            .unwrap()
-            .with_root_certificates(roots);
-    let mut config = match identity {
-        Some(leaf) => builder
-            .with_client_auth_cert(
-                vec![CertificateDer::from(leaf.der.clone())],
-                PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Arc::new(config)
-}
-
-type RawTls = tokio_rustls::client::TlsStream<TcpStream>;
-
-/// A TLS handshake with the server at `addr` as `localhost`.
-async fn handshake(addr: SocketAddr, config: Arc<ClientConfig>) -> Result<RawTls, String> {
-    let connect = async {
-        let tcp = TcpStream::connect(addr).await?;
-        let server = ServerName::try_from("localhost").unwrap();
-        tokio_rustls::TlsConnector::from(config)
-            .connect(server, tcp)
-            .await
-    };
-    match tokio::time::timeout(Duration::from_secs(5), connect).await {
-        Ok(Ok(stream)) => Ok(stream),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("handshake timed out".to_owned()),
-    }
-}
-
-/// The DER of the certificate a new connection is served.
-async fn served_cert(addr: SocketAddr, ca_pem: &str) -> Result<Vec<u8>, String> {
-    let stream = handshake(addr, rustls_client(ca_pem, None, false)).await?;
-    let peer = stream.get_ref().1.peer_certificates().unwrap_or_default();
-    peer.first()
-        .map(|c| c.to_vec())
-        .ok_or_else(|| "no peer certificate".to_owned())
-}
-
-/// Connects a tonic client over TLS and lists every machine; any failure as text.
-async fn tls_list(
-    addr: SocketAddr,
-    ca_pem: &str,
-    identity: Option<&Leaf>,
-) -> Result<usize, String> {
-    let mut tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(ca_pem))
-        .domain_name("localhost");
-    if let Some(leaf) = identity {
-        tls = tls.identity(Identity::from_pem(&leaf.cert_pem, &leaf.key_pem));
-    }
-    let endpoint = Endpoint::from_shared(format!("https://{addr}"))
-        .unwrap()
-        .tls_config(tls)
-        .map_err(|e| format!("tls config: {e:?}"))?;
-    list_over(endpoint).await
-}
-
-/// Lists over a plaintext HTTP/2 connection; any failure as text.
-async fn plaintext_list(addr: SocketAddr) -> Result<usize, String> {
-    list_over(Endpoint::from_shared(format!("http://{addr}")).unwrap()).await
-}
-
-async fn list_over(endpoint: Endpoint) -> Result<usize, String> {
-    let channel = endpoint
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .map_err(|e| format!("connect: {e:?}"))?;
-    let mut client = CapacityProviderClient::new(channel);
-    client
-        .list(pb::ListFilter::default())
-        .await
-        .map(|r| r.into_inner().machines.len())
-        .map_err(|e| format!("List: {e:?}"))
-}
-
-/// The `fields` of the JSON "serving CapacityProvider" line (the harness may return a
-/// moment before that line reaches its log).
-fn serving_fields(server: &Server) -> serde_json::Value {
-    let start = Instant::now();
-    loop {
-        let found = server
-            .log_text()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .map(|v| v["fields"].clone())
-            .find(|f| f["message"] == "serving CapacityProvider");
-        if let Some(fields) = found {
-            return fields;
-        }
-        assert!(start.elapsed() < Duration::from_secs(5), "no serving line");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn lines_of(server: &Server) -> Vec<String> {
-    server.log_text().lines().map(str::to_owned).collect()
-}
-
-/// Waits up to `within` for a JSON log line whose message satisfies `ok` (a line can reach
-/// the log a moment after the effect it reports is visible).
-async fn logged(
-    log: impl Fn() -> Vec<String>,
-    within: Duration,
-    ok: impl Fn(&str, &serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let start = Instant::now();
-    loop {
-        let lines = log();
-        let found = lines
-            .iter()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| ok(v["fields"]["message"].as_str().unwrap_or_default(), v));
-        if let Some(line) = found {
-            return line;
-        }
-        assert!(
-            start.elapsed() < within,
-            "no such log line in:\n{}",
-            lines.join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // A provider process with a chosen environment and a known pid (the harness offers
@@ -951,7 +621,7 @@ async fn readiness_and_health_flip_on_sigterm_then_exit_zero() {
 async fn mtls_refuses_untrusted_clients_and_serves_trusted_ones() {
     let ca = Ca::new("ops test CA");
     let server_leaf = ca.server("ops server", 1);
-    let trusted = ca.client("ops shard");
+    let trusted = ca.client_with_uris("ops shard", &["bigfleet://shard/ops"]);
     let rogue = Ca::new("rogue CA").client("rogue shard");
     let dir = tempfile::tempdir().unwrap();
     let args = [

@@ -69,6 +69,9 @@ app.kubernetes.io/component: capacity-provider
 {{- if and .Values.tls.mtls (not .Values.tls.enabled) }}
 {{- fail "tls.mtls needs tls.enabled=true (the provider rejects --tls-ca without --tls-cert/--tls-key)" }}
 {{- end }}
+{{- if and (eq (toString .Values.tls.clientIdentity) "off") (not .Values.tls.mtls) }}
+{{- fail "tls.clientIdentity=off needs tls.mtls=true (client identities come from verified client certificates; the provider rejects --client-identity without --tls-ca)" }}
+{{- end }}
 {{- if and .Values.state.persistence.enabled (not .Values.state.enabled) }}
 {{- fail "state.persistence.enabled needs state.enabled=true (the volume holds the --state file)" }}
 {{- end }}

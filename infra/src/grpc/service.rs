@@ -4,6 +4,11 @@
 //! and maps the answer; a panicking handler is caught, counted and answered with INTERNAL
 //! so the process keeps serving. Mutating calls log at info, reads at debug, errors at warn.
 //! The bootstrap blob is never logged: it leaves this module only inside a `BootstrapBlob`.
+//!
+//! With `--client-identity=enforce` (mTLS), each handler first checks the caller's client
+//! identity (read once per connection, see `identity`) against the call: a refused call is
+//! counted, answered with PERMISSION_DENIED and logged once at warn by the rpc line, before
+//! the provider sees it, so nothing is fenced, changed or persisted.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -17,7 +22,8 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, Level, debug, error, info, info_span, warn};
 
 use crate::grpc::{convert, status};
-use crate::metrics::{GrpcLabels, MethodLabels, Metrics};
+use crate::identity::{self, Access, IdentityMode, PeerIdentity, Seen};
+use crate::metrics::{AuthzLabels, GrpcLabels, MethodLabels, Metrics};
 use crate::system::Stopwatch;
 
 /// The tonic service.
@@ -25,6 +31,7 @@ pub struct CapacityService<H, S, C, E> {
     provider: Provider<H, S, C, E>,
     metrics: Metrics,
     fault_hooks: bool,
+    identity: IdentityMode,
 }
 
 /// With fault hooks on, a Get of this id panics inside the handler, so tests can prove a
@@ -38,7 +45,15 @@ impl<H, S, C, E> CapacityService<H, S, C, E> {
             provider,
             metrics,
             fault_hooks: false,
+            identity: IdentityMode::Off,
         }
+    }
+
+    /// Checks every call against the caller's client identity (mTLS only: the connections
+    /// must carry a [`PeerIdentity`], or every call is refused).
+    #[must_use]
+    pub fn with_client_identity(self, identity: IdentityMode) -> Self {
+        Self { identity, ..self }
     }
 
     /// Turns on the injected-panic hook (`--fake-fault-hooks` only).
@@ -66,6 +81,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
             method,
             machine_id,
             operation_id = tracing::field::Empty,
+            identity = tracing::field::Empty,
             code = tracing::field::Empty
         );
         let result = AssertUnwindSafe(body)
@@ -102,11 +118,52 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         result
     }
 
+    /// The caller's identity, when identities are enforced.
+    fn peer<T>(&self, request: &Request<T>) -> Option<PeerIdentity> {
+        match self.identity {
+            IdentityMode::Off => None,
+            IdentityMode::Enforce => request.extensions().get::<PeerIdentity>().cloned(),
+        }
+    }
+
+    /// Runs inside the rpc span: allows the call, or counts it and answers PERMISSION_DENIED.
+    fn authorize(
+        &self,
+        method: &'static str,
+        peer: Option<&PeerIdentity>,
+        access: Access<'_>,
+    ) -> Result<(), Status> {
+        if self.identity == IdentityMode::Off {
+            return Ok(());
+        }
+        // A connection without identity info (not served through mTLS) has no identity.
+        let seen = peer.map_or(&Seen::Missing, PeerIdentity::seen);
+        let span = tracing::Span::current();
+        if let Seen::One { raw, .. } = seen {
+            span.record("identity", identity::escaped(raw).as_str());
+        }
+        identity::authorize(seen, method, access).map_err(|denial| {
+            span.record("identity", denial.identity.as_str());
+            let labels = AuthzLabels {
+                method: method.to_owned(),
+                reason: denial.reason.label().to_owned(),
+            };
+            self.metrics.authz_denied.get_or_create(&labels).inc();
+            status::permission_denied(&denial)
+        })
+    }
+
     async fn mutate(
         &self,
+        method: &'static str,
+        peer: Option<PeerIdentity>,
         mutation: bigfleet_libvirt_domain::Mutation,
         blob: bigfleet_libvirt_ports::BootstrapBlob,
     ) -> Result<Response<pb::TransitionAck>, Status> {
+        let access = Access::Mutate {
+            shard_id: &mutation.token.shard_id,
+        };
+        self.authorize(method, peer.as_ref(), access)?;
         let ack = self.provider.mutate(mutation, blob).await;
         if let Ok(ack) = &ack {
             // Runs inside the rpc span (see `observe`), so the span carries the operation id.
@@ -140,48 +197,54 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         &self,
         request: Request<pb::CreateRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
+        let peer = self.peer(&request);
         let mutation = convert::create(request.into_inner());
         let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
-        self.observe("Create", true, &id, self.mutate(mutation, blob))
-            .await
+        let body = self.mutate("Create", peer, mutation, blob);
+        self.observe("Create", true, &id, body).await
     }
 
     async fn configure(
         &self,
         request: Request<pb::ConfigureRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
+        let peer = self.peer(&request);
         let (mutation, blob) = convert::configure(request.into_inner());
         let id = mutation.machine_id.clone();
-        self.observe("Configure", true, &id, self.mutate(mutation, blob))
-            .await
+        let body = self.mutate("Configure", peer, mutation, blob);
+        self.observe("Configure", true, &id, body).await
     }
 
     async fn drain(
         &self,
         request: Request<pb::DrainRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
+        let peer = self.peer(&request);
         let mutation = convert::drain(request.into_inner());
         let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
-        self.observe("Drain", true, &id, self.mutate(mutation, blob))
-            .await
+        let body = self.mutate("Drain", peer, mutation, blob);
+        self.observe("Drain", true, &id, body).await
     }
 
     async fn delete(
         &self,
         request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
+        let peer = self.peer(&request);
         let mutation = convert::delete(request.into_inner());
         let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
-        self.observe("Delete", true, &id, self.mutate(mutation, blob))
-            .await
+        let body = self.mutate("Delete", peer, mutation, blob);
+        self.observe("Delete", true, &id, body).await
     }
 
     async fn get(&self, request: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
+        let peer = self.peer(&request);
         let id = request.into_inner().id;
         let body = async {
+            self.authorize("Get", peer.as_ref(), Access::Read)?;
             if id.is_empty() {
                 return Err(status::missing_get_id());
             }
@@ -204,8 +267,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         &self,
         request: Request<pb::ListFilter>,
     ) -> Result<Response<EncodedMachineList>, Status> {
+        let peer = self.peer(&request);
         let query = convert::list_query(&request.into_inner());
         let body = async {
+            self.authorize("List", peer.as_ref(), Access::Read)?;
             let page = self
                 .provider
                 .list(&query)

@@ -5,11 +5,15 @@
 //! Speculative machine, anything on a Failed one) is answered with `ABORTED` and a message
 //! naming the current and the required state; the reference used `INTERNAL`, which reads
 //! like a provider bug. A decision that could not be persisted is `UNAVAILABLE`: nothing was
-//! acknowledged and the shard may retry.
+//! acknowledged and the shard may retry. A call the caller's client identity does not allow
+//! (mTLS, `--client-identity=enforce`) is `PERMISSION_DENIED`, never `FAILED_PRECONDITION`:
+//! it is a wrong or misconfigured certificate, not a stale token.
 
 use bigfleet_libvirt_domain::MutateError;
 use bigfleet_libvirt_ports::{ProviderError, StoreError};
 use tonic::{Code, Status};
+
+use crate::identity::Denial;
 
 /// The status for a refused or failed mutating call. Every variant is matched explicitly so
 /// a new one forces a decision here.
@@ -62,6 +66,13 @@ pub fn missing_get_id() -> Status {
 #[must_use]
 pub fn unknown_machine(id: &str) -> Status {
     Status::not_found(format!("machine {id:?} not found"))
+}
+
+/// A call the caller's client identity does not allow; the message names the identity seen
+/// and what the call needed.
+#[must_use]
+pub fn permission_denied(denial: &Denial) -> Status {
+    Status::permission_denied(denial.to_string())
 }
 
 /// A handler panicked: the cause is logged, never echoed.
@@ -128,5 +139,14 @@ mod tests {
             })
             .collect();
         insta::assert_snapshot!(table);
+    }
+
+    #[test]
+    fn a_refused_identity_is_permission_denied_with_the_refusal_as_message() {
+        use crate::identity::{Access, Seen, authorize};
+        let denial = authorize(&Seen::Missing, "Get", Access::Read).unwrap_err();
+        let status = super::permission_denied(&denial);
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert_eq!(status.message(), denial.to_string());
     }
 }

@@ -8,8 +8,11 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod logs;
 pub mod process;
 pub mod profiles;
+pub mod scrape;
+pub mod tls;
 pub mod walk;
 
 pub use http::http_get;

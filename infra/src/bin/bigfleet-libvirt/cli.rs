@@ -228,6 +228,10 @@ pub struct Cli {
         default_value = ""
     )]
     pub tls_ca: String,
+    /// Under mTLS: enforce (default) checks every call against the client certificate's
+    /// bigfleet:// identity; off lets every verified client call everything. Needs --tls-ca.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_CLIENT_IDENTITY")]
+    pub client_identity: Option<String>,
     /// Fake only: honour the conformance fault hooks (fault slots and fault-* cluster ids).
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_FAKE_FAULT_HOOKS", action = ArgAction::Set,
           num_args = 0..=1, default_value_t = false, default_missing_value = "true")]
@@ -361,6 +365,7 @@ impl Cli {
             tls_cert: path(&self.tls_cert),
             tls_key: path(&self.tls_key),
             tls_ca: path(&self.tls_ca),
+            client_identity: self.client_identity.clone().filter(|v| !v.is_empty()),
             fake_fault_hooks: self.fake_fault_hooks,
             transition_timeout: self.transition_timeout,
             fake_delay_min: self.fake_delay_min,

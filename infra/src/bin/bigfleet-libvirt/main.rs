@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use bigfleet_libvirt_infra::app::{self, Banner, ServeConfig};
 use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
+use bigfleet_libvirt_infra::identity::IdentityMode;
 use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_infra::launch::{self, Backend, Plan};
 use bigfleet_libvirt_infra::libvirt::{LibvirtConfig, LibvirtHypervisor};
@@ -231,10 +232,20 @@ async fn run_servers<H: Hypervisor, S: StateStore>(
             security: tls.as_ref().map_or("insecure", TlsState::mode).to_owned(),
             offerings: plan.offerings.len(),
             zones,
+            client_identity: plan.client_identity.name().to_owned(),
         },
         tls,
         fault_hooks: plan.fake.fault_hooks,
+        client_identity: plan.client_identity,
     };
+    if config.tls.as_ref().is_some_and(|t| t.mode() == "mTLS")
+        && plan.client_identity == IdentityMode::Off
+    {
+        warn!(
+            "--client-identity=off: every client with a certificate from --tls-ca may call \
+             every RPC for any shard"
+        );
+    }
     app::serve(provider, metrics, grpc, http, config, shutdown_signal()).await
 }
 

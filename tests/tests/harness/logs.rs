@@ -1,0 +1,54 @@
+//! Reading the provider's JSON log lines.
+
+use std::time::{Duration, Instant};
+
+use super::Server;
+
+/// The `fields` of the JSON "serving CapacityProvider" line (the harness may return a
+/// moment before that line reaches its log).
+pub fn serving_fields(server: &Server) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let found = server
+            .log_text()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|v| v["fields"].clone())
+            .find(|f| f["message"] == "serving CapacityProvider");
+        if let Some(fields) = found {
+            return fields;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "no serving line");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn lines_of(server: &Server) -> Vec<String> {
+    server.log_text().lines().map(str::to_owned).collect()
+}
+
+/// Waits up to `within` for a JSON log line whose message satisfies `ok` (a line can reach
+/// the log a moment after the effect it reports is visible).
+pub async fn logged(
+    log: impl Fn() -> Vec<String>,
+    within: Duration,
+    ok: impl Fn(&str, &serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let lines = log();
+        let found = lines
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| ok(v["fields"]["message"].as_str().unwrap_or_default(), v));
+        if let Some(line) = found {
+            return line;
+        }
+        assert!(
+            start.elapsed() < within,
+            "no such log line in:\n{}",
+            lines.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
