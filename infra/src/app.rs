@@ -27,19 +27,19 @@ use bigfleet_libvirt_ports::{
 use bigfleet_libvirt_proto::v1alpha1::capacity_provider_server::CapacityProviderServer;
 use tokio::net::TcpListener;
 #[cfg(not(madsim))]
-use tokio_stream::StreamExt;
-#[cfg(not(madsim))]
-use tokio_stream::wrappers::TcpListenerStream;
-#[cfg(not(madsim))]
 use tracing::info;
 use tracing::warn;
 
+#[cfg(not(madsim))]
+use crate::accept::{self, Acceptor};
 use crate::grpc::CapacityService;
 #[cfg(not(madsim))]
 use crate::http::{self, Readiness};
 use crate::metrics::{KindLabels, Metrics, TransitionLabels};
 #[cfg(not(madsim))]
 use crate::metrics::{OutcomeLabels, StateLabels};
+#[cfg(not(madsim))]
+use crate::side_server;
 
 /// How the servers run.
 #[derive(Clone, Debug)]
@@ -56,6 +56,47 @@ pub struct ServeConfig {
     pub tls: Option<crate::tls::TlsState>,
     /// Honour the fake's test-only hooks in the gRPC layer (the injected handler panic).
     pub fault_hooks: bool,
+    /// Per-client bounds on both ports.
+    pub limits: NetLimits,
+}
+
+/// Per-client bounds on both ports (the flags' defaults are [`NetLimits::default`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetLimits {
+    /// gRPC connections open at once (`--max-connections`).
+    pub grpc_max_connections: usize,
+    /// Concurrent HTTP/2 streams per gRPC connection, advertised in SETTINGS; excess
+    /// streams are refused with REFUSED_STREAM (`--max-concurrent-streams`).
+    pub max_concurrent_streams: u32,
+    /// How long a new gRPC connection may take to finish TLS and send the HTTP/2 preface
+    /// (`--handshake-timeout`).
+    pub handshake_timeout: Duration,
+    /// HTTP/2 keepalive ping period on an otherwise quiet connection
+    /// (`--http2-keepalive-interval`).
+    pub http2_keepalive_interval: Duration,
+    /// How long a keepalive ping may go unanswered before the connection is dropped
+    /// (`--http2-keepalive-timeout`).
+    pub http2_keepalive_timeout: Duration,
+    /// The HTTP side server's bounds (`--metrics-max-connections`,
+    /// `--http-header-read-timeout`, `--http-idle-timeout`).
+    pub http: crate::side_server::HttpLimits,
+}
+
+impl Default for NetLimits {
+    fn default() -> Self {
+        Self {
+            grpc_max_connections: 1024,
+            max_concurrent_streams: 256,
+            handshake_timeout: Duration::from_secs(10),
+            http2_keepalive_interval: Duration::from_secs(30),
+            http2_keepalive_timeout: Duration::from_secs(10),
+            http: crate::side_server::HttpLimits {
+                max_connections: 64,
+                header_read_timeout: Duration::from_secs(10),
+                idle_timeout: Duration::from_secs(60),
+            },
+        }
+    }
 }
 
 /// What the "serving CapacityProvider" line reports.
@@ -150,7 +191,11 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let readiness = Readiness::default();
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let service = capacity_server(provider.clone(), metrics.clone(), config.fault_hooks);
+    let limits = config.limits;
     let mut router = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
         .add_service(health_service)
         .add_service(service);
     if config.reflection {
@@ -171,18 +216,16 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let stopped = async move {
         let _ = grpc_stopped.await;
     };
+    let acceptor = Acceptor::new(grpc, "--addr", limits.grpc_max_connections);
     let grpc_task = match &config.tls {
         Some(tls) => {
             tokio::spawn(tls.clone().watch(Duration::from_secs(2)));
-            let incoming = crate::tls::incoming(grpc, tls);
+            let incoming = crate::tls::incoming(acceptor, tls, limits.handshake_timeout);
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
         None => {
-            let incoming = TcpListenerStream::new(grpc).map(|accepted| {
-                accepted.inspect(|tcp| {
-                    // Small unary replies must not wait out the peer's delayed ACK.
-                    let _ = tcp.set_nodelay(true);
-                })
+            let incoming = accept::grpc_incoming(acceptor, limits.handshake_timeout, |tcp| {
+                std::future::ready(Ok(tcp))
             });
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
@@ -193,13 +236,10 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         let on_scrape: http::ScrapeHook =
             Arc::new(move |m: &Metrics| refresh_gauges(&hook_provider, m));
         let app = http::router(metrics.clone(), readiness.clone(), on_scrape);
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = http_stopped.await;
-                })
-                .await
-        })
+        let stopped = async move {
+            let _ = http_stopped.await;
+        };
+        tokio::spawn(side_server::serve(listener, app, limits.http, stopped))
     });
     if let Some(interval) = config.reconcile_interval {
         tokio::spawn(reconcile_loop(provider.clone(), metrics.clone(), interval));
@@ -233,7 +273,7 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let _ = stop_http.send(());
     if let Some(task) = http_task {
         if let Ok(joined) = tokio::time::timeout(Duration::from_secs(5), task).await {
-            joined??;
+            joined?;
         }
     }
     Ok(())

@@ -95,6 +95,7 @@ async fn start<S: StateStore>(
         banner: Banner::default(),
         tls: None,
         fault_hooks: false,
+        limits: app::NetLimits::default(),
     };
     let task = tokio::spawn(async move {
         let shutdown = async move {

@@ -360,6 +360,7 @@ async fn start_provider(seed_count: usize) -> Result<(Running, StepsProbe), BoxE
         banner: Banner::default(),
         tls: None,
         fault_hooks: false,
+        limits: app::NetLimits::default(),
     };
     let task = tokio::spawn(async move {
         app::serve(provider, metrics, listener, None, config, async move {

@@ -16,6 +16,7 @@ mod fencing;
 mod fieldshape;
 mod libvirt;
 mod lifecycle;
+mod limits;
 mod list;
 mod metadata;
 mod ops;
