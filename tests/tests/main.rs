@@ -10,6 +10,7 @@ mod concurrency;
 mod deploy;
 mod dry_run;
 mod durable;
+mod echo;
 mod errors;
 mod fault;
 mod fencing;
