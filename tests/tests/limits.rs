@@ -531,6 +531,31 @@ async fn descriptor_exhaustion_backs_off_on_the_tls_port() {
     exhaust_descriptors(&[&cert, &key], Some(&ca)).await;
 }
 
+/// The soft `Max open files` limit of `pid` (`/proc/<pid>/limits`).
+fn soft_nofile(pid: u32) -> String {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a Max open files line");
+    line.split_whitespace().nth(3).unwrap().to_owned()
+}
+
+#[test]
+fn the_soft_descriptor_limit_is_raised_to_the_hard_limit_and_logged() {
+    let server = Server::start_wrapped(&["prlimit", "--nofile=256:4096"], &[]);
+    assert_eq!(soft_nofile(server.pid().unwrap()), "4096");
+    let log = server.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("raised the soft descriptor limit"))
+        .unwrap_or_else(|| panic!("no log line about the descriptor limit:\n{log}"));
+    assert!(
+        line.contains("\"from\":\"256\"") && line.contains("\"to\":\"4096\""),
+        "{line}"
+    );
+}
+
 #[test]
 fn zero_limits_are_refused_at_start_up_naming_the_flag() {
     for flag in [
