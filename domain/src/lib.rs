@@ -11,6 +11,7 @@
 mod changes;
 mod core;
 mod cursor;
+mod echo;
 mod fence;
 mod list;
 mod machine;
@@ -26,6 +27,7 @@ pub use crate::core::{
     ReconcileReport, SeedError, Timeouts, TransitionResult,
 };
 pub use crate::cursor::parse_cursor;
+pub use crate::echo::{ECHO_BYTES, Echo, EchoField, MAX_ID_BYTES};
 pub use crate::fence::{FenceKey, FenceMark, FenceToken};
 pub use crate::machine::{
     CapacityType, Encoded, HostRef, Machine, MachineId, MachineIdError, MachineState, StringMap,

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::changes::ChangeSet;
+use crate::echo::{Echo, MAX_ID_BYTES};
 use crate::fence::{FenceKey, FenceMark, FenceToken};
 use crate::machine::{Machine, MachineState, StringMap, Timestamp};
 use crate::operation::{Kind, OperationId};
@@ -88,6 +89,14 @@ pub enum MutateError {
     /// The machine id is empty.
     #[error("machine_id required")]
     MissingMachineId,
+    /// A `machine_id` or `shard_id` is longer than [`MAX_ID_BYTES`].
+    #[error("{field} is {length} bytes; at most {MAX_ID_BYTES} are accepted (use a shorter id)")]
+    IdTooLong {
+        /// `machine_id` or `shard_id`.
+        field: &'static str,
+        /// Its length in bytes.
+        length: usize,
+    },
     /// A Configure names no cluster.
     #[error("cluster_id required")]
     MissingClusterId,
@@ -96,9 +105,9 @@ pub enum MutateError {
     DeleteUnsupported,
     /// The token is not strictly newer than the mark for (shard, machine).
     #[error(
-        "stale fencing token ({}, {}) for shard {:?} on machine {:?}: the mark is ({}, {})",
-        presented.epoch, presented.sequence, key.shard_id, key.machine_id, mark.epoch,
-        mark.sequence
+        "stale fencing token ({}, {}) for shard {} on machine {}: the mark is ({}, {})",
+        presented.epoch, presented.sequence, Echo(&key.shard_id), Echo(&key.machine_id),
+        mark.epoch, mark.sequence
     )]
     Fenced {
         /// The (shard, machine) pair.
@@ -109,13 +118,13 @@ pub enum MutateError {
         mark: FenceMark,
     },
     /// No machine has this id.
-    #[error("machine {machine_id:?} not found")]
+    #[error("machine {} not found", Echo(machine_id))]
     NotFound {
         /// The id asked for.
         machine_id: String,
     },
     /// The machine is not in the state this call starts from.
-    #[error("machine {machine_id:?} is {state}; {kind} requires {}", kind.source())]
+    #[error("machine {} is {state}; {kind} requires {}", Echo(machine_id), kind.source())]
     OutOfPosition {
         /// The machine.
         machine_id: String,

@@ -1,15 +1,16 @@
 //! Mutating calls and transition completions.
 //!
 //! The order inside [`Core::mutate`] is that of docs/contract.md §2.3 and is load-bearing: empty
-//! id, an empty cluster id, then the Delete capability (before the fence, so an unsupported Delete
-//! never moves a mark), then the fence (before not-found, so a zombie learns nothing), then
-//! not-found, the idempotent short-circuit, the position check, and finally accept.
+//! or oversized id, an empty cluster id, then the Delete capability (before the fence, so an
+//! unsupported Delete never moves a mark), then the fence (before not-found, so a zombie learns
+//! nothing), then not-found, the idempotent short-circuit, the position check, and finally accept.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::changes::ChangeSet;
 use crate::core::{Core, InFlight};
+use crate::echo::MAX_ID_BYTES;
 use crate::fence::FenceKey;
 use crate::machine::{HostRef, Machine, MachineId, MachineState, StringMap, Timestamp};
 use crate::mutate::{Ack, Dispatch, MutateDecision, MutateError, MutateRequest, Mutation};
@@ -72,6 +73,19 @@ impl Core {
         let Ok(id) = MachineId::new(mutation.machine_id.clone()) else {
             return rejected(MutateError::MissingMachineId);
         };
+        // Oversized ids are refused at the same step as an empty one: before any fence
+        // mark is read or minted, so a huge id never reaches the state or a message.
+        for (field, value) in [
+            ("machine_id", &mutation.machine_id),
+            ("shard_id", &mutation.token.shard_id),
+        ] {
+            if value.len() > MAX_ID_BYTES {
+                return rejected(MutateError::IdTooLong {
+                    field,
+                    length: value.len(),
+                });
+            }
+        }
         if matches!(&mutation.request, MutateRequest::Configure { cluster, .. } if cluster.is_empty())
         {
             return rejected(MutateError::MissingClusterId);

@@ -396,3 +396,41 @@ fn fenced_error_names_the_pair_and_both_tokens() {
     );
     assert!(text.contains("m-000") && text.contains("\"s\""), "{text}");
 }
+
+#[test]
+fn oversized_ids_are_refused_before_any_mark_is_read_or_minted() {
+    let mut core = seeded(1);
+    let huge = "x".repeat(bigfleet_libvirt_domain::MAX_ID_BYTES + 1);
+    for kind in [Kind::Create, Kind::Configure, Kind::Drain, Kind::Delete] {
+        let decision = call(&mut core, mutation(&huge, kind, token("s", 1, 1)));
+        assert_eq!(
+            decision.outcome.unwrap_err(),
+            MutateError::IdTooLong {
+                field: "machine_id",
+                length: huge.len()
+            }
+        );
+        assert!(decision.changes.is_none(), "{kind}: nothing to persist");
+        let decision = call(&mut core, mutation(&id(0), kind, token(&huge, 1, 1)));
+        assert_eq!(
+            decision.outcome.unwrap_err(),
+            MutateError::IdTooLong {
+                field: "shard_id",
+                length: huge.len()
+            }
+        );
+        assert!(decision.changes.is_none(), "{kind}: nothing to persist");
+    }
+    assert!(core.snapshot().fences.is_empty(), "no mark was minted");
+    // At the limit an id is an id like any other: an unknown one mints its mark.
+    let at_limit = "y".repeat(bigfleet_libvirt_domain::MAX_ID_BYTES);
+    let decision = call(
+        &mut core,
+        mutation(&at_limit, Kind::Create, token("s", 1, 1)),
+    );
+    assert!(matches!(
+        decision.outcome,
+        Err(MutateError::NotFound { .. })
+    ));
+    assert_eq!(core.snapshot().fences.len(), 1);
+}

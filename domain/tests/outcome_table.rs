@@ -102,6 +102,7 @@ fn restored_after_restart(target: MachineState) -> Core {
 fn error_name(error: &MutateError) -> &'static str {
     match error {
         MutateError::MissingMachineId => "MissingMachineId",
+        MutateError::IdTooLong { .. } => "IdTooLong",
         MutateError::MissingClusterId => "MissingClusterId",
         MutateError::DeleteUnsupported => "DeleteUnsupported",
         MutateError::Fenced { .. } => "Fenced",

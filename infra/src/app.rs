@@ -29,11 +29,11 @@ use tokio::net::TcpListener;
 #[cfg(not(madsim))]
 use tokio_stream::StreamExt;
 #[cfg(not(madsim))]
-use tokio_stream::wrappers::TcpListenerStream;
-#[cfg(not(madsim))]
 use tracing::info;
 use tracing::warn;
 
+#[cfg(not(madsim))]
+use crate::accept::{self, Acceptor};
 use crate::grpc::CapacityService;
 #[cfg(not(madsim))]
 use crate::http::{self, Readiness};
@@ -42,6 +42,8 @@ use crate::identity::{Identified, PeerIdentity};
 use crate::metrics::{KindLabels, Metrics, TransitionLabels};
 #[cfg(not(madsim))]
 use crate::metrics::{OutcomeLabels, StateLabels};
+#[cfg(not(madsim))]
+use crate::side_server;
 
 /// How the servers run.
 #[derive(Clone, Debug)]
@@ -60,6 +62,47 @@ pub struct ServeConfig {
     pub fault_hooks: bool,
     /// Check every call against the client certificate's `bigfleet://` identity (mTLS).
     pub client_identity: crate::identity::IdentityMode,
+    /// Per-client bounds on both ports.
+    pub limits: NetLimits,
+}
+
+/// Per-client bounds on both ports (the flags' defaults are [`NetLimits::default`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetLimits {
+    /// gRPC connections open at once (`--max-connections`).
+    pub grpc_max_connections: usize,
+    /// Concurrent HTTP/2 streams per gRPC connection, advertised in SETTINGS; excess
+    /// streams are refused with REFUSED_STREAM (`--max-concurrent-streams`).
+    pub max_concurrent_streams: u32,
+    /// How long a new gRPC connection may take to finish TLS and send the HTTP/2 preface
+    /// (`--handshake-timeout`).
+    pub handshake_timeout: Duration,
+    /// HTTP/2 keepalive ping period on an otherwise quiet connection
+    /// (`--http2-keepalive-interval`).
+    pub http2_keepalive_interval: Duration,
+    /// How long a keepalive ping may go unanswered before the connection is dropped
+    /// (`--http2-keepalive-timeout`).
+    pub http2_keepalive_timeout: Duration,
+    /// The HTTP side server's bounds (`--metrics-max-connections`,
+    /// `--http-header-read-timeout`, `--http-idle-timeout`).
+    pub http: crate::side_server::HttpLimits,
+}
+
+impl Default for NetLimits {
+    fn default() -> Self {
+        Self {
+            grpc_max_connections: 1024,
+            max_concurrent_streams: 256,
+            handshake_timeout: Duration::from_secs(10),
+            http2_keepalive_interval: Duration::from_secs(30),
+            http2_keepalive_timeout: Duration::from_secs(10),
+            http: crate::side_server::HttpLimits {
+                max_connections: 64,
+                header_read_timeout: Duration::from_secs(10),
+                idle_timeout: Duration::from_secs(60),
+            },
+        }
+    }
 }
 
 /// What the "serving CapacityProvider" line reports.
@@ -166,7 +209,11 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
             .with_fault_hooks(config.fault_hooks)
             .with_client_identity(config.client_identity),
     );
+    let limits = config.limits;
     let mut router = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
         .add_service(health_service)
         .add_service(service);
     if config.reflection {
@@ -187,25 +234,24 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let stopped = async move {
         let _ = grpc_stopped.await;
     };
+    let acceptor = Acceptor::new(grpc, "--addr", limits.grpc_max_connections);
     let grpc_task = match &config.tls {
         Some(tls) => {
             tokio::spawn(tls.clone().watch(Duration::from_secs(2)));
             // Each connection's client identity is read once, here, and handed to its calls.
-            let incoming = crate::tls::incoming(grpc, tls).map(|accepted| {
-                accepted.map(|stream| {
-                    let peer =
-                        PeerIdentity::from_certificates(stream.get_ref().1.peer_certificates());
-                    Identified::new(stream, peer)
-                })
-            });
+            let incoming =
+                crate::tls::incoming(acceptor, tls, limits.handshake_timeout).map(|accepted| {
+                    accepted.map(|stream| {
+                        let session = stream.get_ref().get_ref().1;
+                        let peer = PeerIdentity::from_certificates(session.peer_certificates());
+                        Identified::new(stream, peer)
+                    })
+                });
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
         None => {
-            let incoming = TcpListenerStream::new(grpc).map(|accepted| {
-                accepted.inspect(|tcp| {
-                    // Small unary replies must not wait out the peer's delayed ACK.
-                    let _ = tcp.set_nodelay(true);
-                })
+            let incoming = accept::grpc_incoming(acceptor, limits.handshake_timeout, |tcp| {
+                std::future::ready(Ok(tcp))
             });
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
@@ -216,13 +262,10 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         let on_scrape: http::ScrapeHook =
             Arc::new(move |m: &Metrics| refresh_gauges(&hook_provider, m));
         let app = http::router(metrics.clone(), readiness.clone(), on_scrape);
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = http_stopped.await;
-                })
-                .await
-        })
+        let stopped = async move {
+            let _ = http_stopped.await;
+        };
+        tokio::spawn(side_server::serve(listener, app, limits.http, stopped))
     });
     if let Some(interval) = config.reconcile_interval {
         tokio::spawn(reconcile_loop(provider.clone(), metrics.clone(), interval));
@@ -256,7 +299,7 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let _ = stop_http.send(());
     if let Some(task) = http_task {
         if let Ok(joined) = tokio::time::timeout(Duration::from_secs(5), task).await {
-            joined??;
+            joined?;
         }
     }
     Ok(())

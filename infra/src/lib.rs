@@ -2,6 +2,7 @@
 //! in-memory store, the tonic gRPC service, the axum HTTP side server, telemetry, and the
 //! composition root the `bigfleet-libvirt` binary (and the simulator) call.
 
+pub mod accept;
 pub mod app;
 pub mod config;
 pub mod fake;
@@ -14,6 +15,7 @@ pub mod libvirt;
 pub mod metrics;
 pub mod naming;
 pub mod process;
+pub mod side_server;
 pub mod store;
 pub mod system;
 pub mod telemetry;

@@ -15,7 +15,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use futures::Stream;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::client::danger::HandshakeSignatureValid;
 use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
@@ -29,7 +29,7 @@ use tokio_rustls::rustls::{
     SignatureScheme, version,
 };
 use tokio_rustls::server::TlsStream;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 /// The certificate files named on the command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -362,36 +362,15 @@ impl ClientCertVerifier for SwappableVerifier {
 
 /// Accepts TCP connections and completes TLS handshakes off the accept loop, yielding only
 /// established streams; a client that fails the handshake (no or untrusted certificate, TLS
-/// 1.2 only) is dropped and logged at debug.
+/// 1.2 only) is dropped and logged at debug. The connection cap, accept backoff and the
+/// deadline for the handshake plus the HTTP/2 preface are `crate::accept`'s.
 pub fn incoming(
-    listener: TcpListener,
+    acceptor: crate::accept::Acceptor,
     state: &TlsState,
-) -> impl Stream<Item = Result<TlsStream<TcpStream>, std::io::Error>> + Send + 'static {
-    let acceptor = TlsAcceptor::from(state.server_config());
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    warn!(error = %e, "accept failed");
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp));
-                match handshake.await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
-                    }
-                    Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake refused"),
-                    Err(_) => debug!(%peer, "TLS handshake timed out"),
-                }
-            });
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+    handshake_timeout: Duration,
+) -> impl Stream<Item = Result<crate::accept::Admitted<TlsStream<TcpStream>>, std::io::Error>>
++ Send
++ 'static {
+    let tls = TlsAcceptor::from(state.server_config());
+    crate::accept::grpc_incoming(acceptor, handshake_timeout, move |tcp| tls.accept(tcp))
 }

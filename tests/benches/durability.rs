@@ -97,6 +97,7 @@ async fn start<S: StateStore>(
         tls: None,
         fault_hooks: false,
         client_identity: IdentityMode::Off,
+        limits: app::NetLimits::default(),
     };
     let task = tokio::spawn(async move {
         let shutdown = async move {

@@ -363,6 +363,7 @@ async fn start_provider(seed_count: usize) -> Result<(Running, StepsProbe), BoxE
         tls: None,
         fault_hooks: false,
         client_identity: IdentityMode::Off,
+        limits: app::NetLimits::default(),
     };
     let task = tokio::spawn(async move {
         app::serve(provider, metrics, listener, None, config, async move {

@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
-use bigfleet_libvirt_domain::Ack;
+use bigfleet_libvirt_domain::{Ack, EchoField, MAX_ID_BYTES};
 use bigfleet_libvirt_ports::{Clock, Hypervisor, Provider, Spawner, StateStore};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;
@@ -76,10 +76,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         body: impl Future<Output = Result<T, Status>>,
     ) -> Result<T, Status> {
         let watch = Stopwatch::start();
+        // The id is the caller's: the span (and so every log line in it) carries it bounded.
         let span = info_span!(
             "rpc",
             method,
-            machine_id,
+            machine_id = %EchoField(machine_id),
             operation_id = tracing::field::Empty,
             identity = tracing::field::Empty,
             code = tracing::field::Empty
@@ -247,6 +248,9 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
             self.authorize("Get", peer.as_ref(), Access::Read)?;
             if id.is_empty() {
                 return Err(status::missing_get_id());
+            }
+            if id.len() > MAX_ID_BYTES {
+                return Err(status::oversized_get_id(id.len()));
             }
             assert!(
                 !(self.fault_hooks && id == PANIC_HOOK_ID),

@@ -9,7 +9,7 @@
 //! (mTLS, `--client-identity=enforce`) is `PERMISSION_DENIED`, never `FAILED_PRECONDITION`:
 //! it is a wrong or misconfigured certificate, not a stale token.
 
-use bigfleet_libvirt_domain::MutateError;
+use bigfleet_libvirt_domain::{Echo, MAX_ID_BYTES, MutateError};
 use bigfleet_libvirt_ports::{ProviderError, StoreError};
 use tonic::{Code, Status};
 
@@ -27,7 +27,9 @@ pub fn for_provider_error(error: &ProviderError) -> Status {
 
 fn for_rejection(error: &MutateError) -> Status {
     let code = match error {
-        MutateError::MissingMachineId | MutateError::MissingClusterId => Code::InvalidArgument,
+        MutateError::MissingMachineId
+        | MutateError::IdTooLong { .. }
+        | MutateError::MissingClusterId => Code::InvalidArgument,
         MutateError::DeleteUnsupported => Code::Unimplemented,
         MutateError::Fenced { .. } => Code::FailedPrecondition,
         MutateError::NotFound { .. } => Code::NotFound,
@@ -62,10 +64,18 @@ pub fn missing_get_id() -> Status {
     Status::invalid_argument("id required")
 }
 
-/// Get of an unknown id.
+/// Get with an id longer than any machine's: refused without echoing it.
+#[must_use]
+pub fn oversized_get_id(length: usize) -> Status {
+    Status::invalid_argument(format!(
+        "id is {length} bytes; at most {MAX_ID_BYTES} are accepted (use a shorter id)"
+    ))
+}
+
+/// Get of an unknown id (echoed bounded).
 #[must_use]
 pub fn unknown_machine(id: &str) -> Status {
-    Status::not_found(format!("machine {id:?} not found"))
+    Status::not_found(format!("machine {} not found", Echo(id)))
 }
 
 /// A call the caller's client identity does not allow; the message names the identity seen
@@ -99,6 +109,11 @@ mod tests {
         };
         let cases: Vec<ProviderError> = vec![
             MutateError::MissingMachineId.into(),
+            MutateError::IdTooLong {
+                field: "shard_id",
+                length: 1 << 20,
+            }
+            .into(),
             MutateError::MissingClusterId.into(),
             MutateError::DeleteUnsupported.into(),
             MutateError::Fenced {
@@ -112,6 +127,10 @@ mod tests {
             .into(),
             MutateError::NotFound {
                 machine_id: "ghost".into(),
+            }
+            .into(),
+            MutateError::NotFound {
+                machine_id: format!("{}\n", "g".repeat(200)),
             }
             .into(),
             MutateError::OutOfPosition {

@@ -47,7 +47,20 @@ impl Server {
     /// Starts the binary with `args` (plus loopback `--addr`/`--metrics-addr` and JSON logs,
     /// unless `args` sets them) and waits until it serves.
     pub fn start(args: &[&str]) -> Server {
-        let mut command = Command::new(binary());
+        Self::start_command(Command::new(binary()), args)
+    }
+
+    /// As [`Server::start`], but run through `wrapper`, a command that execs the binary
+    /// given as its last argument (e.g. `prlimit --nofile=64:64`), so the process id is
+    /// still the provider's.
+    pub fn start_wrapped(wrapper: &[&str], args: &[&str]) -> Server {
+        let (program, rest) = wrapper.split_first().expect("a wrapper command");
+        let mut command = Command::new(program);
+        command.args(rest).arg(binary());
+        Self::start_command(command, args)
+    }
+
+    fn start_command(mut command: Command, args: &[&str]) -> Server {
         if !args.iter().any(|a| a.starts_with("--addr")) {
             command.arg("--addr=127.0.0.1:0");
         }
@@ -105,6 +118,11 @@ impl Server {
         CapacityProviderClient::new(channel)
             .max_decoding_message_size(256 * 1024 * 1024)
             .max_encoding_message_size(64 * 1024 * 1024)
+    }
+
+    /// The provider's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Sends SIGKILL and waits for the process.

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bigfleet_libvirt_infra::launch::Flags;
+use bigfleet_libvirt_infra::launch::{Flags, LimitFlags};
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
@@ -295,6 +295,50 @@ pub struct Cli {
         default_value_t = 1
     )]
     pub fake_seed: u64,
+    /// gRPC connections open at once on --addr; further clients wait until one closes.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub max_connections: usize,
+    /// Concurrent HTTP/2 streams per gRPC connection; streams past it get REFUSED_STREAM.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_MAX_CONCURRENT_STREAMS",
+        default_value_t = 256
+    )]
+    pub max_concurrent_streams: u32,
+    /// How long a new gRPC connection may take to finish TLS and send the HTTP/2 preface.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HANDSHAKE_TIMEOUT", default_value = "10s",
+          value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// HTTP/2 keepalive ping period on a quiet gRPC connection.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP2_KEEPALIVE_INTERVAL",
+          default_value = "30s", value_parser = parse_duration)]
+    pub http2_keepalive_interval: Duration,
+    /// How long a keepalive ping may go unanswered before the gRPC connection is dropped.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP2_KEEPALIVE_TIMEOUT",
+          default_value = "10s", value_parser = parse_duration)]
+    pub http2_keepalive_timeout: Duration,
+    /// Connections open at once on --metrics-addr; further clients wait until one closes.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_METRICS_MAX_CONNECTIONS",
+        default_value_t = 64
+    )]
+    pub metrics_max_connections: usize,
+    /// How long a request head on --metrics-addr may take (from connect or the last response).
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP_HEADER_READ_TIMEOUT",
+          default_value = "10s", value_parser = parse_duration)]
+    pub http_header_read_timeout: Duration,
+    /// How long a connection on --metrics-addr may move no byte before it is closed.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP_IDLE_TIMEOUT", default_value = "60s",
+          value_parser = parse_duration)]
+    pub http_idle_timeout: Duration,
     /// Log format.
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_LOG_FORMAT", value_enum, default_value_t = Format::Text)]
     pub log_format: Format,
@@ -377,6 +421,21 @@ impl Cli {
             memory_allocation_ratio: self.memory_allocation_ratio,
             gc_orphans: self.gc_orphans,
             orphan_grace: self.orphan_grace,
+        }
+    }
+}
+
+impl Cli {
+    pub fn limit_flags(&self) -> LimitFlags {
+        LimitFlags {
+            max_connections: self.max_connections,
+            max_concurrent_streams: self.max_concurrent_streams,
+            handshake_timeout: self.handshake_timeout,
+            http2_keepalive_interval: self.http2_keepalive_interval,
+            http2_keepalive_timeout: self.http2_keepalive_timeout,
+            metrics_max_connections: self.metrics_max_connections,
+            http_header_read_timeout: self.http_header_read_timeout,
+            http_idle_timeout: self.http_idle_timeout,
         }
     }
 }

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use bigfleet_libvirt_infra::app::{self, Banner, ServeConfig};
+use bigfleet_libvirt_infra::accept;
+use bigfleet_libvirt_infra::app::{self, Banner, NetLimits, ServeConfig};
 use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_infra::identity::IdentityMode;
 use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
@@ -78,6 +79,7 @@ fn telemetry_config(cli: &Cli) -> TelemetryConfig {
 
 async fn run(cli: &Cli) -> anyhow::Result<()> {
     let plan = launch::resolve(&cli.flags())?;
+    let limits = launch::net_limits(&cli.limit_flags())?;
     if let Some(Command::Offerings) = cli.command {
         println!("{}", serde_json::to_string_pretty(&launch::dry_run(&plan))?);
         return Ok(());
@@ -85,14 +87,15 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     // TLS material is checked before any host or file is touched.
     let tls = plan.tls.clone().map(TlsState::load).transpose()?;
     let telemetry = telemetry::init(&telemetry_config(cli))?;
+    accept::raise_nofile_limit();
     let served = match &plan.state {
         Some(path) => match RedbStateStore::open(path) {
-            Ok(store) => serve(cli, plan, store, tls).await,
+            Ok(store) => serve(cli, plan, store, tls, limits).await,
             Err(e) => Err(anyhow::anyhow!("--state: {e}")),
         },
         None => {
             warn!("no --state: bindings, fence marks and operation ids will not survive a restart");
-            serve(cli, plan, MemoryStateStore::new(), tls).await
+            serve(cli, plan, MemoryStateStore::new(), tls, limits).await
         }
     };
     telemetry.shutdown().await;
@@ -104,6 +107,7 @@ async fn serve<S: StateStore>(
     plan: Plan,
     store: S,
     tls: Option<TlsState>,
+    limits: NetLimits,
 ) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     match plan.backend {
@@ -117,9 +121,9 @@ async fn serve<S: StateStore>(
             let provider = start(&plan, hypervisor, store, &metrics).await?;
             // The fake keeps no state of its own: give it back the restored machines' domains.
             fake.adopt(&provider.peek(&Default::default()).machines);
-            run_servers(cli, &plan, provider, metrics, tls).await
+            run_servers(cli, &plan, provider, metrics, tls, limits).await
         }
-        Backend::Libvirt => serve_libvirt(cli, plan, store, tls, metrics).await,
+        Backend::Libvirt => serve_libvirt(cli, plan, store, tls, metrics, limits).await,
     }
 }
 
@@ -148,6 +152,7 @@ async fn serve_libvirt<S: StateStore>(
     store: S,
     tls: Option<TlsState>,
     metrics: Metrics,
+    limits: NetLimits,
 ) -> anyhow::Result<()> {
     let config = libvirt_config(&plan)?;
     let libvirt =
@@ -156,7 +161,7 @@ async fn serve_libvirt<S: StateStore>(
     let provider = start(&plan, hypervisor, store, &metrics).await?;
     // Restored machines tell the adapter what should be running (drift and orphan checks).
     libvirt.track(&provider.peek(&Default::default()).machines);
-    run_servers(cli, &plan, provider, metrics, tls).await
+    run_servers(cli, &plan, provider, metrics, tls, limits).await
 }
 
 fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
@@ -204,6 +209,7 @@ async fn run_servers<H: Hypervisor, S: StateStore>(
     provider: Provider<H, S, SystemClock, TokioSpawner>,
     metrics: Metrics,
     tls: Option<TlsState>,
+    limits: NetLimits,
 ) -> anyhow::Result<()> {
     let grpc = tokio::net::TcpListener::bind(plan.grpc_addr)
         .await
@@ -237,6 +243,7 @@ async fn run_servers<H: Hypervisor, S: StateStore>(
         tls,
         fault_hooks: plan.fake.fault_hooks,
         client_identity: plan.client_identity,
+        limits,
     };
     if config.tls.as_ref().is_some_and(|t| t.mode() == "mTLS")
         && plan.client_identity == IdentityMode::Off
