@@ -14,6 +14,7 @@ mod errors;
 mod fault;
 mod fencing;
 mod fieldshape;
+mod image;
 mod libvirt;
 mod lifecycle;
 mod list;

@@ -47,7 +47,12 @@ impl Server {
     /// Starts the binary with `args` (plus loopback `--addr`/`--metrics-addr` and JSON logs,
     /// unless `args` sets them) and waits until it serves.
     pub fn start(args: &[&str]) -> Server {
-        let mut command = Command::new(binary());
+        Self::start_command(Command::new(binary()), args)
+    }
+
+    /// Like [`Server::start`], with `command` as the program (for example the binary run
+    /// through `chroot`); `args` are appended to it.
+    pub fn start_command(mut command: Command, args: &[&str]) -> Server {
         if !args.iter().any(|a| a.starts_with("--addr")) {
             command.arg("--addr=127.0.0.1:0");
         }
