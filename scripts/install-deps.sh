@@ -3,7 +3,7 @@
 # root (or with sudo) on Debian 12. Installs nothing when everything is already present.
 set -euo pipefail
 
-packages=(pkg-config libvirt-dev openssl)
+packages=(pkg-config libvirt-dev openssl binutils)
 
 missing=()
 for package in "${packages[@]}"; do

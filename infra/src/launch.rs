@@ -133,6 +133,38 @@ fn flag(message: impl Into<String>) -> LaunchError {
     LaunchError::Flag(message.into())
 }
 
+/// Refuses, before any host is dialled, a `--connect` host whose transport runs a local
+/// program (`qemu+ssh://` runs `ssh`) that `installed` does not find. Without the check
+/// every dial of that host would fail forever with libvirt's opaque "Cannot recv data"; the
+/// container image, for one, ships no ssh client.
+///
+/// # Errors
+/// [`LaunchError::Flag`] naming `--connect`, the zone, the missing program and the fix.
+pub fn check_client_programs(
+    plan: &Plan,
+    installed: impl Fn(&str) -> bool,
+) -> Result<(), LaunchError> {
+    if plan.backend != Backend::Libvirt {
+        return Ok(());
+    }
+    for connection in &plan.connections {
+        let Some(program) = connection.client_program() else {
+            continue;
+        };
+        if !installed(&program) {
+            return Err(flag(format!(
+                "--connect {}={}: this transport runs the local program {program:?}, which is \
+                 not installed here (the container image ships no ssh client); use \
+                 qemu+libssh://…?keyfile=…&known_hosts=…&known_hosts_verify=normal (libvirt's \
+                 in-process SSH client) or install the program",
+                connection.zone,
+                connection.redacted_uri(),
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Validates the flags and builds the launch plan.
 ///
 /// # Errors

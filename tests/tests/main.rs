@@ -17,6 +17,7 @@ mod fencing;
 mod fieldshape;
 mod identity;
 mod identity_docs;
+mod image;
 mod libvirt;
 mod lifecycle;
 mod limits;

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 
 use super::ConfigError;
-use super::uri::{redact, validate_connect_uri};
+use super::uri::{parse_uri, redact, validate_connect_uri};
 
 /// One libvirt host: the zone it serves and the URI the client dials (verbatim).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,6 +19,37 @@ pub struct HostConnection {
     pub zone: String,
     /// The libvirt connection URI.
     pub uri: String,
+}
+
+impl HostConnection {
+    /// The local program libvirt's client runs to reach this host, if its transport spawns
+    /// one: the `ssh` transport runs `ssh` (or its `command=` override), the `ext` transport
+    /// its `command=`. The `libssh`/`libssh2`, `tls` and local transports run nothing.
+    #[must_use]
+    pub fn client_program(&self) -> Option<String> {
+        let parsed = parse_uri(&self.uri).ok()?;
+        let command = parsed
+            .query
+            .iter()
+            .rev()
+            .find(|(key, value)| key == "command" && !value.is_empty())
+            .map(|(_, value)| value.clone());
+        match parsed
+            .scheme
+            .split_once('+')
+            .map(|(_, transport)| transport)
+        {
+            Some("ssh") => Some(command.unwrap_or_else(|| "ssh".to_owned())),
+            Some("ext") => command,
+            _ => None,
+        }
+    }
+
+    /// The URI with any password masked, for messages.
+    #[must_use]
+    pub fn redacted_uri(&self) -> String {
+        redact(&self.uri)
+    }
 }
 
 /// Checks `--default-zone`: non-empty and free of `:` and `/`, because it becomes a zone
@@ -111,6 +142,29 @@ fn parse_entry(part: &str) -> Result<HostConnection, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_program_names_what_the_transport_spawns() {
+        let program = |uri: &str| conn("z", uri).client_program();
+        assert_eq!(program("qemu+ssh://root@h/system").as_deref(), Some("ssh"));
+        assert_eq!(
+            program("qemu+ssh://h/system?command=/opt/ssh&command=/usr/bin/ssh").as_deref(),
+            Some("/usr/bin/ssh"),
+            "libvirt honours the last copy"
+        );
+        assert_eq!(
+            program("qemu+ext:///system?command=/opt/dial").as_deref(),
+            Some("/opt/dial")
+        );
+        for runs_nothing in [
+            "qemu:///system",
+            "qemu+libssh://h/system?keyfile=/k",
+            "qemu+tls://h/system",
+            "test:///default",
+        ] {
+            assert_eq!(program(runs_nothing), None, "{runs_nothing}");
+        }
+    }
 
     fn conn(zone: &str, uri: &str) -> HostConnection {
         HostConnection {

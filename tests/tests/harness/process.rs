@@ -60,7 +60,9 @@ impl Server {
         Self::start_command(command, args)
     }
 
-    fn start_command(mut command: Command, args: &[&str]) -> Server {
+    /// Like [`Server::start`], with `command` as the program (for example the binary run
+    /// through `chroot`); `args` are appended to it.
+    pub fn start_command(mut command: Command, args: &[&str]) -> Server {
         if !args.iter().any(|a| a.starts_with("--addr")) {
             command.arg("--addr=127.0.0.1:0");
         }

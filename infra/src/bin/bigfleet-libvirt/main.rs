@@ -84,6 +84,8 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&launch::dry_run(&plan))?);
         return Ok(());
     }
+    // A transport that runs a local program (qemu+ssh runs ssh) needs it on PATH.
+    launch::check_client_programs(&plan, |program| which::which(program).is_ok())?;
     // TLS material is checked before any host or file is touched.
     let tls = plan.tls.clone().map(TlsState::load).transpose()?;
     let telemetry = telemetry::init(&telemetry_config(cli))?;
