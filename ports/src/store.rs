@@ -42,6 +42,11 @@ pub enum StoreError {
 ///   provided each caller's future still resolves only after its own change set is durable.
 /// - Applying every committed change set in order to an empty snapshot MUST give exactly the
 ///   snapshot `load` later returns.
+/// - A commit that fails MUST leave the durable state as it was before its change set, and
+///   the store MUST then fail every later change set without applying it until `resume` is
+///   called: those were decided on top of the failed one. The provider calls `resume`,
+///   under its decision lock, once it has taken the failed decisions back; change sets
+///   committed after that are attempted afresh (a store MAY reopen its file to do so).
 pub trait StateStore: Send + Sync + 'static {
     /// Loads the durable state.
     fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
@@ -51,4 +56,9 @@ pub trait StateStore: Send + Sync + 'static {
         &self,
         changes: ChangeSet,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static;
+
+    /// Ends the refusal that follows a failed commit: the next change set is attempted
+    /// again. Stores whose commits never fail, and stores that fail for good (the process
+    /// is restarted instead), keep this default, which does nothing.
+    fn resume(&self) {}
 }
