@@ -127,6 +127,10 @@ pub struct Metrics {
     pub host_health: Family<HostLabels, Gauge>,
     /// What the last describe found out of line with the provider's records, by kind.
     pub drift: Family<DriftLabels, Gauge>,
+    /// State-store commit attempts that failed (brought up to date at scrape time).
+    pub state_commit_failures: Counter,
+    /// 1 while the state store takes commits, 0 while the last attempt failed.
+    pub state_writable: Gauge,
 }
 
 fn latency_histogram() -> Histogram {
@@ -222,6 +226,19 @@ impl Metrics {
             "Managed domains vanished or stopped outside the provider, and orphans, by zone",
             drift.clone(),
         );
+        let state_commit_failures = Counter::default();
+        registry.register(
+            format!("{prefix}_state_commit_failures"),
+            "State-store commit attempts that failed (the calls in them were not acknowledged)",
+            state_commit_failures.clone(),
+        );
+        let state_writable = Gauge::default();
+        state_writable.set(1);
+        registry.register(
+            format!("{prefix}_state_writable"),
+            "1 while the state store takes commits, 0 while the last commit attempt failed",
+            state_writable.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             grpc_requests,
@@ -236,6 +253,8 @@ impl Metrics {
             phases,
             host_health,
             drift,
+            state_commit_failures,
+            state_writable,
         }
     }
 
