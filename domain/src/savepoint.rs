@@ -46,9 +46,10 @@ impl Core {
         (result, savepoint)
     }
 
-    /// Takes one decision back. Rewinding the savepoints of a run of decisions newest first
-    /// restores the state from before the oldest of them.
-    pub fn rewind(&mut self, savepoint: Savepoint) {
+    /// Takes one decision back, and returns the savepoint that redoes it. Rewinding the
+    /// savepoints of a run of decisions newest first restores the state from before the
+    /// oldest of them; rewinding the returned ones oldest first puts the run back.
+    pub fn rewind(&mut self, savepoint: Savepoint) -> Savepoint {
         let Savepoint {
             records,
             fences,
@@ -56,29 +57,39 @@ impl Core {
             revision,
             next_operation,
         } = savepoint;
+        let mut redo = Savepoint {
+            revision: self.revision,
+            next_operation: self.next_operation,
+            ..Savepoint::default()
+        };
         for (id, prior) in records {
-            if let Some(current) = self.records.remove(&id) {
+            let current = self.records.remove(&id);
+            if let Some(current) = &current {
                 self.by_revision.remove(&(current.modified, id.clone()));
             }
             if let Some(prior) = prior {
                 self.by_revision.insert((prior.modified, id.clone()));
-                self.records.insert(id, prior);
+                self.records.insert(id.clone(), prior);
             }
+            redo.records.insert(id, current);
         }
         for (key, prior) in fences {
-            match prior {
-                Some(mark) => self.fences.insert(key, mark),
+            let current = match prior {
+                Some(mark) => self.fences.insert(key.clone(), mark),
                 None => self.fences.remove(&key),
             };
+            redo.fences.insert(key, current);
         }
         for (key, prior) in operations {
-            match prior {
-                Some(op) => self.operations.insert(key, op),
+            let current = match prior {
+                Some(op) => self.operations.insert(key.clone(), op),
                 None => self.operations.remove(&key),
             };
+            redo.operations.insert(key, current);
         }
         self.revision = revision;
         self.next_operation = next_operation;
+        redo
     }
 
     /// Notes a record's value before its first change in the current savepoint.

@@ -54,12 +54,21 @@ fn rewinding_a_run_of_decisions_newest_first_restores_the_core() {
         refreshed.price_per_hour = 0.75;
         let _ = c.reconcile(vec![speculative(9), refreshed]);
     });
-    assert_ne!(observed(&core), before, "the decisions changed the core");
+    let after = observed(&core);
+    assert_ne!(after, before, "the decisions changed the core");
     assert!(savepoints.iter().all(|s| !s.is_empty()));
-    for savepoint in savepoints.into_iter().rev() {
-        core.rewind(savepoint);
-    }
+    let mut redos: Vec<Savepoint> = savepoints
+        .into_iter()
+        .rev()
+        .map(|savepoint| core.rewind(savepoint))
+        .collect();
     assert_eq!(observed(&core), before);
+    // The rewind is itself undoable: redoing oldest first puts every decision back.
+    redos.reverse();
+    for redo in redos {
+        let _ = core.rewind(redo);
+    }
+    assert_eq!(observed(&core), after);
 }
 
 #[test]
@@ -72,7 +81,7 @@ fn a_rewound_completion_can_be_applied_again() {
     });
     assert!(matches!(outcome, CompletionOutcome::Applied(_)));
     assert_eq!(state(&core, &id(0)), MachineState::Idle);
-    core.rewind(savepoint);
+    let _ = core.rewind(savepoint);
     assert_eq!(state(&core, &id(0)), MachineState::Creating);
     // The transition is in flight again, so its completion is not dropped as stale.
     let machine = settle(&mut core, &ack, success(Kind::Create));
@@ -85,7 +94,7 @@ fn a_rewound_accept_frees_its_fence_mark_and_operation_counter() {
     let (decision, savepoint) =
         core.with_savepoint(|c| c.mutate(mutation(&id(0), Kind::Create, token("s", 3, 3)), T0));
     let first = decision.outcome.expect("accepted").operation_id;
-    core.rewind(savepoint);
+    let _ = core.rewind(savepoint);
     assert_eq!(state(&core, &id(0)), MachineState::Speculative);
     assert_eq!(core.fence_mark(&key("s", &id(0))), None);
     assert_eq!(recorded(&core, &id(0), Kind::Create), None);

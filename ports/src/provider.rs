@@ -10,9 +10,10 @@
 //! A failed commit is per commit, never sticky: every decision is taken with a savepoint,
 //! and when the store reports a failure, every decision not yet durable is rewound (newest
 //! first), so the core serves the last durable state again; the store is then told to
-//! resume and the next change set is attempted afresh. The calls whose decisions were
-//! rewound are answered `UNAVAILABLE`; reads re-read the rewound state; a transition's
-//! completion is retried until it is durable.
+//! resume and the next change set is attempted afresh. The calls whose decisions were in
+//! the failed commit are answered `UNAVAILABLE`; calls decided on top of it while it ran,
+//! and reads, are decided again on the rewound state; a transition's completion is retried
+//! until it is durable.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -104,9 +105,9 @@ type Observer = Arc<dyn Fn(&TransitionEvent) + Send + Sync>;
 /// before it is durable too.
 type Barrier = Shared<BoxFuture<'static, Result<(), StoreError>>>;
 
-/// How many times a read, or a call whose answer changed nothing, is decided again after
-/// the state it observed was rewound by a failed commit, before it gives up.
-const REREADS: usize = 8;
+/// How many times a mutating call is decided in all when the state it was decided on is
+/// rewound by a commit that failed without holding its own decision, before it gives up.
+const DECISIONS_MAX: usize = 8;
 
 /// The first wait before a transition's completion is committed again after a failed commit;
 /// it doubles up to [`COMPLETION_RETRY_MAX`].
@@ -283,14 +284,19 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             self.settle();
             match durable {
                 Ok(()) => break decision,
-                // This call's own decision was rewound: it is not acknowledged.
-                Err(store_error) if decision.changes.is_some() => {
+                // This call's own decision was in the commit that failed: it is not
+                // acknowledged.
+                Err(store_error)
+                    if decision.changes.is_some()
+                        && !matches!(store_error, StoreError::AfterFailure(_)) =>
+                {
                     warn!(error = %store_error, "decision not persisted; call not acknowledged");
                     return Err(ProviderError::Store(store_error));
                 }
-                // It observed a decision that was rewound: decide again on what is durable.
+                // It was decided on top of (or observed) a decision that was rewound, and was
+                // not written itself: decide again on what is durable.
                 Err(store_error) => match spare {
-                    Some(again) if attempt + 1 < REREADS => {
+                    Some(again) if attempt + 1 < DECISIONS_MAX => {
                         attempt += 1;
                         mutation = again;
                     }
@@ -338,26 +344,30 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     }
 
     /// Answers a read once everything it may reflect is durable. When what it observed is
-    /// rewound by a failed commit, it reads again from the rewound (durable) state.
+    /// rewound by a failed commit, it answers from the last durable state instead: at once,
+    /// by looking past the decisions still waiting for the store (rewound for the look and
+    /// redone right after), so reads never wait on a disk that keeps failing.
     async fn read<T>(&self, mut look: impl FnMut(&mut Guarded) -> T) -> Result<T, StoreError> {
-        let mut attempt = 0;
-        loop {
-            let (answer, durable) = {
-                let mut guarded = self.lock();
-                (look(&mut guarded), guarded.last_commit.clone())
-            };
-            let durable = durable.await;
-            self.settle();
-            match durable {
-                Ok(()) => return Ok(answer),
-                Err(e) => {
-                    attempt += 1;
-                    if attempt >= REREADS {
-                        return Err(e);
-                    }
-                }
-            }
+        let (answer, durable) = {
+            let mut guarded = self.lock();
+            (look(&mut guarded), guarded.last_commit.clone())
+        };
+        let durable = durable.await;
+        let mut guarded = self.lock();
+        self.settle_locked(&mut guarded);
+        if durable.is_ok() {
+            return Ok(answer);
         }
+        let mut redos = Vec::with_capacity(guarded.pending.len());
+        for index in (0..guarded.pending.len()).rev() {
+            let savepoint = std::mem::take(&mut guarded.pending[index].savepoint);
+            redos.push(guarded.core.rewind(savepoint));
+        }
+        let answer = look(&mut guarded);
+        for (index, redo) in redos.into_iter().rev().enumerate() {
+            guarded.pending[index].savepoint = guarded.core.rewind(redo);
+        }
+        Ok(answer)
     }
 
     /// Whether the store takes commits (the last attempt's outcome) and how many failed.
@@ -482,7 +492,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 Some(Err(error)) => {
                     let rewound = guarded.pending.len();
                     while let Some(pending) = guarded.pending.pop_back() {
-                        guarded.core.rewind(pending.savepoint);
+                        let _redo = guarded.core.rewind(pending.savepoint);
                     }
                     guarded.last_commit = settled();
                     self.inner.store.resume();

@@ -25,6 +25,10 @@ pub enum StoreError {
     /// An IO or engine failure while committing or loading.
     #[error("state store failure: {0}")]
     Io(String),
+    /// The change set was not written because an earlier commit failed and it was decided
+    /// on top of that one; once the earlier decision is taken back it may be decided again.
+    #[error("state store failure: not written, an earlier commit failed: {0}")]
+    AfterFailure(String),
 }
 
 /// Durable state.
@@ -44,7 +48,8 @@ pub enum StoreError {
 ///   snapshot `load` later returns.
 /// - A commit that fails MUST leave the durable state as it was before its change set, and
 ///   the store MUST then fail every later change set without applying it until `resume` is
-///   called: those were decided on top of the failed one. The provider calls `resume`,
+///   called: those were decided on top of the failed one (a store that tells them apart
+///   answers them [`StoreError::AfterFailure`]). The provider calls `resume`,
 ///   under its decision lock, once it has taken the failed decisions back; change sets
 ///   committed after that are attempted afresh (a store MAY reopen its file to do so).
 pub trait StateStore: Send + Sync + 'static {

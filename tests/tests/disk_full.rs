@@ -228,6 +228,7 @@ async fn a_full_disk_fails_only_its_calls_and_heals_without_a_restart() {
     let mut acked: Vec<Acked> = Vec::new();
     let mut refused: Vec<(String, i64)> = Vec::new();
     let mut first_refusal: Option<tonic::Status> = None;
+    let mut used = ids.len();
     for (i, id) in ids.iter().enumerate() {
         let sequence = 1000 + i64::try_from(i).unwrap();
         match configure_big(&mut c, id, tok(&shard, 1, sequence)).await {
@@ -241,6 +242,7 @@ async fn a_full_disk_fails_only_its_calls_and_heals_without_a_restart() {
                 first_refusal.get_or_insert(status);
                 refused.push((id.clone(), sequence));
                 if refused.len() == 3 {
+                    used = i + 1;
                     break;
                 }
             }
@@ -266,6 +268,46 @@ async fn a_full_disk_fails_only_its_calls_and_heals_without_a_restart() {
     assert!(
         !acked.is_empty(),
         "some Configures fitted before the disk filled"
+    );
+
+    // Concurrent calls on the full disk share commits and are taken back together, while
+    // reads keep answering alongside them.
+    let calls = ids[used..].iter().enumerate().map(|(j, id)| {
+        let mut client = c.clone();
+        let sequence = 2000 + i64::try_from(j).unwrap();
+        let token = tok(&shard, 1, sequence);
+        async move {
+            let outcome = configure_big(&mut client, id, token).await;
+            (id.clone(), sequence, outcome)
+        }
+    });
+    let reads = (0..8).map(|_| {
+        let mut client = c.clone();
+        async move { list_all(&mut client).await.machines.len() }
+    });
+    let (outcomes, lists) = futures::join!(
+        futures::future::join_all(calls),
+        futures::future::join_all(reads)
+    );
+    assert!(lists.iter().all(|&n| n == 48), "List answers: {lists:?}");
+    let mut concurrent_refusals = 0;
+    for (id, sequence, outcome) in outcomes {
+        match outcome {
+            Ok(ack) => acked.push(Acked {
+                id,
+                operation_id: ack.operation_id,
+                sequence,
+            }),
+            Err(status) => {
+                assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                concurrent_refusals += 1;
+                refused.push((id, sequence));
+            }
+        }
+    }
+    println!(
+        "disk_full: {} concurrent Configures on the full disk: {concurrent_refusals} refused",
+        ids.len() - used
     );
 
     // Reads answer, from the last durable state: a refused Configure left no trace.
@@ -407,9 +449,9 @@ fn start_up_on_a_read_only_disk_names_the_file_the_filesystem_and_the_fix() {
     let Some(tmpfs) = tmpfs_or_skip("start_up_on_a_read_only_disk", "16m") else {
         return;
     };
+    // A first run creates the state file; then the filesystem goes read-only under it.
     let mut server = boot(&tmpfs.state(), 4);
-    server.terminate();
-    assert_eq!(server.wait(PATIENCE), Some(0), "a clean stop");
+    server.kill();
     tmpfs.remount("ro");
     let (code, stderr) = start_refused(&tmpfs.state());
     println!("disk_full: start-up on a read-only disk: {stderr}");

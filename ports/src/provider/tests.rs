@@ -93,7 +93,9 @@ impl StateStore for Disk {
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let mut disk = self.0.lock().unwrap();
         let result = if disk.refusing {
-            Err(StoreError::Io("refused after a failed commit".to_owned()))
+            Err(StoreError::AfterFailure(
+                "an earlier commit failed".to_owned(),
+            ))
         } else {
             disk.attempts += 1;
             if disk.full {

@@ -129,9 +129,7 @@ impl State {
 
     fn commit(&mut self, batch: Vec<Job>) {
         let result = match &self.refusing {
-            Some(earlier) => Err(StoreError::Io(format!(
-                "not written: an earlier commit to the state file failed ({earlier})"
-            ))),
+            Some(earlier) => Err(StoreError::AfterFailure(earlier.to_string())),
             None => self.attempt(&batch),
         };
         // The provider logs the failure once, when it takes the decisions back.
