@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::changes::ChangeSet;
 use crate::core::{Core, Record};
 use crate::fence::{FenceKey, FenceMark};
 use crate::machine::MachineId;
@@ -44,6 +45,15 @@ impl Core {
         let result = decide(self);
         let savepoint = self.journal.take().unwrap_or_default();
         (result, savepoint)
+    }
+
+    /// A change set that changes nothing: no record, only the current counters. Committing
+    /// it tells whether the store takes writes, without deciding anything.
+    #[must_use]
+    pub fn probe(&self) -> ChangeSet {
+        let mut changes = ChangeSet::default();
+        self.stamp(&mut changes);
+        changes
     }
 
     /// Takes one decision back, and returns the savepoint that redoes it. Rewinding the

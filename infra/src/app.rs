@@ -285,11 +285,16 @@ fn log_banner(banner: &Banner, grpc: SocketAddr, http: Option<SocketAddr>) {
 /// How often readiness and gRPC health look at the state store.
 #[cfg(not(madsim))]
 const STORE_WATCH_PERIOD: Duration = Duration::from_millis(200);
+/// While the store refuses commits, how many watch periods pass between probe commits.
+#[cfg(not(madsim))]
+const STORE_PROBE_EVERY: u32 = 5;
 
 /// Keeps readiness and gRPC health in step with the state store: while the last commit
 /// attempt failed, `/readyz` answers 503 with the reason and health is NOT_SERVING, so the
 /// provider is taken out of service; liveness stays ok, since a restart would not make room
-/// on the disk and the store heals by itself once there is room.
+/// on the disk and the store heals by itself once there is room. While it refuses commits,
+/// a probe commit (one that changes nothing) runs every second, so readiness comes back
+/// even when no call arrives, as none does once the provider is out of service.
 #[cfg(not(madsim))]
 async fn watch_store<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     provider: Provider<H, S, C, E>,
@@ -298,7 +303,15 @@ async fn watch_store<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
 ) {
     type Served<H, S, C, E> = CapacityProviderServer<CapacityService<H, S, C, E>>;
     let mut last: Option<String> = None;
+    let mut ticks: u32 = 0;
     loop {
+        ticks = ticks.wrapping_add(1);
+        if last.is_some() && ticks % STORE_PROBE_EVERY == 0 {
+            // The outcome also lands in the store status read below.
+            if let Err(e) = provider.probe_store().await {
+                tracing::debug!(error = %e, "the state store still refuses commits");
+            }
+        }
         let failing = provider.store_status().failing;
         if failing != last {
             let healthy = failing.is_none();

@@ -26,7 +26,7 @@ use bigfleet_libvirt_domain::{
 };
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::clock::Clock;
 use crate::compensation;
@@ -370,6 +370,23 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         Ok(answer)
     }
 
+    /// Commits a change set that changes nothing, to learn whether the store takes writes
+    /// again after a failure even when no call arrives (a provider taken out of service
+    /// while its disk is full gets none).
+    ///
+    /// # Errors
+    /// When the commit fails.
+    pub async fn probe_store(&self) -> Result<(), StoreError> {
+        let durable = {
+            let mut guarded = self.lock();
+            let changes = guarded.core.probe();
+            self.enqueue(&mut guarded, Some(changes), Savepoint::default())
+        };
+        let durable = durable.await;
+        self.settle();
+        durable
+    }
+
     /// Whether the store takes commits (the last attempt's outcome) and how many failed.
     #[must_use]
     pub fn store_status(&self) -> StoreStatus {
@@ -496,13 +513,19 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                     }
                     guarded.last_commit = settled();
                     self.inner.store.resume();
-                    error!(
-                        error = %error,
-                        rewound,
-                        "state commit failed: its calls are not acknowledged and reads \
-                         serve the last durable state; the next commit tries again"
-                    );
                     self.set_store_status(|status| {
+                        // Said loudly once; while the store keeps failing, the failure count
+                        // and readiness say the rest.
+                        if status.failing.is_none() {
+                            error!(
+                                error = %error,
+                                rewound,
+                                "state commit failed: its calls are not acknowledged and \
+                                 reads serve the last durable state; the next commit tries again"
+                            );
+                        } else {
+                            debug!(error = %error, rewound, "state commit failed again");
+                        }
                         status.failing = Some(error.to_string());
                         status.failures += 1;
                     });

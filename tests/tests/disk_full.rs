@@ -334,8 +334,11 @@ async fn a_full_disk_fails_only_its_calls_and_heals_without_a_restart() {
     let failures = metric(&server, "bigfleet_libvirt_state_commit_failures_total").await;
     assert!(failures >= 1.0, "failures counted: {failures}");
 
-    // Grow the filesystem: the same call, same token, now succeeds; no restart.
+    // Grow the filesystem: readiness comes back by itself, and the same call, with the
+    // same token, now succeeds; no restart.
     tmpfs.remount(&format!("size={LARGE}"));
+    let (status, _) = readiness_becomes(&server, true).await;
+    assert_eq!(status, 200);
     let (retried, sequence) = refused[0].clone();
     let ack = configure_big(&mut c, &retried, tok(&shard, 1, sequence))
         .await
@@ -345,8 +348,6 @@ async fn a_full_disk_fails_only_its_calls_and_heals_without_a_restart() {
         operation_id: ack.operation_id,
         sequence,
     });
-    let (status, _) = readiness_becomes(&server, true).await;
-    assert_eq!(status, 200);
     assert_eq!(
         metric(&server, "bigfleet_libvirt_state_writable").await,
         1.0
@@ -382,6 +383,45 @@ async fn a_full_disk_fails_only_its_calls_and_heals_without_a_restart() {
             .await
             .expect("the refused token was never recorded");
     }
+}
+
+/// With no call and no transition in flight, readiness still comes back once space is freed:
+/// the provider probes the store while it refuses commits (out of service, it gets no calls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_comes_back_by_itself_once_space_is_freed() {
+    let Some(tmpfs) = tmpfs_or_skip("readiness_comes_back_by_itself", SMALL) else {
+        return;
+    };
+    let server = boot(&tmpfs.state(), 8);
+    let mut c = server.client().await;
+    let ids = pick_n(&server, &mut c, 8).await;
+    for id in &ids {
+        create(&mut c, id, None).await.expect("Create accepted");
+    }
+    for id in &ids {
+        reach(&mut c, id, S::Idle, PATIENCE).await;
+    }
+    tmpfs.fill();
+    // Far more than any free room left inside the state file.
+    let huge: std::collections::HashMap<String, String> =
+        [("disk-full/huge".to_owned(), "h".repeat(4 * 1024 * 1024))].into();
+    let refused = configure_map(&mut c, &ids[0], "cluster-x", huge, Vec::new(), None).await;
+    assert_eq!(code(&refused), Code::Unavailable, "{refused:?}");
+    let (status, _) = readiness_becomes(&server, false).await;
+    assert_eq!(status, 503);
+    std::fs::remove_file(tmpfs.dir.join("filler")).expect("free the space");
+    let started = Instant::now();
+    let (status, body) = readiness_becomes(&server, true).await;
+    println!(
+        "disk_full: ready again {:?} after space was freed, with no call: {status} {body:?}",
+        started.elapsed()
+    );
+    let machine = get(&mut c, &ids[0]).await.expect("Get");
+    assert_eq!(
+        state(&machine),
+        S::Idle,
+        "the refused Configure left no trace"
+    );
 }
 
 /// Starts the binary expecting it to refuse to start; returns its exit code and stderr.
