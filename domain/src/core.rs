@@ -11,6 +11,7 @@ use crate::changes::{ChangeSet, Snapshot};
 use crate::fence::{FenceKey, FenceMark};
 use crate::machine::{Machine, MachineId, MachineState, Timestamp};
 use crate::operation::{Kind, OperationId};
+use crate::savepoint::Savepoint;
 use crate::validate::{InvalidMachine, validate_instance};
 
 pub use crate::list::{ListPage, ListQuery, ListRotation};
@@ -128,6 +129,8 @@ pub struct Core {
     pub(crate) operations: BTreeMap<(MachineId, Kind), OperationId>,
     pub(crate) revision: i64,
     pub(crate) next_operation: u64,
+    /// What the decision under way overwrote, while one runs inside [`Core::with_savepoint`].
+    pub(crate) journal: Option<Savepoint>,
 }
 
 impl Core {
@@ -140,6 +143,7 @@ impl Core {
             operations: BTreeMap::new(),
             revision: 0,
             next_operation: 0,
+            journal: None,
         }
     }
 
@@ -291,6 +295,7 @@ impl Core {
         id: &MachineId,
         edit: impl FnOnce(&mut Machine),
     ) -> Arc<Machine> {
+        self.remember_record(id);
         let record = self
             .records
             .get_mut(id)
@@ -305,6 +310,7 @@ impl Core {
 
     /// Bumps the revision and stamps the record with it.
     pub(crate) fn touch(&mut self, id: &MachineId) -> Arc<Machine> {
+        self.remember_record(id);
         self.revision += 1;
         let record = self
             .records

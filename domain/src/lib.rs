@@ -18,6 +18,7 @@ mod machine;
 mod mutate;
 mod operation;
 mod reconcile;
+mod savepoint;
 mod transitions;
 mod validate;
 
@@ -35,4 +36,5 @@ pub use crate::machine::{
 };
 pub use crate::mutate::{Ack, Dispatch, MutateDecision, MutateError, MutateRequest, Mutation};
 pub use crate::operation::{Kind, OperationId};
+pub use crate::savepoint::Savepoint;
 pub use crate::validate::{InvalidMachine, validate_instance};

@@ -34,6 +34,7 @@ impl Core {
             }
             let id = fresh.id.clone();
             let Some(record) = self.records.get(&id) else {
+                self.remember_record(&id);
                 let record = Record {
                     machine: Arc::new(fresh),
                     modified: 0,

@@ -121,6 +121,7 @@ impl Core {
                     });
                 }
             }
+            self.remember_fence(&key);
             self.fences.insert(key.clone(), presented);
             changes.fences.push((key, presented));
         }
@@ -203,6 +204,7 @@ impl Core {
             deadline,
             timeout,
         });
+        self.remember_operation(id, kind);
         self.operations
             .insert((id.clone(), kind), operation_id.clone());
         changes.machines.push(Arc::clone(&machine));

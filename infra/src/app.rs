@@ -259,8 +259,14 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http_task = http.map(|listener| {
         let hook_provider = provider.clone();
-        let on_scrape: http::ScrapeHook =
-            Arc::new(move |m: &Metrics| refresh_gauges(&hook_provider, m));
+        // One scrape at a time brings the failure counter up to date, so none counts twice.
+        let one_at_a_time = std::sync::Mutex::new(());
+        let on_scrape: http::ScrapeHook = Arc::new(move |m: &Metrics| {
+            let _turn = one_at_a_time
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            refresh_gauges(&hook_provider, m);
+        });
         let app = http::router(metrics.clone(), readiness.clone(), on_scrape);
         let stopped = async move {
             let _ = http_stopped.await;
@@ -277,6 +283,11 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         .set_serving::<CapacityProviderServer<CapacityService<H, S, C, E>>>()
         .await;
     readiness.set(true);
+    tokio::spawn(watch_store(
+        provider.clone(),
+        readiness.clone(),
+        health_reporter.clone(),
+    ));
     log_banner(&config.banner, grpc_addr, http_addr);
     shutdown.await;
     info!("shutting down");
@@ -338,11 +349,89 @@ fn log_banner(banner: &Banner, grpc: SocketAddr, http: Option<SocketAddr>) {
     );
 }
 
+/// How often readiness and gRPC health look at the state store.
+#[cfg(not(madsim))]
+const STORE_WATCH_PERIOD: Duration = Duration::from_millis(200);
+/// While the store refuses commits, how many watch periods pass between probe commits.
+#[cfg(not(madsim))]
+const STORE_PROBE_EVERY: u32 = 5;
+
+/// Keeps readiness and gRPC health in step with the state store: while the last commit
+/// attempt failed, `/readyz` answers 503 with the reason and health is NOT_SERVING, so the
+/// provider is taken out of service; liveness stays ok, since a restart would not make room
+/// on the disk and the store heals by itself once there is room. While it refuses commits,
+/// a probe commit (one that changes nothing) runs every second, so readiness comes back
+/// even when no call arrives, as none does once the provider is out of service.
+#[cfg(not(madsim))]
+async fn watch_store<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    provider: Provider<H, S, C, E>,
+    readiness: Readiness,
+    health: tonic_health::server::HealthReporter,
+) {
+    type Served<H, S, C, E> = CapacityProviderServer<CapacityService<H, S, C, E>>;
+    let mut last: Option<String> = None;
+    let mut ticks: u32 = 0;
+    loop {
+        ticks = ticks.wrapping_add(1);
+        if last.is_some() && ticks % STORE_PROBE_EVERY == 0 {
+            // The outcome also lands in the store status read below.
+            if let Err(e) = provider.probe_store().await {
+                tracing::debug!(error = %e, "the state store still refuses commits");
+            }
+        }
+        let failing = provider.store_status().failing;
+        if failing != last {
+            let healthy = failing.is_none();
+            if healthy != last.is_none() {
+                if healthy {
+                    info!("the state store takes commits again: ready");
+                } else {
+                    warn!("the state store refuses commits: not ready until it takes them");
+                }
+            }
+            readiness.set_store_failing(failing.clone());
+            if readiness.is_serving() {
+                if healthy {
+                    health
+                        .set_service_status("", tonic_health::ServingStatus::Serving)
+                        .await;
+                    health.set_serving::<Served<H, S, C, E>>().await;
+                } else {
+                    health
+                        .set_service_status("", tonic_health::ServingStatus::NotServing)
+                        .await;
+                    health.set_not_serving::<Served<H, S, C, E>>().await;
+                }
+            }
+            if !readiness.is_serving() {
+                // Shutting down: health says NOT_SERVING whatever the store does.
+                health
+                    .set_service_status("", tonic_health::ServingStatus::NotServing)
+                    .await;
+                health.set_not_serving::<Served<H, S, C, E>>().await;
+            }
+            last = failing;
+        }
+        let next: Timestamp = provider.now().saturating_add(STORE_WATCH_PERIOD);
+        provider.sleep_until(next).await;
+    }
+}
+
 #[cfg(not(madsim))]
 fn refresh_gauges<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     provider: &Provider<H, S, C, E>,
     metrics: &Metrics,
 ) {
+    let store = provider.store_status();
+    metrics
+        .state_writable
+        .set(i64::from(store.failing.is_none()));
+    let counted = metrics.state_commit_failures.get();
+    if store.failures > counted {
+        metrics
+            .state_commit_failures
+            .inc_by(store.failures - counted);
+    }
     for (state, count) in provider.count_by_state() {
         let labels = StateLabels {
             state: state.name().to_owned(),

@@ -1,9 +1,10 @@
 //! The HTTP side server on `--metrics-addr`: `/metrics` (Prometheus text), `/healthz`
-//! (liveness: always `ok`) and `/readyz` (`ready` only while gRPC serves; `not ready`
-//! during start-up and from the first shutdown signal).
+//! (liveness: always `ok`) and `/readyz` (`ready` only while gRPC serves and the state store
+//! takes commits; `not ready` during start-up, from the first shutdown signal, and with the
+//! reason while the last commit attempt failed).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::State;
@@ -13,20 +14,51 @@ use axum::routing::get;
 
 use crate::metrics::Metrics;
 
-/// Whether the provider is ready to take traffic. Clones share the flag.
+/// Whether the provider is ready to take traffic. Clones share the flags.
 #[derive(Clone, Debug, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness {
+    serving: Arc<AtomicBool>,
+    /// Why mutations cannot be made durable right now (the last commit attempt failed).
+    store_failing: Arc<Mutex<Option<String>>>,
+}
 
 impl Readiness {
-    /// Marks the provider ready or not.
+    /// Marks the provider serving or not.
     pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::SeqCst);
+        self.serving.store(ready, Ordering::SeqCst);
     }
 
-    /// Whether the provider is ready.
+    /// Records why the state store refuses commits, or `None` once it takes them again.
+    pub fn set_store_failing(&self, reason: Option<String>) {
+        *self
+            .store_failing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = reason;
+    }
+
+    /// Whether the provider serves (a failing store aside).
+    #[must_use]
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::SeqCst)
+    }
+
+    /// Whether the provider is ready: serving, with a state store that takes commits.
     #[must_use]
     pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.not_ready_reason().is_none()
+    }
+
+    /// Why the provider is not ready, if it is not.
+    #[must_use]
+    pub fn not_ready_reason(&self) -> Option<String> {
+        if !self.is_serving() {
+            return Some(String::new());
+        }
+        self.store_failing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|reason| format!("the state store refuses commits: {reason}"))
     }
 }
 
@@ -64,10 +96,15 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'static str) {
-    if state.readiness.is_ready() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
+    match state.readiness.not_ready_reason() {
+        None => (StatusCode::OK, "ready\n".to_owned()),
+        Some(reason) if reason.is_empty() => {
+            (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_owned())
+        }
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}\n"),
+        ),
     }
 }

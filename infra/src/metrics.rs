@@ -138,6 +138,10 @@ pub struct Metrics {
     pub drift: Family<DriftLabels, Gauge>,
     /// Calls refused by the client-identity check, by method and reason.
     pub authz_denied: Family<AuthzLabels, Counter>,
+    /// State-store commit attempts that failed (brought up to date at scrape time).
+    pub state_commit_failures: Counter,
+    /// 1 while the state store takes commits, 0 while the last attempt failed.
+    pub state_writable: Gauge,
 }
 
 fn latency_histogram() -> Histogram {
@@ -239,6 +243,19 @@ impl Metrics {
             "Calls refused by the client-identity check (mTLS), by method and reason",
             authz_denied.clone(),
         );
+        let state_commit_failures = Counter::default();
+        registry.register(
+            format!("{prefix}_state_commit_failures"),
+            "State-store commit attempts that failed (the calls in them were not acknowledged)",
+            state_commit_failures.clone(),
+        );
+        let state_writable = Gauge::default();
+        state_writable.set(1);
+        registry.register(
+            format!("{prefix}_state_writable"),
+            "1 while the state store takes commits, 0 while the last commit attempt failed",
+            state_writable.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             grpc_requests,
@@ -254,6 +271,8 @@ impl Metrics {
             host_health,
             drift,
             authz_denied,
+            state_commit_failures,
+            state_writable,
         }
     }
 

@@ -22,7 +22,8 @@ pub use crate::hypervisor::{
 };
 pub use crate::network::Network;
 pub use crate::provider::{
-    Provider, ProviderConfig, ProviderError, ReconcileError, StartError, TransitionEvent,
+    Provider, ProviderConfig, ProviderError, ReconcileError, StartError, StoreStatus,
+    TransitionEvent,
 };
 pub use crate::spawn::Spawner;
 pub use crate::store::{StateStore, StoreError};

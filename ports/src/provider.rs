@@ -6,18 +6,27 @@
 //! happen under that lock, so the store sees change sets in decision order; waiting for
 //! durability happens outside it, so concurrent calls can share one durable write. Work on
 //! the hypervisor never runs under the lock.
+//!
+//! A failed commit is per commit, never sticky: every decision is taken with a savepoint,
+//! and when the store reports a failure, every decision not yet durable is rewound (newest
+//! first), so the core serves the last durable state again; the store is then told to
+//! resume and the next change set is attempted afresh. The calls whose decisions were in
+//! the failed commit are answered `UNAVAILABLE`; calls decided on top of it while it ran,
+//! and reads, are decided again on the rewound state; a transition's completion is retried
+//! until it is durable.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
     Ack, Completion, CompletionOutcome, Core, Dispatch, Kind, ListPage, ListQuery, ListRotation,
-    Machine, MachineState, MutateError, Mutation, OperationId, Policy, ReconcileReport, SeedError,
-    Timestamp, TransitionResult,
+    Machine, MachineState, MutateError, Mutation, OperationId, Policy, ReconcileReport, Savepoint,
+    SeedError, Timestamp, TransitionResult,
 };
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::clock::Clock;
 use crate::compensation;
@@ -52,6 +61,10 @@ pub enum StartError {
     /// The store could not be read.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// What start-up decided (the seeded inventory, or transitions a restart interrupted
+    /// marked Failed) could not be written.
+    #[error("write the start-up state: {0}; then start the provider again")]
+    Persist(StoreError),
     /// First boot: the hypervisor could not describe its inventory.
     #[error("describe the inventory to seed an empty store: {0}")]
     Describe(HypervisorError),
@@ -92,6 +105,21 @@ type Observer = Arc<dyn Fn(&TransitionEvent) + Send + Sync>;
 /// before it is durable too.
 type Barrier = Shared<BoxFuture<'static, Result<(), StoreError>>>;
 
+/// How many times a mutating call is decided in all when the state it was decided on is
+/// rewound by a commit that failed without holding its own decision, before it gives up.
+const DECISIONS_MAX: usize = 8;
+
+/// The first wait before a transition's completion is committed again after a failed commit;
+/// it doubles up to [`COMPLETION_RETRY_MAX`].
+const COMPLETION_RETRY_FIRST: Duration = Duration::from_millis(100);
+const COMPLETION_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// A decision whose change set the store has not yet confirmed, and what takes it back.
+struct Pending {
+    barrier: Barrier,
+    savepoint: Savepoint,
+}
+
 /// The decision core and the durability barrier of its newest decision, guarded together
 /// so that whoever observes the core also learns what must be durable first.
 struct Guarded {
@@ -100,10 +128,22 @@ struct Guarded {
     /// Where the last capped List stopped, so consecutive (and concurrent) capped picks
     /// spread over the inventory instead of all returning its first records. In memory only.
     rotation: ListRotation,
+    /// Decisions enqueued and not yet seen durable, oldest first.
+    pending: VecDeque<Pending>,
+}
+
+/// Whether the state store is taking commits, for readiness, health and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreStatus {
+    /// Why the last commit attempt failed; `None` while commits succeed.
+    pub failing: Option<String>,
+    /// Commit attempts that failed since start-up.
+    pub failures: u64,
 }
 
 struct Inner<H, S, C, E> {
     core: Mutex<Guarded>,
+    store_status: Mutex<StoreStatus>,
     // Shared so a compensating delete can outlive the call that needed it without holding
     // the provider (see `compensation.rs`).
     hypervisor: Arc<H>,
@@ -164,15 +204,17 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             (core, changes)
         };
         if let Some(changes) = changes {
-            store.commit(changes).await?;
+            store.commit(changes).await.map_err(StartError::Persist)?;
         }
         let guarded = Guarded {
             core,
             last_commit: settled(),
             rotation: ListRotation::default(),
+            pending: VecDeque::new(),
         };
         let inner = Inner {
             core: Mutex::new(guarded),
+            store_status: Mutex::default(),
             hypervisor: Arc::new(hypervisor),
             store,
             clock,
@@ -215,37 +257,53 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         blob: BootstrapBlob,
     ) -> Result<Ack, ProviderError> {
         let now = self.inner.clock.now();
-        let (decision, durable) = {
-            let mut guarded = self.lock();
-            let decision = guarded.core.mutate(mutation, now);
-            let durable = self.enqueue(&mut guarded, decision.changes.clone());
-            (decision, durable)
-        };
-        // Injected bug (simulator bug hunt only): acknowledge before the decision is durable.
-        #[cfg(feature = "bug-ack-before-persist")]
-        let durable = {
-            drop(durable);
-            settled()
-        };
-        // Even an answer that changed nothing (an idempotent retry, a rejection) waits for
-        // the decisions it observed to be durable: no answer may reflect state a crash
-        // could still take back.
-        {
-            if let Err(store_error) = durable.await {
-                error!(error = %store_error, "decision not persisted; call not acknowledged");
-                if let Ok(Ack {
-                    dispatch: Some(dispatch),
-                    ..
-                }) = decision.outcome
+        let mut mutation = mutation;
+        let mut attempt = 0;
+        let decision = loop {
+            let (decision, durable, spare) = {
+                let mut guarded = self.lock();
+                self.settle_locked(&mut guarded);
+                // Only a call that observes decisions not yet durable may have to be decided
+                // again (when they are rewound), so only then is a copy kept.
+                let spare = (!guarded.pending.is_empty()).then(|| mutation.clone());
+                let (decision, savepoint) =
+                    guarded.core.with_savepoint(|c| c.mutate(mutation, now));
+                let durable = self.enqueue(&mut guarded, decision.changes.clone(), savepoint);
+                (decision, durable, spare)
+            };
+            // Injected bug (simulator bug hunt only): acknowledge before the decision is durable.
+            #[cfg(feature = "bug-ack-before-persist")]
+            let durable = {
+                drop(durable);
+                settled()
+            };
+            // Even an answer that changed nothing (an idempotent retry, a rejection) waits
+            // for the decisions it observed to be durable: no answer may reflect state a
+            // crash could still take back.
+            let durable = durable.await;
+            self.settle();
+            match durable {
+                Ok(()) => break decision,
+                // This call's own decision was in the commit that failed: it is not
+                // acknowledged.
+                Err(store_error)
+                    if decision.changes.is_some()
+                        && !matches!(store_error, StoreError::AfterFailure(_)) =>
                 {
-                    let reason =
-                        format!("the accepted transition could not be persisted: {store_error}");
-                    self.finish(&dispatch, TransitionResult::Failed(reason))
-                        .await;
+                    warn!(error = %store_error, "decision not persisted; call not acknowledged");
+                    return Err(ProviderError::Store(store_error));
                 }
-                return Err(ProviderError::Store(store_error));
+                // It was decided on top of (or observed) a decision that was rewound, and was
+                // not written itself: decide again on what is durable.
+                Err(store_error) => match spare {
+                    Some(again) if attempt + 1 < DECISIONS_MAX => {
+                        attempt += 1;
+                        mutation = again;
+                    }
+                    _ => return Err(ProviderError::Store(store_error)),
+                },
             }
-        }
+        };
         let ack = decision.outcome?;
         if let Some(dispatch) = ack.dispatch.clone() {
             let provider = self.clone();
@@ -267,12 +325,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     /// # Errors
     /// When the state it reflects could not be persisted.
     pub async fn get(&self, id: &str) -> Result<Option<Arc<Machine>>, StoreError> {
-        let (machine, durable) = {
-            let guarded = self.lock();
-            (guarded.core.get(id), guarded.last_commit.clone())
-        };
-        durable.await?;
-        Ok(machine)
+        self.read(|guarded| guarded.core.get(id)).await
     }
 
     /// The machines a List call returns, once everything they may reflect is durable (so a
@@ -283,17 +336,65 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     /// # Errors
     /// When the state it reflects could not be persisted.
     pub async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
-        let (page, durable) = {
+        self.read(|guarded| {
+            let Guarded { core, rotation, .. } = guarded;
+            core.list_rotating(query, rotation)
+        })
+        .await
+    }
+
+    /// Answers a read once everything it may reflect is durable. When what it observed is
+    /// rewound by a failed commit, it answers from the last durable state instead: at once,
+    /// by looking past the decisions still waiting for the store (rewound for the look and
+    /// redone right after), so reads never wait on a disk that keeps failing.
+    async fn read<T>(&self, mut look: impl FnMut(&mut Guarded) -> T) -> Result<T, StoreError> {
+        let (answer, durable) = {
             let mut guarded = self.lock();
-            let Guarded {
-                core,
-                last_commit,
-                rotation,
-            } = &mut *guarded;
-            (core.list_rotating(query, rotation), last_commit.clone())
+            (look(&mut guarded), guarded.last_commit.clone())
         };
-        durable.await?;
-        Ok(page)
+        let durable = durable.await;
+        let mut guarded = self.lock();
+        self.settle_locked(&mut guarded);
+        if durable.is_ok() {
+            return Ok(answer);
+        }
+        let mut redos = Vec::with_capacity(guarded.pending.len());
+        for index in (0..guarded.pending.len()).rev() {
+            let savepoint = std::mem::take(&mut guarded.pending[index].savepoint);
+            redos.push(guarded.core.rewind(savepoint));
+        }
+        let answer = look(&mut guarded);
+        for (index, redo) in redos.into_iter().rev().enumerate() {
+            guarded.pending[index].savepoint = guarded.core.rewind(redo);
+        }
+        Ok(answer)
+    }
+
+    /// Commits a change set that changes nothing, to learn whether the store takes writes
+    /// again after a failure even when no call arrives (a provider taken out of service
+    /// while its disk is full gets none).
+    ///
+    /// # Errors
+    /// When the commit fails.
+    pub async fn probe_store(&self) -> Result<(), StoreError> {
+        let durable = {
+            let mut guarded = self.lock();
+            let changes = guarded.core.probe();
+            self.enqueue(&mut guarded, Some(changes), Savepoint::default())
+        };
+        let durable = durable.await;
+        self.settle();
+        durable
+    }
+
+    /// Whether the store takes commits (the last attempt's outcome) and how many failed.
+    #[must_use]
+    pub fn store_status(&self) -> StoreStatus {
+        self.inner
+            .store_status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The current inventory without waiting for durability (metrics and tests only; never
@@ -333,14 +434,16 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let described = self.inner.hypervisor.describe().await?;
         let (report, durable) = {
             let mut guarded = self.lock();
-            let report = guarded.core.reconcile(described);
-            let durable = self.enqueue(&mut guarded, report.changes.clone());
+            let (report, savepoint) = guarded.core.with_savepoint(|c| c.reconcile(described));
+            let durable = self.enqueue(&mut guarded, report.changes.clone(), savepoint);
             (report, durable)
         };
         for skipped in &report.skipped {
             warn!(error = %skipped, "reconcile skipped an invalid record");
         }
-        durable.await?;
+        let durable = durable.await;
+        self.settle();
+        durable?;
         Ok(report)
     }
 
@@ -360,17 +463,85 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
 
     /// Enqueues a decision's change set (under the lock, so the store sees decisions in
     /// order) and returns the barrier that resolves once it, and everything before it, is
-    /// durable. A decision without changes gets the previous barrier.
+    /// durable. A decision without changes gets the previous barrier. The savepoint is kept
+    /// until the store confirms the change set, to take the decision back if it fails.
     fn enqueue(
         &self,
         guarded: &mut Guarded,
         changes: Option<bigfleet_libvirt_domain::ChangeSet>,
+        savepoint: Savepoint,
     ) -> Barrier {
+        self.settle_locked(guarded);
         if let Some(changes) = changes {
             let commit: BoxFuture<'static, _> = Box::pin(self.inner.store.commit(changes));
             guarded.last_commit = commit.shared();
+            guarded.pending.push_back(Pending {
+                barrier: guarded.last_commit.clone(),
+                savepoint,
+            });
         }
         guarded.last_commit.clone()
+    }
+
+    /// [`Self::settle_locked`] under the lock.
+    fn settle(&self) {
+        let mut guarded = self.lock();
+        self.settle_locked(&mut guarded);
+    }
+
+    /// Forgets the savepoints of decisions the store confirmed, oldest first. At the first
+    /// failure reported, every decision not yet durable is rewound, newest first: the store
+    /// confirms in order and refuses everything after a failure, so none of them can still
+    /// become durable, and the core is back at the last durable state. Then the store may
+    /// attempt the next change set afresh.
+    fn settle_locked(&self, guarded: &mut Guarded) {
+        while let Some(front) = guarded.pending.front() {
+            match front.barrier.clone().now_or_never() {
+                None => return,
+                Some(Ok(())) => {
+                    guarded.pending.pop_front();
+                    self.set_store_status(|status| {
+                        if status.failing.take().is_some() {
+                            info!("the state store takes commits again");
+                        }
+                    });
+                }
+                Some(Err(error)) => {
+                    let rewound = guarded.pending.len();
+                    while let Some(pending) = guarded.pending.pop_back() {
+                        let _redo = guarded.core.rewind(pending.savepoint);
+                    }
+                    guarded.last_commit = settled();
+                    self.inner.store.resume();
+                    self.set_store_status(|status| {
+                        // Said loudly once; while the store keeps failing, the failure count
+                        // and readiness say the rest.
+                        if status.failing.is_none() {
+                            error!(
+                                error = %error,
+                                rewound,
+                                "state commit failed: its calls are not acknowledged and \
+                                 reads serve the last durable state; the next commit tries again"
+                            );
+                        } else {
+                            debug!(error = %error, rewound, "state commit failed again");
+                        }
+                        status.failing = Some(error.to_string());
+                        status.failures += 1;
+                    });
+                    return;
+                }
+            }
+        }
+    }
+
+    fn set_store_status(&self, change: impl FnOnce(&mut StoreStatus)) {
+        let mut status = self
+            .inner
+            .store_status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        change(&mut status);
     }
 
     fn lock(&self) -> MutexGuard<'_, Guarded> {
@@ -523,14 +694,30 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             operation_id: dispatch.operation_id.clone(),
             result,
         };
-        let (outcome, durable) = {
-            let mut guarded = self.lock();
-            let (outcome, changes) = guarded.core.complete(completion, now);
-            (outcome, self.enqueue(&mut guarded, changes))
+        // A completion that cannot be committed is rewound with the rest and committed again
+        // (with the same `now`, so a retry never turns a success into a timeout) until the
+        // store takes it: the transition happened, and a restart must not lose it.
+        let mut backoff = COMPLETION_RETRY_FIRST;
+        let outcome = loop {
+            let (outcome, durable) = {
+                let mut guarded = self.lock();
+                let ((outcome, changes), savepoint) = guarded
+                    .core
+                    .with_savepoint(|c| c.complete(completion.clone(), now));
+                (outcome, self.enqueue(&mut guarded, changes, savepoint))
+            };
+            let durable = durable.await;
+            self.settle();
+            match durable {
+                Ok(()) => break outcome,
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?backoff, "transition outcome not persisted yet");
+                    let retry_at = self.inner.clock.now().saturating_add(backoff);
+                    self.inner.clock.sleep_until(retry_at).await;
+                    backoff = (backoff * 2).min(COMPLETION_RETRY_MAX);
+                }
+            }
         };
-        if let Err(e) = durable.await {
-            error!(error = %e, "transition outcome not persisted; durability at risk");
-        }
         let accepted_at = dispatch
             .deadline
             .0
@@ -581,3 +768,6 @@ fn settled() -> Barrier {
     let ready: BoxFuture<'static, Result<(), StoreError>> = Box::pin(std::future::ready(Ok(())));
     ready.shared()
 }
+
+#[cfg(test)]
+mod tests;

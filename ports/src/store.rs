@@ -25,6 +25,10 @@ pub enum StoreError {
     /// An IO or engine failure while committing or loading.
     #[error("state store failure: {0}")]
     Io(String),
+    /// The change set was not written because an earlier commit failed and it was decided
+    /// on top of that one; once the earlier decision is taken back it may be decided again.
+    #[error("state store failure: not written, an earlier commit failed: {0}")]
+    AfterFailure(String),
 }
 
 /// Durable state.
@@ -42,6 +46,12 @@ pub enum StoreError {
 ///   provided each caller's future still resolves only after its own change set is durable.
 /// - Applying every committed change set in order to an empty snapshot MUST give exactly the
 ///   snapshot `load` later returns.
+/// - A commit that fails MUST leave the durable state as it was before its change set, and
+///   the store MUST then fail every later change set without applying it until `resume` is
+///   called: those were decided on top of the failed one (a store that tells them apart
+///   answers them [`StoreError::AfterFailure`]). The provider calls `resume`,
+///   under its decision lock, once it has taken the failed decisions back; change sets
+///   committed after that are attempted afresh (a store MAY reopen its file to do so).
 pub trait StateStore: Send + Sync + 'static {
     /// Loads the durable state.
     fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
@@ -51,4 +61,9 @@ pub trait StateStore: Send + Sync + 'static {
         &self,
         changes: ChangeSet,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static;
+
+    /// Ends the refusal that follows a failed commit: the next change set is attempted
+    /// again. Stores whose commits never fail, and stores that fail for good (the process
+    /// is restarted instead), keep this default, which does nothing.
+    fn resume(&self) {}
 }

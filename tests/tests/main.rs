@@ -8,6 +8,7 @@ mod bare_metal;
 mod baseline;
 mod concurrency;
 mod deploy;
+mod disk_full;
 mod dry_run;
 mod durable;
 mod echo;

@@ -42,7 +42,10 @@ fn for_rejection(error: &MutateError) -> Status {
 #[must_use]
 pub fn for_store_error(error: &StoreError) -> Status {
     match error {
-        StoreError::Unusable { .. } | StoreError::Locked { .. } | StoreError::Io(_) => {
+        StoreError::Unusable { .. }
+        | StoreError::Locked { .. }
+        | StoreError::Io(_)
+        | StoreError::AfterFailure(_) => {
             Status::unavailable(format!("the decision could not be persisted: {error}"))
         }
     }

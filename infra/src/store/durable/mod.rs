@@ -8,8 +8,10 @@
 //! Commits go to one writer thread that applies every change set queued since its last
 //! commit in a single write transaction with one fsync (group commit). It never waits to
 //! fill a batch: while one fsync runs, the next batch forms, so an ack is delayed by at most
-//! one commit.
+//! one commit. A failed commit fails its batch and is retried by the next one, against the
+//! reopened file (see `writer.rs`); failures name the file, its filesystem and free space.
 
+mod space;
 mod tables;
 mod writer;
 
@@ -28,7 +30,6 @@ use tables::{fences, machines, meta, operations};
 #[derive(Clone)]
 pub struct RedbStateStore {
     path: PathBuf,
-    database: Arc<Database>,
     writer: Arc<writer::Writer>,
 }
 
@@ -51,6 +52,17 @@ fn io(context: &str, error: impl std::fmt::Display) -> StoreError {
     StoreError::Io(format!("{context}: {error}"))
 }
 
+/// A failure to create or write the state file at start-up, with the filesystem it is on,
+/// how much room is left there and what to do (a restart alone would fail the same way).
+fn unwritable(path: &Path, what: &str, error: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(format!(
+        "cannot {what} state file {}: {error}; {}; free space there, grow the volume or make \
+         it writable (or point --state at a filesystem that is), then start the provider again",
+        path.display(),
+        space::describe(path),
+    ))
+}
+
 impl RedbStateStore {
     /// Opens (or, when the file is missing or empty, creates) the state file at `path`.
     ///
@@ -70,7 +82,7 @@ impl RedbStateStore {
         if fresh {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)
-                    .map_err(|e| io(&format!("create the directory {}", parent.display()), e))?;
+                    .map_err(|e| unwritable(path, "create the directory of the", e))?;
             }
         }
         if !fresh {
@@ -94,76 +106,72 @@ impl RedbStateStore {
             Err(_) => return Err(unusable(path, "redb found it corrupt")),
         };
         if fresh {
-            initialise(&database).map_err(|e| io("initialise the state file", e))?;
+            initialise(&database).map_err(|e| unwritable(path, "initialise the", e))?;
         } else {
             check_schema(path, &database)?;
         }
-        let database = Arc::new(database);
-        let writer = Arc::new(writer::Writer::start(Arc::clone(&database)));
+        let writer = Arc::new(writer::Writer::start(path.to_owned(), database));
         Ok(Self {
             path: path.to_owned(),
-            database,
             writer,
         })
     }
+}
 
-    fn read_all(&self) -> Result<Snapshot, StoreError> {
-        let path = &self.path;
-        let read = |e: &dyn std::fmt::Display| unusable(path, format!("read failed: {e}"));
-        let txn = self.database.begin_read().map_err(|e| read(&e))?;
-        let mut snapshot = Snapshot::default();
-        let meta_table = txn.open_table(meta::TABLE).map_err(|e| read(&e))?;
-        let counter = |key| -> Result<i64, StoreError> {
-            Ok(meta_table
-                .get(key)
-                .map_err(|e| read(&e))?
-                .map_or(0, |v| v.value()))
-        };
-        snapshot.revision = counter(meta::REVISION_KEY)?;
-        snapshot.next_operation = u64::try_from(counter(meta::NEXT_OPERATION_KEY)?)
-            .map_err(|_| unusable(path, "the operation counter is negative"))?;
-        for entry in txn
-            .open_table(machines::TABLE)
+/// Everything durable in the open database.
+fn read_all(path: &Path, database: &Database) -> Result<Snapshot, StoreError> {
+    let read = |e: &dyn std::fmt::Display| unusable(path, format!("read failed: {e}"));
+    let txn = database.begin_read().map_err(|e| read(&e))?;
+    let mut snapshot = Snapshot::default();
+    let meta_table = txn.open_table(meta::TABLE).map_err(|e| read(&e))?;
+    let counter = |key| -> Result<i64, StoreError> {
+        Ok(meta_table
+            .get(key)
             .map_err(|e| read(&e))?
-            .iter()
-            .map_err(|e| read(&e))?
-        {
-            let (key, value) = entry.map_err(|e| read(&e))?;
-            let machine = machines::decode(value.value())
-                .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
-            snapshot.machines.push(machine);
-        }
-        for entry in txn
-            .open_table(fences::TABLE)
-            .map_err(|e| read(&e))?
-            .iter()
-            .map_err(|e| read(&e))?
-        {
-            let (key, value) = entry.map_err(|e| read(&e))?;
-            let (shard_id, machine_id) = key.value();
-            let (epoch, sequence) = value.value();
-            let key = FenceKey {
-                shard_id: shard_id.to_owned(),
-                machine_id: machine_id.to_owned(),
-            };
-            snapshot.fences.push((key, FenceMark { epoch, sequence }));
-        }
-        let ops = txn.open_table(operations::TABLE).map_err(|e| read(&e))?;
-        for entry in ops.iter().map_err(|e| read(&e))? {
-            let (key, value) = entry.map_err(|e| read(&e))?;
-            let (machine_id, kind) = key.value();
-            let kind = operations::decode_kind(kind)
-                .ok_or_else(|| unusable(path, format!("unknown operation kind {kind}")))?;
-            let id = MachineId::new(machine_id)
-                .map_err(|_| unusable(path, "an operation record has an empty machine id"))?;
-            snapshot.operations.push((
-                id,
-                kind,
-                OperationId::from_stored(value.value().to_owned()),
-            ));
-        }
-        Ok(snapshot)
+            .map_or(0, |v| v.value()))
+    };
+    snapshot.revision = counter(meta::REVISION_KEY)?;
+    snapshot.next_operation = u64::try_from(counter(meta::NEXT_OPERATION_KEY)?)
+        .map_err(|_| unusable(path, "the operation counter is negative"))?;
+    for entry in txn
+        .open_table(machines::TABLE)
+        .map_err(|e| read(&e))?
+        .iter()
+        .map_err(|e| read(&e))?
+    {
+        let (key, value) = entry.map_err(|e| read(&e))?;
+        let machine = machines::decode(value.value())
+            .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
+        snapshot.machines.push(machine);
     }
+    for entry in txn
+        .open_table(fences::TABLE)
+        .map_err(|e| read(&e))?
+        .iter()
+        .map_err(|e| read(&e))?
+    {
+        let (key, value) = entry.map_err(|e| read(&e))?;
+        let (shard_id, machine_id) = key.value();
+        let (epoch, sequence) = value.value();
+        let key = FenceKey {
+            shard_id: shard_id.to_owned(),
+            machine_id: machine_id.to_owned(),
+        };
+        snapshot.fences.push((key, FenceMark { epoch, sequence }));
+    }
+    let ops = txn.open_table(operations::TABLE).map_err(|e| read(&e))?;
+    for entry in ops.iter().map_err(|e| read(&e))? {
+        let (key, value) = entry.map_err(|e| read(&e))?;
+        let (machine_id, kind) = key.value();
+        let kind = operations::decode_kind(kind)
+            .ok_or_else(|| unusable(path, format!("unknown operation kind {kind}")))?;
+        let id = MachineId::new(machine_id)
+            .map_err(|_| unusable(path, "an operation record has an empty machine id"))?;
+        snapshot
+            .operations
+            .push((id, kind, OperationId::from_stored(value.value().to_owned())));
+    }
+    Ok(snapshot)
 }
 
 fn open_error(path: &Path, error: DatabaseError) -> StoreError {
@@ -189,6 +197,7 @@ fn open_error(path: &Path, error: DatabaseError) -> StoreError {
             path,
             format!("it uses redb file format {version}, which this build cannot read"),
         ),
+        DatabaseError::Storage(StorageError::Io(e)) => unwritable(path, "open the", e),
         other => io(&format!("open {}", path.display()), other),
     }
 }
@@ -256,15 +265,8 @@ fn check_schema(path: &Path, database: &impl ReadableDatabase) -> Result<(), Sto
 
 impl StateStore for RedbStateStore {
     fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
-        std::future::ready(self.read_all())
-    }
-
-    fn commit(
-        &self,
-        changes: ChangeSet,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let (reply, done) = futures::channel::oneshot::channel();
-        let queued = self.writer.submit(writer::Job { changes, reply });
+        let queued = self.writer.submit(writer::Message::Load(reply));
         async move {
             if queued.is_err() {
                 return Err(StoreError::Io("the state writer has stopped".to_owned()));
@@ -272,6 +274,28 @@ impl StateStore for RedbStateStore {
             done.await
                 .unwrap_or_else(|_| Err(StoreError::Io("the state writer has stopped".to_owned())))
         }
+    }
+
+    fn commit(
+        &self,
+        changes: ChangeSet,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let (reply, done) = futures::channel::oneshot::channel();
+        let queued = self
+            .writer
+            .submit(writer::Message::Commit(writer::Job { changes, reply }));
+        async move {
+            if queued.is_err() {
+                return Err(StoreError::Io("the state writer has stopped".to_owned()));
+            }
+            done.await
+                .unwrap_or_else(|_| Err(StoreError::Io("the state writer has stopped".to_owned())))
+        }
+    }
+
+    fn resume(&self) {
+        // A stopped writer refuses everything anyway.
+        let _ = self.writer.submit(writer::Message::Resume);
     }
 }
 

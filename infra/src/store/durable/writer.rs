@@ -1,14 +1,23 @@
-//! The group-commit writer: one thread, one write transaction and one fsync per batch of
-//! queued change sets, applied in queue order.
+//! The group-commit writer: one thread that owns the database, with one write transaction
+//! and one fsync per batch of queued change sets, applied in queue order.
+//!
+//! A failed commit is never sticky. It fails its batch; every change set queued after it is
+//! then refused without being written (it was decided on top of the failed one) until the
+//! provider, having taken those decisions back, sends `Resume`. redb latches an I/O error
+//! (every later transaction fails until the file is reopened), so after a failure the
+//! database is closed and the next attempt reopens the file first: the retry really goes to
+//! the disk, and succeeds as soon as the filesystem has room again.
 
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 
-use bigfleet_libvirt_domain::ChangeSet;
+use bigfleet_libvirt_domain::{ChangeSet, Snapshot};
 use bigfleet_libvirt_ports::StoreError;
 use futures::channel::oneshot;
 use redb::{Database, Durability};
 
+use super::space;
 use super::tables::{fences, machines, meta, operations};
 
 /// Most change sets one transaction takes: bounds the work (and latency) of one commit.
@@ -20,20 +29,37 @@ pub struct Job {
     pub reply: oneshot::Sender<Result<(), StoreError>>,
 }
 
+/// What the writer thread is asked to do, in queue order.
+pub enum Message {
+    /// Commit a change set.
+    Commit(Job),
+    /// Attempt change sets again after a failed commit.
+    Resume,
+    /// Read everything durable.
+    Load(oneshot::Sender<Result<Snapshot, StoreError>>),
+}
+
 /// The writer thread and its queue. Dropping it closes the queue and waits for the thread,
 /// so every queued change set is written before the database closes.
 pub struct Writer {
-    queue: Mutex<Option<mpsc::Sender<Job>>>,
+    queue: Mutex<Option<mpsc::Sender<Message>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Writer {
-    /// Starts the writer thread.
-    pub fn start(database: Arc<Database>) -> Self {
-        let (queue, jobs) = mpsc::channel::<Job>();
+    /// Starts the writer thread on an open database.
+    pub fn start(path: PathBuf, database: Database) -> Self {
+        let (queue, messages) = mpsc::channel::<Message>();
         let thread = std::thread::Builder::new()
             .name("state-writer".to_owned())
-            .spawn(move || run(&database, &jobs))
+            .spawn(move || {
+                let mut state = State {
+                    path,
+                    database: Some(database),
+                    refusing: None,
+                };
+                state.run(&messages);
+            })
             .expect("spawn the state writer thread");
         Self {
             queue: Mutex::new(Some(queue)),
@@ -41,13 +67,13 @@ impl Writer {
         }
     }
 
-    /// Queues a job; fails only once the writer has stopped.
-    pub fn submit(&self, job: Job) -> Result<(), ()> {
+    /// Queues a message; fails only once the writer has stopped.
+    pub fn submit(&self, message: Message) -> Result<(), ()> {
         let queue = self
             .queue
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        queue.as_ref().ok_or(())?.send(job).map_err(|_| ())
+        queue.as_ref().ok_or(())?.send(message).map_err(|_| ())
     }
 }
 
@@ -63,35 +89,105 @@ impl Drop for Writer {
     }
 }
 
-fn run(database: &Database, jobs: &mpsc::Receiver<Job>) {
-    // After a failed commit nothing later may become durable: the provider treats "this
-    // change set is durable" as "everything enqueued before it is durable", so the store
-    // fails closed until the process restarts and reloads what is really on disk.
-    let mut poisoned: Option<StoreError> = None;
-    while let Ok(first) = jobs.recv() {
-        let mut batch = vec![first];
-        while batch.len() < BATCH_MAX {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+struct State {
+    path: PathBuf,
+    /// `None` after a failed commit closed it; reopened by the next attempt.
+    database: Option<Database>,
+    /// The failure that change sets are refused for until `Resume`.
+    refusing: Option<StoreError>,
+}
+
+impl State {
+    fn run(&mut self, messages: &mpsc::Receiver<Message>) {
+        let mut next = messages.recv().ok();
+        while let Some(message) = next.take() {
+            match message {
+                Message::Resume => self.refusing = None,
+                Message::Load(reply) => {
+                    let _ = reply.send(self.load());
+                }
+                Message::Commit(first) => {
+                    let mut batch = vec![first];
+                    while batch.len() < BATCH_MAX {
+                        match messages.try_recv() {
+                            Ok(Message::Commit(job)) => batch.push(job),
+                            Ok(other) => {
+                                next = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    self.commit(batch);
+                }
+            }
+            if next.is_none() {
+                next = messages.recv().ok();
             }
         }
-        let result = match &poisoned {
-            Some(earlier) => Err(earlier.clone()),
-            None => write(database, &batch).map_err(|e| {
-                StoreError::Io(format!(
-                    "{e}; restart the provider to reload the state file"
-                ))
-            }),
+    }
+
+    fn commit(&mut self, batch: Vec<Job>) {
+        let result = match &self.refusing {
+            Some(earlier) => Err(StoreError::AfterFailure(earlier.to_string())),
+            None => self.attempt(&batch),
         };
-        if let (Err(e), None) = (&result, &poisoned) {
-            tracing::error!(error = %e, change_sets = batch.len(), "state commit failed");
-            poisoned = Some(e.clone());
+        // The provider logs the failure once, when it takes the decisions back.
+        if let (Err(e), None) = (&result, &self.refusing) {
+            self.refusing = Some(e.clone());
         }
         for job in batch {
             let _ = job.reply.send(result.clone());
         }
     }
+
+    /// One write transaction for the batch, on the database (reopened if a failure closed
+    /// it). On failure the database is closed, since redb fails every later transaction
+    /// until it is reopened.
+    fn attempt(&mut self, batch: &[Job]) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let written = self.database().and_then(|database| {
+            write(database, batch).map_err(|e| commit_failure(&path, "commit", &e))
+        });
+        if written.is_err() {
+            self.database = None;
+        }
+        written
+    }
+
+    fn load(&mut self) -> Result<Snapshot, StoreError> {
+        let path = self.path.clone();
+        super::read_all(&path, self.database()?)
+    }
+
+    /// The open database, reopening the file after a failure closed it.
+    fn database(&mut self) -> Result<&Database, StoreError> {
+        if self.database.is_none() {
+            let reopened = Database::builder()
+                .open(&self.path)
+                .map_err(|e| self.failure("reopen", &e))?;
+            tracing::info!(path = %self.path.display(), "reopened the state file");
+            self.database = Some(reopened);
+        }
+        Ok(self
+            .database
+            .as_ref()
+            .expect("the database was just opened"))
+    }
+
+    fn failure(&self, what: &str, error: &dyn std::fmt::Display) -> StoreError {
+        commit_failure(&self.path, what, error)
+    }
+}
+
+/// A failed write to the state file, with where it lives, how full that is and what to do.
+pub fn commit_failure(path: &Path, what: &str, error: &dyn std::fmt::Display) -> StoreError {
+    StoreError::Io(format!(
+        "{what} of state file {} failed: {error}; {}; free space there or grow the volume \
+         (or make it writable)",
+        path.display(),
+        space::describe(path),
+    ))
 }
 
 fn write(database: &Database, batch: &[Job]) -> Result<(), redb::Error> {

@@ -1,0 +1,265 @@
+//! Unit tests of per-commit store failures: a commit that fails is taken back (the call is
+//! not acknowledged and reads serve the last durable state), the next commit is attempted
+//! afresh, and a transition's completion that could not be committed is committed once the
+//! store takes commits again.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bigfleet_libvirt_domain::{
+    ChangeSet, FenceKey, FenceToken, HostRef, Kind, Machine, MachineId, MachineState,
+    MutateRequest, Mutation, Snapshot, Timestamp,
+};
+
+use crate::testkit::speculative;
+use crate::{
+    BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
+    Hypervisor, HypervisorError, Provider, ProviderConfig, ProviderError, Spawner, StateStore,
+    StoreError,
+};
+
+/// A host whose Create waits until the test opens its gate.
+#[derive(Clone, Default)]
+struct Host {
+    gate: Arc<tokio::sync::Notify>,
+}
+
+impl Hypervisor for Host {
+    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
+        std::future::ready(Ok(vec![speculative("m-1"), speculative("m-2")]))
+    }
+
+    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
+        self.gate.notified().await;
+        Ok(Created {
+            host: HostRef {
+                provider: "test".to_owned(),
+                reference: format!("zone-a/{}", request.machine.id),
+            },
+            resources: None,
+            allocatable: None,
+        })
+    }
+
+    async fn configure(&self, _: ConfigureRequest) -> Result<(), HypervisorError> {
+        Ok(())
+    }
+
+    async fn drain(&self, _: DrainRequest) -> Result<(), HypervisorError> {
+        Ok(())
+    }
+
+    async fn delete(&self, _: DeleteRequest) -> Result<(), HypervisorError> {
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct DiskState {
+    durable: Snapshot,
+    full: bool,
+    refusing: bool,
+    attempts: u32,
+}
+
+/// A disk that can fill up: a commit on a full disk fails, and every later one is refused
+/// without being applied until `resume`, as the port's contract asks.
+#[derive(Clone, Default)]
+struct Disk(Arc<Mutex<DiskState>>);
+
+impl Disk {
+    fn set_full(&self, full: bool) {
+        self.0.lock().unwrap().full = full;
+    }
+
+    fn durable(&self) -> Snapshot {
+        self.0.lock().unwrap().durable.clone()
+    }
+
+    fn attempts(&self) -> u32 {
+        self.0.lock().unwrap().attempts
+    }
+}
+
+impl StateStore for Disk {
+    fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
+        std::future::ready(Ok(self.durable()))
+    }
+
+    fn commit(
+        &self,
+        changes: ChangeSet,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let mut disk = self.0.lock().unwrap();
+        let result = if disk.refusing {
+            Err(StoreError::AfterFailure(
+                "an earlier commit failed".to_owned(),
+            ))
+        } else {
+            disk.attempts += 1;
+            if disk.full {
+                disk.refusing = true;
+                Err(StoreError::Io(
+                    "No space left on device (os error 28)".to_owned(),
+                ))
+            } else {
+                disk.durable.apply(&changes);
+                Ok(())
+            }
+        };
+        std::future::ready(result)
+    }
+
+    fn resume(&self) {
+        self.0.lock().unwrap().refusing = false;
+    }
+}
+
+/// A clock stopped at t=1s: short waits (retry backoff) end after one yield, long ones
+/// (transition deadlines) never do.
+#[derive(Clone)]
+struct StoppedClock;
+
+impl Clock for StoppedClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(1_000_000_000)
+    }
+
+    fn sleep_until(&self, deadline: Timestamp) -> impl Future<Output = ()> + Send + 'static {
+        let long = deadline.saturating_since(self.now()) > Duration::from_secs(60);
+        async move {
+            if long {
+                std::future::pending::<()>().await;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+#[derive(Clone)]
+struct TokioSpawner;
+
+impl Spawner for TokioSpawner {
+    // The test's own Spawner adapter: the one place these tests may call tokio::spawn.
+    #[allow(clippy::disallowed_methods)]
+    fn spawn(&self, _: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        drop(tokio::task::spawn(task));
+    }
+}
+
+type Subject = Provider<Host, Disk, StoppedClock, TokioSpawner>;
+
+async fn start(host: Host, disk: Disk) -> Subject {
+    let config = ProviderConfig::default();
+    Provider::start(config, host, disk, StoppedClock, TokioSpawner)
+        .await
+        .expect("start")
+}
+
+fn create(id: &str, sequence: i64) -> Mutation {
+    Mutation {
+        machine_id: id.to_owned(),
+        token: FenceToken {
+            shard_id: "s".to_owned(),
+            epoch: 1,
+            sequence,
+        },
+        request: MutateRequest::Create,
+    }
+}
+
+async fn state(provider: &Subject, id: &str) -> MachineState {
+    provider.get(id).await.expect("get").expect("exists").state
+}
+
+async fn run_tasks() {
+    for _ in 0..64 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn a_failed_commit_is_taken_back_and_the_next_one_is_attempted_afresh() {
+    let disk = Disk::default();
+    let provider = start(Host::default(), disk.clone()).await;
+    disk.set_full(true);
+    let refused = provider
+        .mutate(create("m-1", 1), BootstrapBlob::default())
+        .await;
+    assert!(
+        matches!(refused, Err(ProviderError::Store(_))),
+        "{refused:?}"
+    );
+    // Reads answer, from the durable state: nothing of the refused call is served.
+    assert_eq!(state(&provider, "m-1").await, MachineState::Speculative);
+    let status = provider.store_status();
+    assert!(status.failing.is_some_and(|e| e.contains("No space")));
+    assert_eq!(status.failures, 1);
+    // A second call on the full disk is attempted (not refused for good) and fails too.
+    let attempts = disk.attempts();
+    let refused = provider
+        .mutate(create("m-2", 1), BootstrapBlob::default())
+        .await;
+    assert!(refused.is_err());
+    assert_eq!(
+        disk.attempts(),
+        attempts + 1,
+        "the next commit really tried"
+    );
+    assert_eq!(provider.store_status().failures, 2);
+    // Room again: the same token passes (its mark was never advanced) and is acknowledged.
+    disk.set_full(false);
+    let ack = provider
+        .mutate(create("m-1", 1), BootstrapBlob::default())
+        .await
+        .expect("accepted once the disk has room");
+    assert_eq!(provider.store_status().failing, None);
+    let durable = disk.durable();
+    let key = FenceKey {
+        shard_id: "s".to_owned(),
+        machine_id: "m-1".to_owned(),
+    };
+    assert_eq!(
+        durable.fences.len(),
+        1,
+        "only the acknowledged mark is durable"
+    );
+    assert_eq!(durable.fences[0].0, key);
+    let id = MachineId::new("m-1").unwrap();
+    assert_eq!(
+        durable.operations,
+        vec![(id, Kind::Create, ack.operation_id)],
+        "only the acknowledged operation id is durable"
+    );
+    assert!(
+        durable
+            .machines
+            .iter()
+            .all(|m| m.id.as_str() == "m-1" || m.state == MachineState::Speculative)
+    );
+}
+
+#[tokio::test]
+async fn a_completion_that_could_not_be_committed_is_committed_once_there_is_room() {
+    let disk = Disk::default();
+    let host = Host::default();
+    let provider = start(host.clone(), disk.clone()).await;
+    provider
+        .mutate(create("m-1", 1), BootstrapBlob::default())
+        .await
+        .expect("accepted");
+    disk.set_full(true);
+    host.gate.notify_one();
+    run_tasks().await;
+    // The Create finished, but its completion is not durable: reads show the durable state.
+    assert_eq!(state(&provider, "m-1").await, MachineState::Creating);
+    assert!(provider.store_status().failing.is_some());
+    disk.set_full(false);
+    run_tasks().await;
+    assert_eq!(state(&provider, "m-1").await, MachineState::Idle);
+    let durable = disk.durable();
+    let m1 = durable.machines.iter().find(|m| m.id.as_str() == "m-1");
+    assert_eq!(m1.map(|m| m.state), Some(MachineState::Idle));
+    assert_eq!(provider.store_status().failing, None);
+}
