@@ -52,10 +52,10 @@ state:
     size: 1Gi
 "#;
 
-const RELEASE: &str = "bigfleet-libvirt-dc1";
+pub(crate) const RELEASE: &str = "bigfleet-libvirt-dc1";
 const NAMESPACE: &str = "bigfleet";
 
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .canonicalize()
@@ -63,8 +63,8 @@ fn repo_root() -> PathBuf {
 }
 
 /// Where the installed tools live.
-struct Tools {
-    bin: PathBuf,
+pub(crate) struct Tools {
+    pub(crate) bin: PathBuf,
     helm_home: PathBuf,
 }
 
@@ -102,7 +102,7 @@ fn install() -> Result<Tools, String> {
 
 /// The tools, or `None` (with the reason printed) when they are missing and the skip
 /// variable is set. Without it a failed install fails the test.
-fn tools() -> Option<&'static Tools> {
+pub(crate) fn tools() -> Option<&'static Tools> {
     match TOOLS.get_or_init(install) {
         Ok(tools) => Some(tools),
         Err(message) => {
@@ -122,7 +122,7 @@ fn tools() -> Option<&'static Tools> {
 }
 
 impl Tools {
-    fn command(&self, tool: &str) -> Command {
+    pub(crate) fn command(&self, tool: &str) -> Command {
         let mut command = Command::new(self.bin.join(tool));
         command
             .current_dir(repo_root())
@@ -135,7 +135,7 @@ impl Tools {
     }
 
     /// Runs a tool and returns (success, stdout, stderr).
-    fn run(&self, tool: &str, args: &[&str]) -> (bool, String, String) {
+    pub(crate) fn run(&self, tool: &str, args: &[&str]) -> (bool, String, String) {
         let output = self
             .command(tool)
             .args(args)
@@ -149,7 +149,7 @@ impl Tools {
     }
 
     /// `helm template` of the chart with `args`, validated with kubernetes-validate, as JSON.
-    fn render(&self, args: &[&str]) -> Manifests {
+    pub(crate) fn render(&self, args: &[&str]) -> Manifests {
         let mut full = vec!["template", RELEASE, "deploy/helm", "--namespace", NAMESPACE];
         full.extend_from_slice(args);
         let (ok, yaml, stderr) = self.run("helm", &full);
@@ -177,7 +177,7 @@ impl Tools {
     }
 
     /// `helm template` that must fail; returns helm's error.
-    fn render_error(&self, args: &[&str]) -> String {
+    pub(crate) fn render_error(&self, args: &[&str]) -> String {
         let mut full = vec!["template", RELEASE, "deploy/helm", "--namespace", NAMESPACE];
         full.extend_from_slice(args);
         let (ok, stdout, stderr) = self.run("helm", &full);
@@ -201,13 +201,13 @@ impl Tools {
 }
 
 /// A rendered chart: the objects (as JSON) and the raw YAML.
-struct Manifests {
-    docs: Vec<Value>,
-    yaml: String,
+pub(crate) struct Manifests {
+    pub(crate) docs: Vec<Value>,
+    pub(crate) yaml: String,
 }
 
 impl Manifests {
-    fn kinds(&self) -> BTreeSet<String> {
+    pub(crate) fn kinds(&self) -> BTreeSet<String> {
         self.docs
             .iter()
             .map(|d| d["kind"].as_str().unwrap().to_owned())
@@ -220,7 +220,7 @@ impl Manifests {
             .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
     }
 
-    fn get(&self, kind: &str, name: &str) -> &Value {
+    pub(crate) fn get(&self, kind: &str, name: &str) -> &Value {
         self.find(kind, name)
             .unwrap_or_else(|| panic!("no {kind} {name} in:\n{}", self.yaml))
     }
@@ -283,7 +283,7 @@ impl Manifests {
 }
 
 /// Writes `content` to a temporary file and returns (dir guard, path).
-fn temp_file(name: &str, content: &str) -> (tempfile::TempDir, String) {
+pub(crate) fn temp_file(name: &str, content: &str) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(name);
     std::fs::write(&path, content).unwrap();

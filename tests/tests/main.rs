@@ -18,6 +18,8 @@ mod libvirt;
 mod lifecycle;
 mod list;
 mod metadata;
+mod observe;
+mod observe_live;
 mod ops;
 mod property;
 mod qemu_e2e;
