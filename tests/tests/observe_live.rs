@@ -304,6 +304,13 @@ impl Prometheus {
         serde_json::from_str(&body).ok()
     }
 
+    /// Panics with the log when the server has exited (e.g. it lost the port race).
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().expect("try_wait prometheus") {
+            panic!("prometheus exited ({status}):\n{}", self.log_text());
+        }
+    }
+
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -335,7 +342,7 @@ async fn prometheus_scrapes_the_provider_and_fires_host_unreachable() {
         &["check", "rules", "bigfleet-libvirt.rules.yml"],
     );
     assert!(ok, "{out}");
-    let prometheus = Prometheus::start(
+    let mut prometheus = Prometheus::start(
         dir.path(),
         server.metrics_addr.expect("metrics address"),
         &rules,
@@ -360,6 +367,7 @@ async fn prometheus_scrapes_the_provider_and_fires_host_unreachable() {
             }
             last = alerts;
         }
+        prometheus.assert_running();
         if started.elapsed() > bound {
             let targets = prometheus.get("/api/v1/targets").await;
             panic!(
