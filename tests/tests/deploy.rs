@@ -52,10 +52,10 @@ state:
     size: 1Gi
 "#;
 
-const RELEASE: &str = "bigfleet-libvirt-dc1";
+pub(crate) const RELEASE: &str = "bigfleet-libvirt-dc1";
 const NAMESPACE: &str = "bigfleet";
 
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .canonicalize()
@@ -64,7 +64,7 @@ fn repo_root() -> PathBuf {
 
 /// Where the installed tools live.
 pub(crate) struct Tools {
-    bin: PathBuf,
+    pub(crate) bin: PathBuf,
     helm_home: PathBuf,
 }
 
@@ -122,7 +122,7 @@ pub(crate) fn tools() -> Option<&'static Tools> {
 }
 
 impl Tools {
-    fn command(&self, tool: &str) -> Command {
+    pub(crate) fn command(&self, tool: &str) -> Command {
         let mut command = Command::new(self.bin.join(tool));
         command
             .current_dir(repo_root())
@@ -135,7 +135,7 @@ impl Tools {
     }
 
     /// Runs a tool and returns (success, stdout, stderr).
-    fn run(&self, tool: &str, args: &[&str]) -> (bool, String, String) {
+    pub(crate) fn run(&self, tool: &str, args: &[&str]) -> (bool, String, String) {
         let output = self
             .command(tool)
             .args(args)
@@ -202,12 +202,12 @@ impl Tools {
 
 /// A rendered chart: the objects (as JSON) and the raw YAML.
 pub(crate) struct Manifests {
-    docs: Vec<Value>,
-    yaml: String,
+    pub(crate) docs: Vec<Value>,
+    pub(crate) yaml: String,
 }
 
 impl Manifests {
-    fn kinds(&self) -> BTreeSet<String> {
+    pub(crate) fn kinds(&self) -> BTreeSet<String> {
         self.docs
             .iter()
             .map(|d| d["kind"].as_str().unwrap().to_owned())
@@ -220,7 +220,7 @@ impl Manifests {
             .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
     }
 
-    fn get(&self, kind: &str, name: &str) -> &Value {
+    pub(crate) fn get(&self, kind: &str, name: &str) -> &Value {
         self.find(kind, name)
             .unwrap_or_else(|| panic!("no {kind} {name} in:\n{}", self.yaml))
     }
@@ -283,7 +283,7 @@ impl Manifests {
 }
 
 /// Writes `content` to a temporary file and returns (dir guard, path).
-fn temp_file(name: &str, content: &str) -> (tempfile::TempDir, String) {
+pub(crate) fn temp_file(name: &str, content: &str) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(name);
     std::fs::write(&path, content).unwrap();

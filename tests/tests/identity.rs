@@ -497,7 +497,12 @@ async fn the_refusal_counter_moves_by_exactly_one_per_refusal_and_each_is_logged
     let mut two = mtls.client(&[ALPHA, BETA]).await;
     let idle_id = idle(&mtls, &mut admin).await;
     let spare = pick(&mtls.server, &mut admin).await;
-    assert!(denials(&scrape(metrics).await).is_empty());
+    // Every series a refusal can move exists from the start, at 0 (so an alert on
+    // increase() sees the first refusal): 7 reasons for each of the 4 mutations, 4 for
+    // each of the 2 reads.
+    let start = denials(&scrape(metrics).await);
+    assert_eq!(start.len(), 4 * 7 + 2 * 4, "{start:?}");
+    assert!(start.values().all(|v| *v == 0.0), "{start:?}");
     let secret = "identity-test-secret-7f3a91";
     let refusal = Some(("Create", "shard_mismatch"));
     counted(metrics, refusal, async {

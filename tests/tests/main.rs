@@ -24,6 +24,8 @@ mod lifecycle;
 mod limits;
 mod list;
 mod metadata;
+mod observe;
+mod observe_live;
 mod ops;
 mod property;
 mod qemu_e2e;

@@ -22,9 +22,19 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, Level, debug, error, info, info_span, warn};
 
 use crate::grpc::{convert, status};
-use crate::identity::{self, Access, IdentityMode, PeerIdentity, Seen};
+use crate::identity::{self, Access, IdentityMode, PeerIdentity, Reason, Seen};
 use crate::metrics::{AuthzLabels, GrpcLabels, MethodLabels, Metrics};
 use crate::system::Stopwatch;
+
+/// The RPCs the identity check guards, and whether each mutates.
+const METHODS: [(&str, bool); 6] = [
+    ("Create", true),
+    ("Configure", true),
+    ("Drain", true),
+    ("Delete", true),
+    ("Get", false),
+    ("List", false),
+];
 
 /// The tonic service.
 pub struct CapacityService<H, S, C, E> {
@@ -52,7 +62,20 @@ impl<H, S, C, E> CapacityService<H, S, C, E> {
     /// Checks every call against the caller's client identity (mTLS only: the connections
     /// must carry a [`PeerIdentity`], or every call is refused).
     #[must_use]
+    /// With enforcement on, every refusal series starts at 0, so the first refusal shows as
+    /// an increase (an alert on `increase()` would miss a series that appears at 1).
     pub fn with_client_identity(self, identity: IdentityMode) -> Self {
+        if identity == IdentityMode::Enforce {
+            for (method, mutating) in METHODS {
+                for reason in Reason::possible(mutating) {
+                    let labels = AuthzLabels {
+                        method: method.to_owned(),
+                        reason: reason.label().to_owned(),
+                    };
+                    let _ = self.metrics.authz_denied.get_or_create(&labels);
+                }
+            }
+        }
         Self { identity, ..self }
     }
 
