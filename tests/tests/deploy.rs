@@ -10,6 +10,7 @@
 //! the reason printed.
 
 use std::collections::BTreeSet;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -155,24 +156,7 @@ impl Tools {
         let (ok, yaml, stderr) = self.run("helm", &full);
         assert!(ok, "helm {full:?} failed:\n{stderr}");
         self.validate(&yaml, args);
-        let mut child = self
-            .command("yaml2json")
-            .stdout(Stdio::piped())
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("run yaml2json");
-        {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(yaml.as_bytes())
-                .unwrap();
-        }
-        let output = child.wait_with_output().unwrap();
-        assert!(output.status.success(), "yaml2json failed on:\n{yaml}");
-        let docs: Vec<Value> = serde_json::from_slice(&output.stdout).unwrap();
+        let docs = yaml_docs(self, &yaml);
         Manifests { docs, yaml }
     }
 
@@ -1021,4 +1005,23 @@ fn credential_secret_examples_validate() {
     ] {
         assert!(yaml.contains(key), "{path} has {key}");
     }
+}
+
+/// YAML (one or more documents) as JSON, through the tools' yaml2json.
+pub(crate) fn yaml_docs(tools: &Tools, yaml: &str) -> Vec<Value> {
+    let mut child = tools
+        .command("yaml2json")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run yaml2json");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(yaml.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "yaml2json failed on:\n{yaml}");
+    serde_json::from_slice(&output.stdout).unwrap()
 }

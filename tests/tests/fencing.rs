@@ -114,9 +114,7 @@ async fn b302_with_the_upstream_harness_picks() {
     let mut c = server.client().await;
     let mut picks = Vec::new();
     for _ in 0..3 {
-        let page = list(&mut c, &[S::Speculative], 1, b"").await;
-        assert_eq!(page.machines.len(), 1, "a capped pick returns one machine");
-        picks.push(page.machines[0].id.clone());
+        picks.push(capped_pick(&mut c).await);
     }
     println!("three back-to-back List(SPECULATIVE, max_results=1) picks: {picks:?}");
     b302_procedure(&mut c, [&picks[0], &picks[1], &picks[2]]).await;

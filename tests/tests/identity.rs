@@ -6,7 +6,6 @@
 //! without `--tls-ca`, and certificate reload with enforcement on.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -595,7 +594,7 @@ type Launch<'a> = (Vec<String>, Vec<(&'a str, &'a str)>);
 
 /// Runs the binary expecting it to refuse to start; returns its stderr.
 fn startup_error(args: &[String], env: &[(&str, &str)]) -> String {
-    let mut child = Command::new(binary())
+    let child = Command::new(binary())
         .args([
             "--addr=127.0.0.1:0",
             "--metrics-addr=127.0.0.1:0",
@@ -609,24 +608,8 @@ fn startup_error(args: &[String], env: &[(&str, &str)]) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!("still running after 20s: {args:?} {env:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (status, stderr) = exit_within(child, Duration::from_secs(20));
+    let status = status.unwrap_or_else(|| panic!("still running after 20s: {args:?} {env:?}"));
     assert!(
         status.code().is_some_and(|c| c != 0),
         "{args:?}: exit {status:?}; {stderr}"

@@ -451,10 +451,7 @@ async fn back_to_back_capped_picks_return_different_machines() {
     let mut c = server.client().await;
     let mut picks = Vec::new();
     for _ in 0..3 {
-        let page = list(&mut c, &[S::Speculative], 1, b"").await;
-        assert_eq!(page.machines.len(), 1);
-        assert_eq!(state(&page.machines[0]), S::Speculative);
-        picks.push(page.machines[0].id.clone());
+        picks.push(capped_pick(&mut c).await);
     }
     println!("three back-to-back List(SPECULATIVE, max_results=1) picks: {picks:?}");
     let distinct: BTreeSet<&String> = picks.iter().collect();
@@ -525,8 +522,7 @@ async fn concurrent_capped_pickers_get_different_machines() {
         let barrier = std::sync::Arc::clone(&barrier);
         async move {
             barrier.wait().await;
-            let page = list(&mut c, &[S::Speculative], 1, b"").await;
-            page.machines[0].id.clone()
+            capped_pick(&mut c).await
         }
     }))
     .await;

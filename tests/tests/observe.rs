@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-use crate::deploy::{Manifests, RELEASE, Tools, repo_root, temp_file, tools};
+use crate::deploy::{Manifests, RELEASE, Tools, repo_root, temp_file, tools, yaml_docs};
 
 /// The chart's copies (the one source) and the plain copies beside the promtool tests.
 pub(crate) const RULES: &str = "deploy/helm/files/bigfleet-libvirt.rules.yml";
@@ -93,25 +93,6 @@ pub(crate) fn promtool(dir: &Path, args: &[&str]) -> (bool, String) {
         String::from_utf8_lossy(&output.stderr)
     );
     (output.status.success(), text)
-}
-
-/// YAML (one or more documents) as JSON, through the tools' yaml2json.
-pub(crate) fn yaml_docs(tools: &Tools, yaml: &str) -> Vec<Value> {
-    let mut child = tools
-        .command("yaml2json")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run yaml2json");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(yaml.as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(output.status.success(), "yaml2json failed on:\n{yaml}");
-    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 pub(crate) fn read(path: &str) -> String {

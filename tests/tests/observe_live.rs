@@ -18,9 +18,10 @@ use bigfleet_libvirt_proto::v1alpha1::MachineState as S;
 use serde_json::Value;
 
 use crate::deploy::tools;
+use crate::deploy::yaml_docs;
 use crate::harness::tls::{Ca, arg, write};
 use crate::harness::*;
-use crate::observe::{DASHBOARD, RULES, alerts, read, yaml_docs};
+use crate::observe::{DASHBOARD, RULES, alerts, read};
 
 /// Series Prometheus itself records for every target, not the provider.
 const SYNTHETIC: &[&str] = &["up"];

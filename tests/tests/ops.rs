@@ -5,7 +5,7 @@
 //! log line or span, and a handler panic answered with INTERNAL while the process serves on.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -910,25 +910,9 @@ fn bad_tls_flags_fail_at_startup_with_one_line_naming_the_flag() {
                 .unwrap()
         })
         .collect();
-    for ((case, args, flag), mut child) in cases.iter().zip(children) {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if start.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
-                panic!("{case}: still running after 20s ({args:?})");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut stderr = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut stderr)
-            .unwrap();
+    for ((case, args, flag), child) in cases.iter().zip(children) {
+        let (status, stderr) = exit_within(child, Duration::from_secs(20));
+        let status = status.unwrap_or_else(|| panic!("{case}: still running after 20s ({args:?})"));
         let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
         assert!(
             status.code().is_some_and(|c| c != 0),

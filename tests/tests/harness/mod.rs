@@ -16,6 +16,6 @@ pub mod tls;
 pub mod walk;
 
 pub use http::http_get;
-pub use process::{Server, binary};
+pub use process::{Server, binary, exit_within};
 pub use profiles::{bare_metal, core, fault};
 pub use walk::*;

@@ -1,11 +1,11 @@
 //! Spawning and stopping provider processes.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bigfleet_libvirt_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
 use tonic::transport::{Channel, Endpoint};
@@ -195,4 +195,26 @@ fn serving_addrs(line: &str) -> Option<(SocketAddr, Option<SocketAddr>)> {
         .and_then(|v| v.as_str())
         .and_then(|s| s.parse().ok());
     Some((addr, metrics))
+}
+
+/// Waits up to `within` for `child` (spawned with piped stderr) to exit by itself and kills
+/// it otherwise. Returns its exit status (`None` when it had to be killed) and its stderr.
+pub fn exit_within(mut child: Child, within: Duration) -> (Option<ExitStatus>, String) {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        pipe.read_to_string(&mut stderr).unwrap();
+    }
+    (status, stderr)
 }

@@ -186,6 +186,16 @@ pub async fn pick_n(server: &Server, c: &mut Client, n: usize) -> Vec<String> {
     picked
 }
 
+/// The first machine of `List(SPECULATIVE, max_results=1)`, the way BigFleet's own tooling
+/// picks a slot: no de-duplication, so consecutive picks differ only because the provider
+/// spreads capped Lists.
+pub async fn capped_pick(c: &mut Client) -> String {
+    let page = list(c, &[S::Speculative], 1, b"").await;
+    assert_eq!(page.machines.len(), 1, "a capped pick returns one machine");
+    assert_eq!(state(&page.machines[0]), S::Speculative);
+    page.machines[0].id.clone()
+}
+
 /// Picks one unclaimed Speculative machine.
 pub async fn pick(server: &Server, c: &mut Client) -> String {
     pick_n(server, c, 1).await.remove(0)
