@@ -30,5 +30,6 @@ mod ops;
 mod property;
 mod qemu_e2e;
 mod scale;
+mod signals;
 mod smoke;
 mod tidy;

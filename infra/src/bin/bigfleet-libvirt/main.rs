@@ -78,6 +78,9 @@ fn telemetry_config(cli: &Cli) -> TelemetryConfig {
 }
 
 async fn run(cli: &Cli) -> anyhow::Result<()> {
+    // Installed first, so a SIGTERM or SIGINT that arrives while the provider starts (or in
+    // the instant after it announces itself) is a clean shutdown, not the default action.
+    let shutdown = shutdown_signal()?;
     let plan = launch::resolve(&cli.flags())?;
     let limits = launch::net_limits(&cli.limit_flags())?;
     if let Some(Command::Offerings) = cli.command {
@@ -92,12 +95,12 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     accept::raise_nofile_limit();
     let served = match &plan.state {
         Some(path) => match RedbStateStore::open(path) {
-            Ok(store) => serve(cli, plan, store, tls, limits).await,
+            Ok(store) => serve(cli, plan, store, tls, limits, shutdown).await,
             Err(e) => Err(anyhow::anyhow!("--state: {e}")),
         },
         None => {
             warn!("no --state: bindings, fence marks and operation ids will not survive a restart");
-            serve(cli, plan, MemoryStateStore::new(), tls, limits).await
+            serve(cli, plan, MemoryStateStore::new(), tls, limits, shutdown).await
         }
     };
     telemetry.shutdown().await;
@@ -110,6 +113,7 @@ async fn serve<S: StateStore>(
     store: S,
     tls: Option<TlsState>,
     limits: NetLimits,
+    shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     match plan.backend {
@@ -123,9 +127,9 @@ async fn serve<S: StateStore>(
             let provider = start(&plan, hypervisor, store, &metrics).await?;
             // The fake keeps no state of its own: give it back the restored machines' domains.
             fake.adopt(&provider.peek(&Default::default()).machines);
-            run_servers(cli, &plan, provider, metrics, tls, limits).await
+            run_servers(cli, &plan, provider, metrics, tls, limits, shutdown).await
         }
-        Backend::Libvirt => serve_libvirt(cli, plan, store, tls, metrics, limits).await,
+        Backend::Libvirt => serve_libvirt(cli, plan, store, tls, metrics, limits, shutdown).await,
     }
 }
 
@@ -155,6 +159,7 @@ async fn serve_libvirt<S: StateStore>(
     tls: Option<TlsState>,
     metrics: Metrics,
     limits: NetLimits,
+    shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let config = libvirt_config(&plan)?;
     let libvirt =
@@ -163,7 +168,7 @@ async fn serve_libvirt<S: StateStore>(
     let provider = start(&plan, hypervisor, store, &metrics).await?;
     // Restored machines tell the adapter what should be running (drift and orphan checks).
     libvirt.track(&provider.peek(&Default::default()).machines);
-    run_servers(cli, &plan, provider, metrics, tls, limits).await
+    run_servers(cli, &plan, provider, metrics, tls, limits, shutdown).await
 }
 
 fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
@@ -212,6 +217,7 @@ async fn run_servers<H: Hypervisor, S: StateStore>(
     metrics: Metrics,
     tls: Option<TlsState>,
     limits: NetLimits,
+    shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let grpc = tokio::net::TcpListener::bind(plan.grpc_addr)
         .await
@@ -255,16 +261,21 @@ async fn run_servers<H: Hypervisor, S: StateStore>(
              every RPC for any shard"
         );
     }
-    app::serve(provider, metrics, grpc, http, config, shutdown_signal()).await
+    app::serve(provider, metrics, grpc, http, config, shutdown).await
 }
 
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now and returns the future that completes on the
+/// first of them. (An `async fn` would install them only when first polled, leaving the
+/// default action — death by the signal — in place until then.)
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
-    tokio::select! {
-        biased;
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            biased;
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
