@@ -117,66 +117,83 @@ impl Core {
                 .is_none_or(|s| s.contains(&r.machine.state))
         };
         let picked: Vec<&Record> = match query.since_revision {
-            None => {
-                let after = rotation.full.as_ref();
-                let tail = after.map_or_else(
-                    || self.records.range::<MachineId, _>(..),
-                    |a| {
-                        self.records
-                            .range::<MachineId, _>((Bound::Excluded(a), Bound::Unbounded))
-                    },
-                );
-                let head = after.map(|a| self.records.range::<MachineId, _>(..=a));
-                let picked: Vec<&Record> = tail
-                    .chain(head.into_iter().flatten())
-                    .map(|(_, r)| r)
-                    .filter(wanted)
-                    .take(cap)
-                    .collect();
-                if let Some(last) = picked.last() {
-                    rotation.full = Some(last.machine.id.clone());
-                }
-                picked
-            }
-            Some(cursor) => {
-                let Some(next) = cursor.checked_add(1) else {
-                    return ListPage {
-                        machines: Vec::new(),
-                        revision: self.revision,
-                    };
-                };
-                let lowest = (next, MachineId::lowest());
-                // A position below this delta's start says nothing about it: start fresh.
-                let after = rotation.delta.as_ref().filter(|p| **p >= lowest);
-                let tail = after.map_or_else(
-                    || {
-                        self.by_revision
-                            .range((Bound::Included(&lowest), Bound::Unbounded))
-                    },
-                    |a| {
-                        self.by_revision
-                            .range((Bound::Excluded(a), Bound::Unbounded))
-                    },
-                );
-                let head = after.map(|a| {
-                    self.by_revision
-                        .range((Bound::Included(&lowest), Bound::Included(a)))
-                });
-                let picked: Vec<(&(i64, MachineId), &Record)> = tail
-                    .chain(head.into_iter().flatten())
-                    .map(|key| (key, &self.records[&key.1]))
-                    .filter(|(_, r)| wanted(r))
-                    .take(cap)
-                    .collect();
-                if let Some((key, _)) = picked.last() {
-                    rotation.delta = Some((*key).clone());
-                }
-                picked.into_iter().map(|(_, r)| r).collect()
-            }
+            None => self.rotate_full(cap, &wanted, rotation),
+            Some(cursor) => self.rotate_delta(cursor, cap, &wanted, rotation),
         };
         ListPage {
             machines: picked.iter().map(|r| Arc::clone(&r.machine)).collect(),
             revision: self.revision,
         }
+    }
+
+    /// A capped full list: up to `cap` wanted records in id order, starting after
+    /// `rotation.full` and wrapping around once; moves `rotation.full` to the last one.
+    fn rotate_full(
+        &self,
+        cap: usize,
+        wanted: &impl Fn(&&Record) -> bool,
+        rotation: &mut ListRotation,
+    ) -> Vec<&Record> {
+        let after = rotation.full.as_ref();
+        let tail = after.map_or_else(
+            || self.records.range::<MachineId, _>(..),
+            |a| {
+                self.records
+                    .range::<MachineId, _>((Bound::Excluded(a), Bound::Unbounded))
+            },
+        );
+        let head = after.map(|a| self.records.range::<MachineId, _>(..=a));
+        let picked: Vec<&Record> = tail
+            .chain(head.into_iter().flatten())
+            .map(|(_, r)| r)
+            .filter(wanted)
+            .take(cap)
+            .collect();
+        if let Some(last) = picked.last() {
+            rotation.full = Some(last.machine.id.clone());
+        }
+        picked
+    }
+
+    /// A capped delta from `cursor`: up to `cap` wanted records in (revision, id) order,
+    /// starting after `rotation.delta` (when it lies in this delta) and wrapping around once;
+    /// moves `rotation.delta` to the last one.
+    fn rotate_delta(
+        &self,
+        cursor: i64,
+        cap: usize,
+        wanted: &impl Fn(&&Record) -> bool,
+        rotation: &mut ListRotation,
+    ) -> Vec<&Record> {
+        let Some(next) = cursor.checked_add(1) else {
+            return Vec::new();
+        };
+        let lowest = (next, MachineId::lowest());
+        // A position below this delta's start says nothing about it: start fresh.
+        let after = rotation.delta.as_ref().filter(|p| **p >= lowest);
+        let tail = after.map_or_else(
+            || {
+                self.by_revision
+                    .range((Bound::Included(&lowest), Bound::Unbounded))
+            },
+            |a| {
+                self.by_revision
+                    .range((Bound::Excluded(a), Bound::Unbounded))
+            },
+        );
+        let head = after.map(|a| {
+            self.by_revision
+                .range((Bound::Included(&lowest), Bound::Included(a)))
+        });
+        let picked: Vec<(&(i64, MachineId), &Record)> = tail
+            .chain(head.into_iter().flatten())
+            .map(|key| (key, &self.records[&key.1]))
+            .filter(|(_, r)| wanted(r))
+            .take(cap)
+            .collect();
+        if let Some((key, _)) = picked.last() {
+            rotation.delta = Some((*key).clone());
+        }
+        picked.into_iter().map(|(_, r)| r).collect()
     }
 }

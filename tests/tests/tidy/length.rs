@@ -1,0 +1,441 @@
+//! Size limits, for every `.rs` file of the repository (each crate, `tests/`, the benches and
+//! the simulator; build output and hidden folders excluded): no file over 800 lines, and no
+//! function over 70 lines unless [`LONG_FUNCTIONS`] names it with the reason it stays long.
+//! The allowlist cannot rot: an entry whose function is gone, or no longer long, fails too.
+//!
+//! How functions are found (a heuristic, not a parser): comments, string literals (raw and
+//! byte strings included) and character literals are blanked first, so braces inside them do
+//! not count. Then every `fn <name>` with a body is measured, at any depth (free functions,
+//! methods, functions nested in functions), from the line of its `fn` keyword to the line of
+//! the brace that closes its body; attributes and doc comments above it are not counted. Its
+//! body is the first `{` after the name outside parentheses and brackets (so `[u8; 4]` in a
+//! signature is not mistaken for the `;` of a declaration without a body). A function is
+//! named `<path from the repository root>::<name>`; two long functions of the same name in
+//! one file share an entry.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use super::{citing_files, workspace_root};
+
+/// The hard limit on a source file's lines.
+const MAX_FILE_LINES: usize = 800;
+/// Functions longer than this must be split or listed in [`LONG_FUNCTIONS`].
+const MAX_FUNCTION_LINES: usize = 70;
+
+/// Functions allowed over [`MAX_FUNCTION_LINES`], each with the reason it stays one piece.
+const LONG_FUNCTIONS: &[(&str, &str)] = &[
+    (
+        "domain/src/transitions.rs::decide",
+        "steps 5-8 of a mutating call (not found, idempotent replay, position, accept) in the order they apply",
+    ),
+    (
+        "domain/tests/seed_reconcile.rs::seed_rejects_every_field_shape_rule",
+        "a table: one (bad machine, expected error) case per field-shape rule",
+    ),
+    (
+        "infra/src/app.rs::serve",
+        "starts the gRPC and HTTP servers and runs the graceful shutdown, in the order they happen",
+    ),
+    (
+        "infra/src/identity.rs::authorize",
+        "the module doc's authorization table as one decision, refusal by refusal",
+    ),
+    (
+        "infra/src/launch.rs::net_limits",
+        "a table: one (flag, value, default) row per per-client bound",
+    ),
+    (
+        "infra/src/launch.rs::resolve",
+        "validates the flags in a fixed order, so the first refused flag is the one reported",
+    ),
+    (
+        "infra/src/metrics.rs::new",
+        "registers every series with its help text: one short block per metric",
+    ),
+    (
+        "tests/benches/durability.rs::bench",
+        "the benchmark driver: the phases in order, then the report",
+    ),
+    (
+        "tests/benches/provider.rs::bench",
+        "the benchmark driver: the phases in their required order (List sizes on fresh providers first), then the report",
+    ),
+    (
+        "tests/benches/provider/ack.rs::print_ack_table",
+        "prints the ack table and its verdicts, one column after another",
+    ),
+    (
+        "tests/benches/provider/list.rs::print_list_table",
+        "prints the List table and its verdicts, one column after another",
+    ),
+    (
+        "tests/benches/provider/server.rs::start_provider",
+        "wires the in-process provider step by step, as the binary does",
+    ),
+    (
+        "tests/tests/deploy/chart.rs::offerings_and_instance_types_via_set_file",
+        "a scenario test: one render, then the ConfigMaps, mounts, flags and checksum roll in turn",
+    ),
+    (
+        "tests/tests/disk_full.rs::a_full_disk_fails_only_its_calls_and_heals_without_a_restart",
+        "a scenario test that reads top to bottom: fill the disk, calls fail, grow it, calls heal",
+    ),
+    (
+        "tests/tests/durable/choreography.rs::b1001_to_b1007_durability_lane",
+        "the B1001-B1007 lane, step by step in the conformance lane's order",
+    ),
+    (
+        "tests/tests/durable/cursors.rs::revision_cursors_survive_restart",
+        "a scenario test across two kills that reads top to bottom",
+    ),
+    (
+        "tests/tests/durable/load/mod.rs::run_task",
+        "one traffic task's loop: each action updates the model right next to the answer that justifies it",
+    ),
+    (
+        "tests/tests/durable/load/verify.rs::sigkill_under_concurrent_load_loses_nothing_acknowledged",
+        "the rounds driver (load, kill, restart, verify, report); the checks are in verify_restart",
+    ),
+    (
+        "tests/tests/durable/load/verify.rs::verify_restart",
+        "checks (a)-(f) after a restart, in order, against one listing",
+    ),
+    (
+        "tests/tests/durable/mid_traffic.rs::list_cursor_taken_mid_traffic_misses_nothing_after_restart",
+        "a scenario test: rounds of traffic, cursors, a kill, and the three properties checked after each restart",
+    ),
+    (
+        "tests/tests/durable/strong_b1006.rs::b1006_strong_interrupted_configure_comes_back_failed",
+        "a scenario test across one kill that reads top to bottom",
+    ),
+    (
+        "tests/tests/echo.rs::a_megabyte_id_is_invalid_argument_with_a_short_message_and_mints_no_mark",
+        "one oversized id per RPC, then the proof that no mark was minted: a list of cases",
+    ),
+    (
+        "tests/tests/identity.rs::the_refusal_counter_moves_by_exactly_one_per_refusal_and_each_is_logged_once",
+        "a table of refusals, each checked against the counter and the log",
+    ),
+    (
+        "tests/tests/limits.rs::one_connection_opening_20000_streams_is_refused_past_the_cap",
+        "a scenario test over raw HTTP/2 that reads top to bottom",
+    ),
+    (
+        "tests/tests/observe.rs::promtool_checks_the_rules_and_every_alert_fires_and_stays_silent",
+        "writes one promtool unit test per alert (fires, stays silent) and runs them",
+    ),
+    (
+        "tests/tests/observe_live.rs::prometheus_scrapes_the_provider_and_fires_host_unreachable",
+        "a scenario test against a real Prometheus that reads top to bottom",
+    ),
+    (
+        "tests/tests/observe_live.rs::series_in",
+        "a small PromQL tokenizer: one match arm per token kind",
+    ),
+    (
+        "tests/tests/ops/health.rs::readiness_and_health_flip_on_sigterm_then_exit_zero",
+        "a scenario test across SIGTERM that reads top to bottom",
+    ),
+    (
+        "tests/tests/ops/metrics.rs::metrics_follow_rpcs_fencing_hypervisor_calls_and_machines",
+        "a scenario test: each call, then the series it must move",
+    ),
+    (
+        "tests/tests/ops/startup.rs::bad_tls_flags_fail_at_startup_with_one_line_naming_the_flag",
+        "a table: one (bad TLS flags, flag named) case per start-up error",
+    ),
+    (
+        "tests/tests/property.rs::b1205_request_shape_code_discipline",
+        "a list of request shapes, each with the codes it may get",
+    ),
+    (
+        "tests/tests/qemu_e2e.rs::a_real_guest_goes_create_configure_drain_delete",
+        "a real guest's whole life, step by step, with timings printed",
+    ),
+];
+
+/// Every `.rs` file of the repository, as (path from the root, text).
+fn rust_sources() -> Vec<(String, String)> {
+    let root = workspace_root();
+    citing_files()
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|e| e == "rs"))
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap();
+            (relative(&root, &path), text)
+        })
+        .collect()
+}
+
+fn relative(root: &Path, path: &Path) -> String {
+    let relative = path.strip_prefix(root).unwrap();
+    relative.to_string_lossy().replace('\\', "/")
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// `text` with every comment, string literal and character literal replaced by spaces; line
+/// breaks are kept, so line numbers stay those of `text`.
+fn code_only(text: &str) -> Vec<char> {
+    let mut chars: Vec<char> = text.chars().collect();
+    let blank = |chars: &mut Vec<char>, from: usize, to: usize| {
+        let to = to.min(chars.len());
+        for c in &mut chars[from..to] {
+            if *c != '\n' {
+                *c = ' ';
+            }
+        }
+    };
+    let mut at = 0;
+    while at < chars.len() {
+        let end = literal_or_comment_end(&chars, at);
+        if end > at {
+            blank(&mut chars, at, end);
+            at = end;
+        } else {
+            at += 1;
+        }
+    }
+    chars
+}
+
+/// Where the comment or literal starting at `at` ends (one past it); `at` if none starts there.
+fn literal_or_comment_end(chars: &[char], at: usize) -> usize {
+    let next = |k: usize| chars.get(at + k).copied();
+    let after_ident = at > 0 && is_ident(chars[at - 1]);
+    match chars[at] {
+        '/' if next(1) == Some('/') => (at..chars.len())
+            .find(|&k| chars[k] == '\n')
+            .unwrap_or(chars.len()),
+        '/' if next(1) == Some('*') => {
+            let (mut depth, mut k) = (0usize, at);
+            while k < chars.len() {
+                if chars[k] == '/' && chars.get(k + 1) == Some(&'*') {
+                    depth += 1;
+                    k += 2;
+                } else if chars[k] == '*' && chars.get(k + 1) == Some(&'/') {
+                    depth -= 1;
+                    k += 2;
+                    if depth == 0 {
+                        return k;
+                    }
+                } else {
+                    k += 1;
+                }
+            }
+            chars.len()
+        }
+        '"' => {
+            let mut k = at + 1;
+            while k < chars.len() && chars[k] != '"' {
+                k += if chars[k] == '\\' { 2 } else { 1 };
+            }
+            k + 1
+        }
+        // A raw string: r"…", r#"…"#, br"…" (an `r` that does not end an identifier).
+        'r' if !after_ident || (chars[at - 1] == 'b' && (at < 2 || !is_ident(chars[at - 2]))) => {
+            let hashes = chars[at + 1..].iter().take_while(|c| **c == '#').count();
+            if chars.get(at + 1 + hashes) != Some(&'"') {
+                return at;
+            }
+            let closing: Vec<char> = std::iter::once('"')
+                .chain(std::iter::repeat_n('#', hashes))
+                .collect();
+            let body = at + 2 + hashes;
+            (body..chars.len())
+                .find(|&k| chars[k..].starts_with(&closing))
+                .map_or(chars.len(), |k| k + closing.len())
+        }
+        // A character literal ('x', '\n', '\''), not a lifetime or a label ('a).
+        '\'' if next(1) == Some('\\') => (at + 3..chars.len())
+            .find(|&k| chars[k] == '\'')
+            .map_or(chars.len(), |k| k + 1),
+        '\'' if next(2) == Some('\'') => at + 3,
+        _ => at,
+    }
+}
+
+/// Every function with a body in `text`: (name, lines from `fn` to its closing brace).
+fn functions(text: &str) -> Vec<(String, usize)> {
+    let code = code_only(text);
+    let line_at = |at: usize| code[..at].iter().filter(|c| **c == '\n').count();
+    let mut found = Vec::new();
+    for at in 0..code.len().saturating_sub(2) {
+        let keyword = code[at] == 'f' && code[at + 1] == 'n' && code[at + 2].is_whitespace();
+        if !keyword || (at > 0 && is_ident(code[at - 1])) {
+            continue;
+        }
+        let mut k = at + 2;
+        while k < code.len() && code[k].is_whitespace() {
+            k += 1;
+        }
+        let name: String = code[k..]
+            .iter()
+            .take_while(|c| is_ident(**c) || **c == '#')
+            .collect();
+        let name = name.trim_start_matches("r#").to_owned();
+        if name.is_empty() {
+            continue;
+        }
+        if let Some(end) = body_end(&code, k + name.len()) {
+            found.push((name, line_at(end) - line_at(at) + 1));
+        }
+    }
+    found
+}
+
+/// The index of the brace closing the body of the function whose name ends at `from`; `None`
+/// for a declaration without a body.
+fn body_end(code: &[char], from: usize) -> Option<usize> {
+    let mut nesting = 0i32;
+    let mut k = from;
+    let open = loop {
+        match code.get(k)? {
+            '(' | '[' => nesting += 1,
+            ')' | ']' => nesting -= 1,
+            ';' if nesting == 0 => return None,
+            '{' if nesting == 0 => break k,
+            _ => {}
+        }
+        k += 1;
+    };
+    let mut depth = 0usize;
+    for (k, c) in code.iter().enumerate().skip(open) {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Every file of `sources` over [`MAX_FILE_LINES`], with its length.
+fn long_files(sources: &[(String, String)]) -> Vec<String> {
+    sources
+        .iter()
+        .map(|(path, text)| (path, text.lines().count()))
+        .filter(|(_, lines)| *lines > MAX_FILE_LINES)
+        .map(|(path, lines)| format!("{path}: {lines} lines (limit {MAX_FILE_LINES}: split it)"))
+        .collect()
+}
+
+/// Every problem with the function lengths of `sources` against `allowed`: a long function
+/// not listed, and a listed one that is gone, no longer long, listed twice or has no reason.
+fn function_problems(sources: &[(String, String)], allowed: &[(&str, &str)]) -> Vec<String> {
+    let mut long: BTreeMap<String, usize> = BTreeMap::new();
+    let mut all: BTreeMap<String, usize> = BTreeMap::new();
+    for (path, text) in sources {
+        for (name, lines) in functions(text) {
+            let key = format!("{path}::{name}");
+            let longest = all.entry(key.clone()).or_default();
+            *longest = (*longest).max(lines);
+            if lines > MAX_FUNCTION_LINES {
+                long.insert(key, *longest);
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    let mut listed = BTreeSet::new();
+    for (key, reason) in allowed {
+        if !listed.insert(*key) {
+            problems.push(format!("{key} is listed twice in LONG_FUNCTIONS"));
+        }
+        if reason.trim().is_empty() {
+            problems.push(format!(
+                "{key} is listed in LONG_FUNCTIONS without a reason"
+            ));
+        }
+        match all.get(*key) {
+            None => problems.push(format!(
+                "{key} is listed in LONG_FUNCTIONS but no longer exists: remove the entry"
+            )),
+            Some(lines) if *lines <= MAX_FUNCTION_LINES => problems.push(format!(
+                "{key} is {lines} lines now: remove it from LONG_FUNCTIONS"
+            )),
+            Some(_) => {}
+        }
+    }
+    for (key, lines) in &long {
+        if !listed.contains(key.as_str()) {
+            problems.push(format!(
+                "{key} is {lines} lines (limit {MAX_FUNCTION_LINES}): split it, or list it in \
+                 LONG_FUNCTIONS (tests/tests/tidy/length.rs) with the reason it stays long"
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn no_rust_file_in_the_repository_exceeds_800_lines() {
+    let sources = rust_sources();
+    assert!(
+        sources.len() > 100,
+        "found only {} .rs files",
+        sources.len()
+    );
+    let long = long_files(&sources);
+    assert!(
+        long.is_empty(),
+        "files over the limit:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn every_function_over_70_lines_is_split_or_listed_with_a_reason() {
+    let problems = function_problems(&rust_sources(), LONG_FUNCTIONS);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_length_checks_catch_what_they_should() {
+    let body = |lines: usize| "    let x = 1;\n".repeat(lines);
+    let function = |name: &str, lines: usize| format!("fn {name}() {{\n{}}}\n", body(lines - 2));
+    // Literals and comments with braces, a lifetime, a char literal, an array type in the
+    // signature, a declaration without a body and a nested function are measured right.
+    let tricky = concat!(
+        "trait T { fn declared(&self); }\n",
+        "fn outer<'a>(x: &'a [u8; 4]) -> char {\n",
+        "    let s = \"{ \\\" {\"; let r = r#\"}\"# ; let b = br\"{\";\n",
+        "    // a comment with {\n",
+        "    /* a block /* nested { */ comment */\n",
+        "    fn inner() { let c = '{'; let e = '\\''; }\n",
+        "    '}'\n",
+        "}\n",
+    );
+    assert_eq!(
+        functions(tricky),
+        vec![("outer".to_owned(), 7), ("inner".to_owned(), 1)]
+    );
+    assert_eq!(functions(&function("f", 71)), vec![("f".to_owned(), 71)]);
+
+    let file = |text: String| vec![("a/b.rs".to_owned(), text)];
+    // A file of 801 lines is caught, one of 800 is not.
+    assert_eq!(long_files(&file("\n".repeat(801))).len(), 1);
+    assert!(long_files(&file("\n".repeat(800))).is_empty());
+    // A long function must be listed; a short one must not be; a listed one must exist,
+    // appear once and carry a reason.
+    let problems = |text: String, allowed: &[(&str, &str)]| {
+        let found = function_problems(&file(text), allowed);
+        println!("{allowed:?}: {found:?}");
+        found.len()
+    };
+    assert_eq!(problems(function("f", 70), &[]), 0);
+    assert_eq!(problems(function("f", 71), &[]), 1);
+    assert_eq!(problems(function("f", 71), &[("a/b.rs::f", "a table")]), 0);
+    assert_eq!(problems(function("f", 70), &[("a/b.rs::f", "a table")]), 1);
+    assert_eq!(problems(function("f", 71), &[("a/b.rs::g", "gone")]), 2);
+    assert_eq!(problems(function("f", 71), &[("a/b.rs::f", " ")]), 1);
+    let twice = [("a/b.rs::f", "a table"), ("a/b.rs::f", "a table")];
+    assert_eq!(problems(function("f", 71), &twice), 1);
+}
