@@ -3,8 +3,9 @@
 # root (or with sudo) on Debian 12. Installs nothing when everything is already present.
 set -euo pipefail
 
-# prometheus: promtool and the server, for the alert-rule and live-scrape tests (tests/tests/observe*.rs).
-packages=(pkg-config libvirt-dev openssl binutils prometheus)
+# prometheus: promtool and the server, for the alert-rule and live-scrape tests (tests/tests/observe*.rs);
+# shellcheck: the tidy test that checks every shell script (tests/tests/tidy/shell.rs).
+packages=(pkg-config libvirt-dev openssl binutils prometheus shellcheck)
 
 missing=()
 for package in "${packages[@]}"; do
