@@ -26,6 +26,8 @@ mod metadata;
 mod ops;
 mod property;
 mod qemu_e2e;
+mod qemu_faults;
+mod qemu_zones;
 mod scale;
 mod smoke;
 mod tidy;
