@@ -146,12 +146,18 @@ skip_reason() {
         return
     fi
     umount "$probe"
-    # The zones are overlayfs mounts of the chroot.
+    rmdir "$probe"
+    # The zones are overlayfs mounts of the chroot, with their upper layers under
+    # $tier_dir: probe on that file system (an overlay root cannot hold an upper layer).
+    local parent=$tier_dir
+    while [[ ! -d $parent ]]; do parent=$(dirname "$parent"); done
+    probe=$(mktemp -d -p "$parent" .bigfleet-overlay-probe.XXXXXX) \
+        || { echo "cannot create a directory under $parent"; return; }
     mkdir -p "$probe/lower" "$probe/upper" "$probe/work" "$probe/merged"
     if ! mount -t overlay bigfleet-probe -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" \
         "$probe/merged" 2>/dev/null; then
         rm -rf "$probe"
-        echo "cannot mount overlayfs (the two zones are overlays of one chroot)"
+        echo "cannot mount overlayfs under $parent (the two zones are overlays of one chroot)"
         return
     fi
     umount "$probe/merged"
@@ -162,8 +168,6 @@ skip_reason() {
     ((available >= 2048)) || { echo "only ${available} MiB of memory available (needs 2048)"; return; }
     # Everything below is only needed to build the chroot.
     if base_ready; then return; fi
-    local parent=$tier_dir
-    while [[ ! -d $parent ]]; do parent=$(dirname "$parent"); done
     local free_mb
     free_mb=$(df -Pm "$parent" | awk 'NR == 2 { print $4 }')
     ((free_mb >= 1536)) || { echo "only ${free_mb} MiB free under $parent (needs 1536)"; return; }
