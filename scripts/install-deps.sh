@@ -4,7 +4,7 @@
 set -euo pipefail
 
 # prometheus: promtool and the server, for the alert-rule and live-scrape tests (tests/tests/observe*.rs);
-# shellcheck: the tidy test that checks every shell script (tests/tests/tidy/shell.rs).
+# and the shellcheck package, for the tidy test that checks every shell script (tests/tests/tidy/shell.rs).
 packages=(pkg-config libvirt-dev openssl binutils prometheus shellcheck)
 
 missing=()

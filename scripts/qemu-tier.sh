@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
-# The real-QEMU test tier: a real libvirtd + QEMU (TCG) in a Debian 12 chroot, and a tiny
-# guest (Debian cloud kernel + busybox/qemu-ga initramfs) the provider can drive through
-# the guest agent. The chroot keeps the host untouched: installing Debian 12's
+# The real-QEMU test tier: two real libvirtd + QEMU (TCG) hosts from one Debian 12 chroot,
+# and a tiny guest (Debian cloud kernel + busybox/qemu-ga initramfs) the provider can drive
+# through the guest agent. The chroot is only built and never run in: each zone (a and b)
+# is an overlayfs mount on top of it with its own upper layer, so the two daemons share the
+# packages and the guest but each has its own /etc/libvirt, /run, /var/lib/libvirt (pool
+# and golden image) and /var/log. The chroot keeps the host untouched: installing Debian 12's
 # qemu-system-x86 on the host would remove its newer qemu-utils (qemu-img 10.0.2, from
 # bookworm-backports), which declares Breaks: qemu-system-common (<< 8.0).
 #
 #   scripts/qemu-tier.sh check     exit 0 if this machine can run the tier, else print
 #                                  "qemu tier: skipped: <reason>" and exit 3
 #   scripts/qemu-tier.sh prepare   build the chroot and the guest (idempotent; fast when done)
-#   scripts/qemu-tier.sh start     mount, start virtlogd + libvirtd, create pool and image
+#   scripts/qemu-tier.sh start     mount both zones, start virtlogd + libvirtd in each, create
+#                                  each zone's pool and golden image
 #   scripts/qemu-tier.sh env       print the BIGFLEET_QEMU_* export lines for the test
 #   scripts/qemu-tier.sh stop      remove every domain, stop the daemons, unmount
 #   scripts/qemu-tier.sh ci        check (skip = exit 0), prepare, start, run the qemu_e2e
-#                                  tests (tests/tests/qemu_e2e.rs), always stop; exits with
-#                                  the tests' status
-#   scripts/qemu-tier.sh virsh ... virsh against the chroot's daemon (daemon must be started)
+#                                  and qemu_faults tests (tests/tests/), always stop; exits
+#                                  with the tests' status
+#   scripts/qemu-tier.sh libvirtd ZONE kill|term|start
+#                                  SIGKILL / SIGTERM (waiting for it to exit) / start (waiting
+#                                  until it answers) one zone's libvirtd; takes no lock, for
+#                                  the fault tests while ci runs them
+#   scripts/qemu-tier.sh virsh ... virsh against zone a's daemon (QEMU_TIER_ZONE=b: zone b's)
 #   scripts/qemu-tier.sh shell     a shell inside the chroot (mounts it first)
 #
 # Environment: QEMU_TIER_DIR (default /var/tmp/bigfleet-qemu-tier) holds the chroot in
-# $QEMU_TIER_DIR/bookworm; QEMU_TIER_MIRROR overrides the Debian mirror debootstrap uses
+# $QEMU_TIER_DIR/bookworm and the zones in $QEMU_TIER_DIR/zone-{a,b} (every socket, pid
+# file, pool and log lives under it); QEMU_TIER_MIRROR overrides the Debian mirror debootstrap uses
 # (default: the host's, from /etc/apt/sources.list.d/debian.sources). Needs root, x86_64,
 # apt and the mirror (only while the chroot is built).
-# Paths inside the chroot (/guest/vmlinuz, the pool directory) are what libvirtd sees; the
-# test talks to the daemon through the chroot's socket from the host.
+# Paths inside a zone (/guest/vmlinuz, the pool directory) are what its libvirtd sees; the
+# tests talk to each daemon through its zone's socket from the host.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,9 +42,11 @@ R=$tier_dir/bookworm
 suite=bookworm
 # Packages installed in the chroot (the daemon, QEMU, the tools, and the guest's parts).
 chroot_packages=(libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils
-    libvirt-clients qemu-guest-agent busybox-static cpio kmod)
+    libvirt-clients qemu-guest-agent busybox-static cpio kmod ovmf)
 # Bump when the chroot recipe changes in a way that needs a fresh debootstrap.
-base_recipe=1
+base_recipe=2
+# The zones: overlay mounts of the chroot, one libvirtd each.
+zones=(a b)
 
 pool=bigfleet
 pool_dir=/var/lib/libvirt/images/bigfleet
@@ -50,6 +61,22 @@ base_marker=$R/.bigfleet-base
 guest_marker=$R/guest/.bigfleet-guest
 
 say() { echo "qemu-tier: $*" >&2; }
+
+# A zone's root, its overlay layers, and running a function with R pointing at the zone
+# (every helper below works on "$R", so this is all a zone needs).
+zone_dir() { echo "$tier_dir/zone-$1"; }
+zone_root() { echo "$tier_dir/zone-$1/root"; }
+in_zone() {
+    local R
+    R=$(zone_root "$1")
+    shift
+    "$@"
+}
+valid_zone() {
+    local z
+    for z in "${zones[@]}"; do [[ $1 == "$z" ]] && return 0; done
+    die "unknown zone ${1@Q} (zones: ${zones[*]})"
+}
 die() {
     say "ERROR: $*"
     exit 1
@@ -120,13 +147,27 @@ skip_reason() {
     fi
     umount "$probe"
     rmdir "$probe"
-    local available
-    available=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
-    ((available >= 1024)) || { echo "only ${available} MiB of memory available (needs 1024)"; return; }
-    # Everything below is only needed to build the chroot.
-    if base_ready; then return; fi
+    # The zones are overlayfs mounts of the chroot, with their upper layers under
+    # $tier_dir: probe on that file system (an overlay root cannot hold an upper layer).
     local parent=$tier_dir
     while [[ ! -d $parent ]]; do parent=$(dirname "$parent"); done
+    probe=$(mktemp -d -p "$parent" .bigfleet-overlay-probe.XXXXXX) \
+        || { echo "cannot create a directory under $parent"; return; }
+    mkdir -p "$probe/lower" "$probe/upper" "$probe/work" "$probe/merged"
+    if ! mount -t overlay bigfleet-probe -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" \
+        "$probe/merged" 2>/dev/null; then
+        rm -rf "$probe"
+        echo "cannot mount overlayfs under $parent (the two zones are overlays of one chroot)"
+        return
+    fi
+    umount "$probe/merged"
+    rm -rf "$probe"
+    local available
+    available=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
+    # Two daemons and up to three 384 MiB TCG guests at once.
+    ((available >= 2048)) || { echo "only ${available} MiB of memory available (needs 2048)"; return; }
+    # Everything below is only needed to build the chroot.
+    if base_ready; then return; fi
     local free_mb
     free_mb=$(df -Pm "$parent" | awk 'NR == 2 { print $4 }')
     ((free_mb >= 1536)) || { echo "only ${free_mb} MiB free under $parent (needs 1536)"; return; }
@@ -327,10 +368,23 @@ build_guest() {
     say "guest: $((SECONDS - started))s"
 }
 
+# Whether any zone's libvirtd runs (the chroot under it must not change then).
+tier_running() {
+    local z
+    for z in "${zones[@]}"; do
+        in_zone "$z" chroot_pid libvirtd >/dev/null && return 0
+    done
+    return 1
+}
+
 cmd_prepare() {
     local started=$SECONDS
+    if ! base_ready || ! guest_ready; then
+        tier_running && die "the tier is running with an outdated chroot; run: $0 stop"
+        # Zones mounted on the old chroot go with it.
+        unmount_zones
+    fi
     if ! base_ready; then
-        chroot_pid libvirtd >/dev/null && die "the tier is running with an outdated chroot; run: $0 stop"
         rm -f "$R/guest/.bigfleet-guest" 2>/dev/null || true
         build_base
     fi
@@ -342,29 +396,56 @@ cmd_prepare() {
 
 # --- start / stop --------------------------------------------------------------------------
 
-cmd_start() {
-    local started=$SECONDS
-    if ! base_ready || ! guest_ready; then die "not prepared; run: $0 prepare"; fi
+# Mounts zone $1 (an overlay of the chroot) unless it is mounted. Its upper layer is thrown
+# away when the chroot was rebuilt since it was made (an overlay on a changed lower layer
+# is not coherent).
+mount_zone() {
+    local dir root stamp
+    dir=$(zone_dir "$1")
+    root=$(zone_root "$1")
+    mountpoint -q "$root" && return 0
+    stamp="$(base_stamp) $(guest_stamp)"
+    if [[ ! -f $dir/.stamp || $(cat "$dir/.stamp") != "$stamp" ]]; then
+        rm -rf --one-file-system "$dir/upper" "$dir/work"
+    fi
+    mkdir -p "$dir/upper" "$dir/work" "$root"
+    mount -t overlay "bigfleet-zone-$1" -o "lowerdir=$R,upperdir=$dir/upper,workdir=$dir/work" "$root" \
+        || die "cannot mount zone $1's overlay on $root"
+    echo "$stamp" >"$dir/.stamp"
+}
+
+# Starts virtlogd and libvirtd in the zone at $R (no waiting). The daemons daemonize
+# themselves and write pid files (no init system in the chroot).
+launch_daemons() {
     mount_chroot
     mkdir -p "$R/var/log/libvirt" "$R/run/libvirt" "$R$pool_dir"
-    # The daemons daemonize themselves and write pid files (no init system in the chroot).
     if ! chroot_pid virtlogd >/dev/null; then
         rm -f "$R/run/virtlogd.pid"
         in_chroot virtlogd -d -p /run/virtlogd.pid 9>&-
     fi
+    launch_libvirtd
+}
+
+launch_libvirtd() {
     if ! chroot_pid libvirtd >/dev/null; then
         rm -f "$R/run/libvirtd.pid"
         in_chroot libvirtd -d -p /run/libvirtd.pid 9>&-
     fi
-    # Wait until libvirtd answers (its first start probes QEMU's capabilities).
+}
+
+# Waits until the libvirtd at $R answers (its first start probes QEMU's capabilities).
+await_libvirtd() {
     local waited=0
     until daemon_answers; do
-        ((waited < 60)) || die "libvirtd does not answer after 60s (log: $R/var/log/libvirt/libvirtd.log)"
-        chroot_pid libvirtd >/dev/null || die "libvirtd exited (log: $R/var/log/libvirt/libvirtd.log)"
+        ((waited < 120)) || die "libvirtd in $R does not answer after 60s (log: $R/var/log/libvirt/libvirtd.log)"
+        chroot_pid libvirtd >/dev/null || die "libvirtd in $R exited (log: $R/var/log/libvirt/libvirtd.log)"
         sleep 0.5
         ((waited += 1))
     done
-    # The storage pool and the golden image the provider's overlays are backed by.
+}
+
+# The storage pool and the golden image the provider's overlays are backed by, at $R.
+ensure_pool() {
     if ! virsh_ pool-info "$pool" >/dev/null 2>&1; then
         virsh_ pool-define-as "$pool" dir --target "$pool_dir" >/dev/null
     fi
@@ -377,19 +458,33 @@ cmd_start() {
     if ! virsh_ vol-info --pool "$pool" "$image" >/dev/null 2>&1; then
         virsh_ vol-create-as "$pool" "$image" "$image_size" --format qcow2 >/dev/null
     fi
-    say "started: libvirtd pid $(chroot_pid libvirtd), virtlogd pid $(chroot_pid virtlogd), pool $pool, image $image ($((SECONDS - started))s)"
 }
 
-cmd_stop() {
-    [[ -d $R ]] || return 0
-    # Every domain goes (none may leave a QEMU behind), then every volume but the golden
-    # image, so the next run starts from a clean pool.
+cmd_start() {
+    local started=$SECONDS z
+    if ! base_ready || ! guest_ready; then die "not prepared; run: $0 prepare"; fi
+    # Both daemons probe QEMU at once, then each gets its pool.
+    for z in "${zones[@]}"; do
+        mount_zone "$z"
+        in_zone "$z" launch_daemons
+    done
+    for z in "${zones[@]}"; do
+        in_zone "$z" await_libvirtd
+        in_zone "$z" ensure_pool
+        say "zone $z: libvirtd pid $(in_zone "$z" chroot_pid libvirtd), virtlogd pid $(in_zone "$z" chroot_pid virtlogd)"
+    done
+    say "started zones ${zones[*]} with pool $pool and image $image ($((SECONDS - started))s)"
+}
+
+# Removes every domain and every volume but the golden image at $R, stops its daemons and
+# whatever else runs there, and undoes its mounts.
+stop_root() {
     if chroot_pid libvirtd >/dev/null && daemon_answers; then
         local domain volume
         while read -r domain; do
             [[ -n $domain ]] || continue
             virsh_ destroy "$domain" >/dev/null 2>&1 || true
-            virsh_ undefine --managed-save --snapshots-metadata "$domain" >/dev/null 2>&1 \
+            virsh_ undefine --managed-save --snapshots-metadata --nvram "$domain" >/dev/null 2>&1 \
                 || virsh_ undefine "$domain" >/dev/null 2>&1 || true
             say "removed domain $domain"
         done < <(virsh_ list --all --name 2>/dev/null)
@@ -405,26 +500,83 @@ cmd_stop() {
     if pid=$(chroot_pid libvirtd); then terminate 15 "$pid"; fi
     if pid=$(chroot_pid virtlogd); then terminate 10 "$pid"; fi
     rm -f "$R/run/libvirtd.pid" "$R/run/virtlogd.pid"
-    # Anything else still running inside the chroot (a QEMU orphaned by a crashed daemon).
+    # Anything else still running inside (a QEMU orphaned by a killed daemon).
     local left
     mapfile -t left < <(chroot_pids)
     if ((${#left[@]} > 0)); then
-        say "stopping leftover chroot processes: ${left[*]}"
+        say "stopping leftover processes in $R: ${left[*]}"
         terminate 10 "${left[@]}"
     fi
     unmount_chroot
+}
+
+# Undoes each zone's mounts (its kernel filesystems, then the overlay itself).
+unmount_zones() {
+    local z root
+    for z in "${zones[@]}"; do
+        root=$(zone_root "$z")
+        mountpoint -q "$root" || continue
+        in_zone "$z" unmount_chroot
+        umount "$root" 2>/dev/null || umount -l "$root"
+    done
+}
+
+cmd_stop() {
+    [[ -d $R ]] || return 0
+    local z
+    for z in "${zones[@]}"; do
+        mountpoint -q "$(zone_root "$z")" || continue
+        in_zone "$z" stop_root
+    done
+    unmount_zones
+    # The chroot itself: mounts left by prepare (and daemons of an older, single-zone tier).
+    stop_root
     say "stopped"
 }
 
+# `libvirtd ZONE kill|term|start`: fault injection for the tests. No lock (ci holds it
+# while the tests run); the zone must be mounted (the tier started).
+cmd_libvirtd() {
+    local z=${1:-} action=${2:-} pid
+    valid_zone "$z"
+    mountpoint -q "$(zone_root "$z")" || die "zone $z is not mounted; run: $0 start"
+    case $action in
+    kill)
+        pid=$(in_zone "$z" chroot_pid libvirtd) || die "zone $z's libvirtd is not running"
+        kill -KILL "$pid"
+        while [[ -d /proc/$pid ]]; do sleep 0.05; done
+        ;;
+    term)
+        pid=$(in_zone "$z" chroot_pid libvirtd) || die "zone $z's libvirtd is not running"
+        in_zone "$z" terminate 15 "$pid"
+        ;;
+    start)
+        in_zone "$z" launch_libvirtd
+        in_zone "$z" await_libvirtd
+        ;;
+    *) die "usage: $0 libvirtd ZONE kill|term|start" ;;
+    esac
+}
+
 cmd_env() {
-    echo "export BIGFLEET_QEMU_URI='qemu+unix:///system?socket=$R/run/libvirt/libvirt-sock'"
+    local z root upper
+    for z in "${zones[@]}"; do
+        root=$(zone_root "$z")
+        # Zone a keeps the unsuffixed names (the single-host tests use it).
+        upper=${z^^}
+        [[ $z == a ]] && upper=
+        echo "export BIGFLEET_QEMU_URI${upper:+_$upper}='qemu+unix:///system?socket=$root/run/libvirt/libvirt-sock'"
+        # Where that libvirtd's file system is on the host (the tests read golden images there).
+        echo "export BIGFLEET_QEMU_ROOT${upper:+_$upper}='$root'"
+    done
     echo "export BIGFLEET_QEMU_POOL='$pool'"
     echo "export BIGFLEET_QEMU_IMAGE='$image'"
     echo "export BIGFLEET_QEMU_KERNEL='$kernel'"
     echo "export BIGFLEET_QEMU_INITRD='$initrd'"
     echo "export BIGFLEET_QEMU_CMDLINE='$cmdline'"
-    # Where libvirtd's file system is on the host (the test reads the golden image there).
-    echo "export BIGFLEET_QEMU_ROOT='$R'"
+    # The fault tests stop and start daemons through this script, in this tier.
+    echo "export BIGFLEET_QEMU_TIER_SCRIPT='$repo/scripts/qemu-tier.sh'"
+    echo "export QEMU_TIER_DIR='$tier_dir'"
 }
 
 # --- ci ------------------------------------------------------------------------------------
@@ -462,7 +614,7 @@ cmd_ci() {
     # The tests drive the real binary; build it first (scripts/test.sh does the same).
     (cd "$repo" && cargo build --locked --bin bigfleet-libvirt &&
         cargo test --locked -p bigfleet-libvirt-tests --test integration -- \
-            --ignored --nocapture --test-threads=1 qemu_e2e::) || status=$?
+            --ignored --nocapture --test-threads=1 qemu_e2e:: qemu_faults::) || status=$?
     echo "qemu tier: test: $((SECONDS - test_started))s (exit status $status)"
     exit "$status"
 }
@@ -476,24 +628,30 @@ prepare)
     lock
     # The mounts prepare needs are undone when it ends (even on failure), unless the tier
     # is running.
-    trap 'chroot_pid libvirtd >/dev/null || unmount_chroot' EXIT
+    trap 'tier_running || unmount_chroot' EXIT
     cmd_prepare
     ;;
 start) lock && cmd_start ;;
 stop) lock && cmd_stop ;;
 env) cmd_env ;;
 ci) cmd_ci ;;
+libvirtd)
+    shift
+    cmd_libvirtd "$@"
+    ;;
 virsh)
     shift
-    chroot_pid libvirtd >/dev/null || die "the tier is not started; run: $0 start"
-    in_chroot virsh -c qemu:///system "$@"
+    zone=${QEMU_TIER_ZONE:-a}
+    valid_zone "$zone"
+    in_zone "$zone" chroot_pid libvirtd >/dev/null || die "zone $zone is not started; run: $0 start"
+    in_zone "$zone" in_chroot virsh -c qemu:///system "$@"
     ;;
 shell)
     base_ready || die "not prepared; run: $0 prepare"
     lock
     mount_chroot
     in_chroot TERM="${TERM:-dumb}" /bin/bash -l || true
-    chroot_pid libvirtd >/dev/null || unmount_chroot
+    tier_running || unmount_chroot
     ;;
 "" | -h | --help | help) usage ;;
 *)

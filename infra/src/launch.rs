@@ -12,7 +12,7 @@ use bigfleet_libvirt_ports::ProviderConfig;
 
 use crate::app::NetLimits;
 use crate::identity::IdentityMode;
-use crate::libvirt::{CapacityPolicy, DirectKernel, DomainType, GcPolicy, Platform};
+use crate::libvirt::{CapacityPolicy, DirectKernel, DomainType, Firmware, GcPolicy, Platform};
 use crate::side_server::HttpLimits;
 use crate::tls::TlsFiles;
 
@@ -35,6 +35,7 @@ pub struct Flags {
     pub storage_pool: String,
     pub network: String,
     pub domain_type: String,
+    pub firmware: String,
     pub guest_kernel: String,
     pub guest_initrd: String,
     pub guest_cmdline: String,
@@ -343,7 +344,7 @@ fn libvirt_settings(
     })
 }
 
-/// `--domain-type` and the direct-boot flags. The paths are on the libvirt host, so only
+/// `--domain-type`, `--firmware` and the direct-boot flags. The paths are on the libvirt host, so only
 /// their shape can be checked here: absolute, and the initrd and command line only with a
 /// kernel to go with them.
 fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
@@ -354,6 +355,16 @@ fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
             return Err(flag(format!(
                 "--domain-type must be kvm or qemu (got {other:?}); qemu is software \
                  emulation for hosts where KVM cannot run guests"
+            )));
+        }
+    };
+    let firmware = match flags.firmware.trim() {
+        "" | "bios" => Firmware::Bios,
+        "efi" => Firmware::Efi,
+        other => {
+            return Err(flag(format!(
+                "--firmware must be bios or efi (got {other:?}); efi boots UEFI guests with \
+                 the host's OVMF, which libvirt picks from its firmware descriptors"
             )));
         }
     };
@@ -370,6 +381,7 @@ fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
         return Ok(Platform {
             domain_type,
             kernel: None,
+            firmware,
         });
     }
     for (name, path) in [("--guest-kernel", kernel), ("--guest-initrd", initrd)] {
@@ -386,6 +398,7 @@ fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
             initrd: (!initrd.is_empty()).then(|| initrd.to_owned()),
             cmdline: cmdline.to_owned(),
         }),
+        firmware,
     })
 }
 

@@ -298,6 +298,11 @@ fn other_bad_inputs_are_refused_naming_the_flag() {
 fn bad_platform_flags_are_refused_naming_the_flag() {
     let error = refused(&["--use-fake-backend", "--domain-type", "xen"]);
     assert!(error.contains("--domain-type"), "{error}");
+    let error = refused(&["--use-fake-backend", "--firmware", "coreboot"]);
+    assert!(
+        error.contains("--firmware") && error.contains("bios or efi"),
+        "{error}"
+    );
     let error = refused(&["--use-fake-backend", "--guest-initrd", "/guest/initrd.img"]);
     assert!(error.contains("--guest-kernel"), "{error}");
     let error = refused(&["--use-fake-backend", "--guest-cmdline", "console=ttyS0"]);
@@ -319,6 +324,8 @@ fn bad_platform_flags_are_refused_naming_the_flag() {
         "--use-fake-backend",
         "--domain-type",
         "qemu",
+        "--firmware",
+        "efi",
         "--guest-kernel",
         "/guest/vmlinuz",
         "--guest-initrd",

@@ -29,6 +29,8 @@ mod observe_live;
 mod ops;
 mod property;
 mod qemu_e2e;
+mod qemu_faults;
+mod qemu_zones;
 mod scale;
 mod signals;
 mod smoke;

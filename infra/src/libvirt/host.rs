@@ -45,6 +45,8 @@ pub struct HostPolicy {
     pub backoff_min: Duration,
     /// Longest reconnect wait.
     pub backoff_max: Duration,
+    /// How often the drift watch polls the state of our domains (zero = off).
+    pub watch_interval: Duration,
 }
 
 impl Default for HostPolicy {
@@ -57,6 +59,7 @@ impl Default for HostPolicy {
             probe_timeout: Duration::from_secs(30),
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
+            watch_interval: Duration::from_secs(2),
         }
     }
 }

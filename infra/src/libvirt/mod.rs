@@ -14,6 +14,7 @@
 //! - `lifecycle`: Create and Delete as blocking sequences with rollback;
 //! - `agent`, `guest`: the qemu guest-agent protocol, and bootstrap and drain over it;
 //! - `describe`, `orphans`: inventory, drift and orphan reporting, orphan collection;
+//! - `watch`: the 2-second state poll that reports out-of-band changes between reconciles;
 //! - `service`: the `Hypervisor` implementation tying the above together;
 //! - `fixture`: libvirt test-driver node files for tests, benchmarks and demos.
 //!
@@ -36,12 +37,13 @@ mod ownership;
 mod seed;
 mod service;
 mod volumes;
+mod watch;
 pub mod xml;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -53,7 +55,7 @@ pub use capacity::CapacityPolicy;
 pub use host::{Health, HostPolicy};
 pub use orphans::GcPolicy;
 pub use ownership::{NAMESPACE, Tag};
-pub use xml::{DirectKernel, DomainType, Platform};
+pub use xml::{DirectKernel, DomainType, Firmware, Platform};
 
 use crate::config::{HostConnection, InstanceCatalog};
 use crate::metrics::Metrics;
@@ -150,12 +152,20 @@ pub(crate) struct Inner<C> {
     metrics: Metrics,
     /// Machines the provider's records say run on a host: id → zone.
     known: Mutex<BTreeMap<String, String>>,
+    /// Machine ids with a Delete in flight (the drift watch leaves them alone).
+    busy: Mutex<BTreeSet<String>>,
     orphans: Mutex<OrphanBook>,
 }
 
 impl<C> Inner<C> {
     fn known(&self) -> MutexGuard<'_, BTreeMap<String, String>> {
         self.known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn busy(&self) -> MutexGuard<'_, BTreeSet<String>> {
+        self.busy
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -229,11 +239,17 @@ impl<C: Clock> LibvirtHypervisor<C> {
             clock,
             metrics,
             known: Mutex::new(BTreeMap::new()),
+            busy: Mutex::new(BTreeSet::new()),
             orphans: Mutex::new(OrphanBook::default()),
         };
-        Self {
-            inner: Arc::new(inner),
+        let inner = Arc::new(inner);
+        if !inner.config.hosts.watch_interval.is_zero() {
+            for zone in inner.hosts.keys() {
+                let task = watch::run(Arc::downgrade(&inner), zone.clone(), inner.clock.clone());
+                spawner.spawn("libvirt-drift-watch", task);
+            }
         }
+        Self { inner }
     }
 
     /// Tells the adapter which machines the provider's records place on a host (after a

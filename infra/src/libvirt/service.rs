@@ -25,6 +25,7 @@ use super::guest::{self, DomainAgent};
 use super::host::Host;
 use super::lifecycle::{self, CreateSpec};
 use super::orphans::Orphan;
+use super::watch::Busy;
 use super::{Inner, LibvirtHypervisor, volumes};
 use crate::metrics::DriftLabels;
 use crate::naming::domain_name;
@@ -333,6 +334,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let (host, name) = self.target(machine)?;
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
         let id = machine.id.to_string();
+        let _busy = Busy::mark(&self.inner, &id);
         let watch = Stopwatch::start();
         host.call(move |s| lifecycle::delete(s, &owner, &settings, &name, &id))
             .await

@@ -37,6 +37,28 @@ impl DomainType {
     }
 }
 
+/// The guest firmware (`--firmware`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Firmware {
+    /// SeaBIOS, QEMU's default (no `firmware` attribute).
+    #[default]
+    Bios,
+    /// UEFI (OVMF on x86_64) chosen by libvirt's firmware auto-selection, with Secure Boot
+    /// off: a directly booted kernel or an unsigned boot loader must still start.
+    Efi,
+}
+
+impl Firmware {
+    /// The flag value.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Bios => "bios",
+            Self::Efi => "efi",
+        }
+    }
+}
+
 /// A kernel booted directly by QEMU instead of the image's boot loader. The paths are on
 /// the libvirt host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,8 +76,10 @@ pub struct DirectKernel {
 pub struct Platform {
     /// The accelerator.
     pub domain_type: DomainType,
-    /// `None` boots the overlay disk through the BIOS, as the reference does.
+    /// `None` boots the overlay disk through the firmware, as the reference does.
     pub kernel: Option<DirectKernel>,
+    /// BIOS or UEFI.
+    pub firmware: Firmware,
 }
 
 /// What a domain is made of.
@@ -77,6 +101,18 @@ pub struct DomainSpec<'a> {
     pub network: &'a str,
     /// Accelerator and boot method.
     pub platform: &'a Platform,
+}
+
+/// The `<os>` attribute that asks libvirt to pick the firmware, and the `<os>` child that
+/// narrows its choice: UEFI without Secure Boot (a descriptor of the host's OVMF package).
+fn firmware_elements(firmware: Firmware) -> (&'static str, &'static str) {
+    match firmware {
+        Firmware::Bios => ("", ""),
+        Firmware::Efi => (
+            " firmware='efi'",
+            "\n    <firmware><feature enabled='no' name='secure-boot'/></firmware>",
+        ),
+    }
 }
 
 /// The `<os>` children after `<type>`: the boot device or the direct-boot kernel.
@@ -106,6 +142,7 @@ pub fn domain(spec: &DomainSpec<'_>) -> String {
     let tag = spec.tag.to_domain_xml();
     let kind = spec.platform.domain_type.as_str();
     let boot = boot_elements(spec.platform);
+    let (firmware, firmware_choice) = firmware_elements(spec.platform.firmware);
     // TCG cannot pass the host CPU through; QEMU's default model is the portable choice.
     let cpu = match spec.platform.domain_type {
         DomainType::Kvm => "\n  <cpu mode='host-passthrough' check='none'/>",
@@ -128,8 +165,8 @@ pub fn domain(spec: &DomainSpec<'_>) -> String {
   <memory unit='MiB'>{memory}</memory>
   <currentMemory unit='MiB'>{memory}</currentMemory>
   <vcpu placement='static'>{vcpu}</vcpu>
-  <os>
-    <type arch='x86_64' machine='q35'>hvm</type>
+  <os{firmware}>
+    <type arch='x86_64' machine='q35'>hvm</type>{firmware_choice}
     {boot}
   </os>
   <features><acpi/><apic/></features>{cpu}
@@ -217,6 +254,7 @@ mod tests {
     const KVM: Platform = Platform {
         domain_type: DomainType::Kvm,
         kernel: None,
+        firmware: Firmware::Bios,
     };
 
     fn spec<'a>(tag: &'a Tag, network: &'a str) -> DomainSpec<'a> {
@@ -276,6 +314,7 @@ mod tests {
                 initrd: Some("/guest/initrd & co.img".to_owned()),
                 cmdline: "console=ttyS0 panic=-1".to_owned(),
             }),
+            firmware: Firmware::Bios,
         };
         let spec = DomainSpec {
             platform: &platform,
@@ -317,6 +356,7 @@ mod tests {
                 initrd: None,
                 cmdline: String::new(),
             }),
+            firmware: Firmware::Bios,
         };
         let xml = domain(&DomainSpec {
             platform: &platform,
@@ -325,6 +365,56 @@ mod tests {
         let document = roxmltree::Document::parse(&xml).unwrap();
         assert!(!document.descendants().any(|n| n.has_tag_name("initrd")));
         assert!(document.descendants().any(|n| n.has_tag_name("cpu")));
+    }
+
+    #[test]
+    fn bios_leaves_the_firmware_to_qemu() {
+        let tag = Tag::new("libvirt", "m");
+        let xml = domain(&spec(&tag, "default"));
+        let document = roxmltree::Document::parse(&xml).unwrap();
+        let os = document
+            .descendants()
+            .find(|n| n.has_tag_name("os"))
+            .unwrap();
+        assert_eq!(os.attribute("firmware"), None);
+        assert!(!document.descendants().any(|n| n.has_tag_name("firmware")));
+        assert!(!document.descendants().any(|n| n.has_tag_name("loader")));
+    }
+
+    #[test]
+    fn efi_asks_libvirt_for_uefi_without_secure_boot() {
+        let tag = Tag::new("libvirt", "m");
+        let platform = Platform {
+            domain_type: DomainType::Qemu,
+            kernel: Some(DirectKernel {
+                kernel: "/guest/vmlinuz".to_owned(),
+                initrd: None,
+                cmdline: "console=ttyS0".to_owned(),
+            }),
+            firmware: Firmware::Efi,
+        };
+        let xml = domain(&DomainSpec {
+            platform: &platform,
+            ..spec(&tag, "")
+        });
+        let document = roxmltree::Document::parse(&xml).unwrap();
+        let os = document
+            .descendants()
+            .find(|n| n.has_tag_name("os"))
+            .unwrap();
+        assert_eq!(os.attribute("firmware"), Some("efi"));
+        let features: Vec<(Option<&str>, Option<&str>)> = os
+            .children()
+            .filter(|n| n.has_tag_name("firmware"))
+            .flat_map(|f| f.children().filter(|n| n.has_tag_name("feature")))
+            .map(|f| (f.attribute("name"), f.attribute("enabled")))
+            .collect();
+        assert_eq!(features, [(Some("secure-boot"), Some("no"))]);
+        // Auto-selection: libvirt picks the loader and NVRAM template itself.
+        assert!(!document.descendants().any(|n| n.has_tag_name("loader")));
+        assert!(!document.descendants().any(|n| n.has_tag_name("nvram")));
+        let kernel = os.children().find(|n| n.has_tag_name("kernel")).unwrap();
+        assert_eq!(kernel.text(), Some("/guest/vmlinuz"));
     }
 
     #[test]

@@ -87,6 +87,7 @@ fn flags(seed_count: usize) -> Flags {
         storage_pool: "default".to_owned(),
         network: "default".to_owned(),
         domain_type: "kvm".to_owned(),
+        firmware: "bios".to_owned(),
         guest_kernel: String::new(),
         guest_initrd: String::new(),
         guest_cmdline: String::new(),

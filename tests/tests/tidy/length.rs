@@ -153,6 +153,22 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
         "tests/tests/qemu_e2e.rs::a_real_guest_goes_create_configure_drain_delete",
         "a real guest's whole life, step by step, with timings printed",
     ),
+    (
+        "tests/tests/qemu_faults.rs::daemon_restart",
+        "two daemon restarts (mid-Create, mid-Delete) on real libvirtd, each checked to the end",
+    ),
+    (
+        "tests/tests/qemu_faults.rs::host_loss",
+        "one scenario on two real hosts: kill, serve the other zone, restart, reconnect, Create",
+    ),
+    (
+        "tests/tests/qemu_faults.rs::orphan_gc",
+        "plants orphans and a foreign domain on a real host, then checks report, GC and survivors",
+    ),
+    (
+        "tests/tests/qemu_faults.rs::out_of_band",
+        "three out-of-band changes on a real host, each timed against the 5 s bound",
+    ),
 ];
 
 /// Every `.rs` file of the repository, as (path from the root, text).

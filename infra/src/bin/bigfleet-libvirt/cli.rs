@@ -100,6 +100,14 @@ pub struct Cli {
         default_value = "kvm"
     )]
     pub domain_type: String,
+    /// Guest firmware: bios, or efi for UEFI (OVMF chosen by libvirt, Secure Boot off).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_FIRMWARE",
+        default_value = "bios"
+    )]
+    pub firmware: String,
     /// Direct kernel boot: kernel path on the libvirt host; empty = boot the image's disk.
     #[arg(
         long,
@@ -392,6 +400,7 @@ impl Cli {
             storage_pool: self.storage_pool.clone(),
             network: self.network.clone(),
             domain_type: self.domain_type.clone(),
+            firmware: self.firmware.clone(),
             guest_kernel: self.guest_kernel.clone(),
             guest_initrd: self.guest_initrd.clone(),
             guest_cmdline: self.guest_cmdline.clone(),

@@ -85,6 +85,7 @@ async fn the_configured_platform_reaches_the_defined_domain() {
                     initrd: Some("/guest/initrd.img".to_owned()),
                     cmdline: "console=ttyS0 panic=-1".to_owned(),
                 }),
+                firmware: xml::Firmware::Bios,
             };
         },
     )

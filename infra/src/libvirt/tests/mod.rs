@@ -8,6 +8,7 @@ mod hosts;
 mod isolation;
 mod lifecycle;
 mod reconcile;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -58,7 +59,8 @@ pub(super) fn slots(provider: &str, zone: &str, instance_type: &str, count: i64)
     build_inventory(&[offering], &cfg).unwrap().machines
 }
 
-/// A configuration with fast reconnects and no capacity reserve.
+/// A configuration with fast reconnects, no capacity reserve and no drift watch (the
+/// watch's own tests turn it on).
 pub(super) fn config(
     provider: &str,
     connections: Vec<HostConnection>,
@@ -82,6 +84,7 @@ pub(super) fn config(
         probe_interval: Duration::from_millis(200),
         backoff_min: Duration::from_millis(10),
         backoff_max: Duration::from_millis(100),
+        watch_interval: Duration::ZERO,
         ..HostPolicy::default()
     };
     config.startup_wait = Duration::from_secs(10);
