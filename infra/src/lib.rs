@@ -9,6 +9,7 @@ pub mod fake;
 pub mod grpc;
 pub mod http;
 pub mod identity;
+pub mod inspect;
 pub mod instrumented;
 pub mod launch;
 pub mod libvirt;

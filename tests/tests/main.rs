@@ -18,6 +18,7 @@ mod fieldshape;
 mod identity;
 mod identity_docs;
 mod image;
+mod inspect;
 mod libvirt;
 mod lifecycle;
 mod limits;

@@ -359,6 +359,31 @@ pub struct Cli {
 pub enum Command {
     /// Print the Speculative inventory these flags would serve, as JSON, and exit.
     Offerings,
+    /// Work with a --state file without serving it.
+    State {
+        #[command(subcommand)]
+        action: StateCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StateCommand {
+    /// Print what the --state file holds (read-only; refused while a provider holds it).
+    Inspect {
+        /// Show only this machine's record, fence marks and operation ids.
+        #[arg(long)]
+        machine: Option<String>,
+        /// table for a person, json for tools.
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+}
+
+/// How a report is printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

@@ -11,11 +11,12 @@ use bigfleet_libvirt_infra::accept;
 use bigfleet_libvirt_infra::app::{self, Banner, NetLimits, ServeConfig};
 use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_infra::identity::IdentityMode;
+use bigfleet_libvirt_infra::inspect;
 use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_infra::launch::{self, Backend, Plan};
 use bigfleet_libvirt_infra::libvirt::{LibvirtConfig, LibvirtHypervisor};
 use bigfleet_libvirt_infra::metrics::Metrics;
-use bigfleet_libvirt_infra::store::{MemoryStateStore, RedbStateStore};
+use bigfleet_libvirt_infra::store::{self, MemoryStateStore, RedbStateStore};
 use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
 use bigfleet_libvirt_infra::telemetry::{self, LogFormat, TelemetryConfig};
 use bigfleet_libvirt_infra::tls::TlsState;
@@ -25,7 +26,7 @@ use tracing::warn;
 
 mod cli;
 
-use cli::{Cli, Command, Format};
+use cli::{Cli, Command, Format, Output, StateCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -60,6 +61,23 @@ fn one_line(error: &anyhow::Error) -> String {
     line
 }
 
+/// `state inspect`: reads the file read-only and prints it; never serves, never writes.
+fn inspect_state(state: &str, machine: Option<&str>, output: Output) -> anyhow::Result<()> {
+    if state.is_empty() {
+        anyhow::bail!(
+            "state inspect needs --state FILE (or BIGFLEET_LIBVIRT_STATE): the file to read"
+        );
+    }
+    let inspected = store::inspect(std::path::Path::new(state))
+        .map_err(|e| anyhow::anyhow!("state inspect: {e}"))?;
+    let report = inspect::report(state, inspected, machine)?;
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Output::Table => print!("{}", inspect::table(&report)),
+    }
+    Ok(())
+}
+
 fn telemetry_config(cli: &Cli) -> TelemetryConfig {
     // The binary is the one place that reads the environment.
     let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
@@ -78,6 +96,12 @@ fn telemetry_config(cli: &Cli) -> TelemetryConfig {
 }
 
 async fn run(cli: &Cli) -> anyhow::Result<()> {
+    if let Some(Command::State {
+        action: StateCommand::Inspect { machine, output },
+    }) = &cli.command
+    {
+        return inspect_state(&cli.state, machine.as_deref(), *output);
+    }
     let plan = launch::resolve(&cli.flags())?;
     let limits = launch::net_limits(&cli.limit_flags())?;
     if let Some(Command::Offerings) = cli.command {

@@ -10,8 +10,11 @@
 //! fill a batch: while one fsync runs, the next batch forms, so an ack is delayed by at most
 //! one commit.
 
+mod readonly;
 mod tables;
 mod writer;
+
+pub use readonly::{Inspected, inspect};
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -108,62 +111,64 @@ impl RedbStateStore {
     }
 
     fn read_all(&self) -> Result<Snapshot, StoreError> {
-        let path = &self.path;
-        let read = |e: &dyn std::fmt::Display| unusable(path, format!("read failed: {e}"));
-        let txn = self.database.begin_read().map_err(|e| read(&e))?;
-        let mut snapshot = Snapshot::default();
-        let meta_table = txn.open_table(meta::TABLE).map_err(|e| read(&e))?;
-        let counter = |key| -> Result<i64, StoreError> {
-            Ok(meta_table
-                .get(key)
-                .map_err(|e| read(&e))?
-                .map_or(0, |v| v.value()))
-        };
-        snapshot.revision = counter(meta::REVISION_KEY)?;
-        snapshot.next_operation = u64::try_from(counter(meta::NEXT_OPERATION_KEY)?)
-            .map_err(|_| unusable(path, "the operation counter is negative"))?;
-        for entry in txn
-            .open_table(machines::TABLE)
-            .map_err(|e| read(&e))?
-            .iter()
-            .map_err(|e| read(&e))?
-        {
-            let (key, value) = entry.map_err(|e| read(&e))?;
-            let machine = machines::decode(value.value())
-                .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
-            snapshot.machines.push(machine);
-        }
-        for entry in txn
-            .open_table(fences::TABLE)
-            .map_err(|e| read(&e))?
-            .iter()
-            .map_err(|e| read(&e))?
-        {
-            let (key, value) = entry.map_err(|e| read(&e))?;
-            let (shard_id, machine_id) = key.value();
-            let (epoch, sequence) = value.value();
-            let key = FenceKey {
-                shard_id: shard_id.to_owned(),
-                machine_id: machine_id.to_owned(),
-            };
-            snapshot.fences.push((key, FenceMark { epoch, sequence }));
-        }
-        let ops = txn.open_table(operations::TABLE).map_err(|e| read(&e))?;
-        for entry in ops.iter().map_err(|e| read(&e))? {
-            let (key, value) = entry.map_err(|e| read(&e))?;
-            let (machine_id, kind) = key.value();
-            let kind = operations::decode_kind(kind)
-                .ok_or_else(|| unusable(path, format!("unknown operation kind {kind}")))?;
-            let id = MachineId::new(machine_id)
-                .map_err(|_| unusable(path, "an operation record has an empty machine id"))?;
-            snapshot.operations.push((
-                id,
-                kind,
-                OperationId::from_stored(value.value().to_owned()),
-            ));
-        }
-        Ok(snapshot)
+        read_snapshot(&self.path, &*self.database)
     }
+}
+
+/// Every record of an opened state file.
+fn read_snapshot(path: &Path, database: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
+    let read = |e: &dyn std::fmt::Display| unusable(path, format!("read failed: {e}"));
+    let txn = database.begin_read().map_err(|e| read(&e))?;
+    let mut snapshot = Snapshot::default();
+    let meta_table = txn.open_table(meta::TABLE).map_err(|e| read(&e))?;
+    let counter = |key| -> Result<i64, StoreError> {
+        Ok(meta_table
+            .get(key)
+            .map_err(|e| read(&e))?
+            .map_or(0, |v| v.value()))
+    };
+    snapshot.revision = counter(meta::REVISION_KEY)?;
+    snapshot.next_operation = u64::try_from(counter(meta::NEXT_OPERATION_KEY)?)
+        .map_err(|_| unusable(path, "the operation counter is negative"))?;
+    for entry in txn
+        .open_table(machines::TABLE)
+        .map_err(|e| read(&e))?
+        .iter()
+        .map_err(|e| read(&e))?
+    {
+        let (key, value) = entry.map_err(|e| read(&e))?;
+        let machine = machines::decode(value.value())
+            .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
+        snapshot.machines.push(machine);
+    }
+    for entry in txn
+        .open_table(fences::TABLE)
+        .map_err(|e| read(&e))?
+        .iter()
+        .map_err(|e| read(&e))?
+    {
+        let (key, value) = entry.map_err(|e| read(&e))?;
+        let (shard_id, machine_id) = key.value();
+        let (epoch, sequence) = value.value();
+        let key = FenceKey {
+            shard_id: shard_id.to_owned(),
+            machine_id: machine_id.to_owned(),
+        };
+        snapshot.fences.push((key, FenceMark { epoch, sequence }));
+    }
+    let ops = txn.open_table(operations::TABLE).map_err(|e| read(&e))?;
+    for entry in ops.iter().map_err(|e| read(&e))? {
+        let (key, value) = entry.map_err(|e| read(&e))?;
+        let (machine_id, kind) = key.value();
+        let kind = operations::decode_kind(kind)
+            .ok_or_else(|| unusable(path, format!("unknown operation kind {kind}")))?;
+        let id = MachineId::new(machine_id)
+            .map_err(|_| unusable(path, "an operation record has an empty machine id"))?;
+        snapshot
+            .operations
+            .push((id, kind, OperationId::from_stored(value.value().to_owned())));
+    }
+    Ok(snapshot)
 }
 
 fn open_error(path: &Path, error: DatabaseError) -> StoreError {
