@@ -5,6 +5,7 @@
 pub mod accept;
 pub mod app;
 pub mod config;
+pub mod doctor;
 pub mod fake;
 pub mod grpc;
 pub mod http;
@@ -15,6 +16,7 @@ pub mod launch;
 pub mod libvirt;
 pub mod metrics;
 pub mod naming;
+pub mod preflight;
 pub mod process;
 pub mod side_server;
 pub mod store;

@@ -15,6 +15,7 @@
 //! - `agent`, `guest`: the qemu guest-agent protocol, and bootstrap and drain over it;
 //! - `describe`, `orphans`: inventory, drift and orphan reporting, orphan collection;
 //! - `service`: the `Hypervisor` implementation tying the above together;
+//! - `probe`: the read-only look at a host behind `bigfleet-libvirt doctor`;
 //! - `fixture`: libvirt test-driver node files for tests, benchmarks and demos.
 //!
 //! docs/libvirt.md describes how it behaves, and the README's "Running against real libvirt
@@ -33,6 +34,7 @@ mod host;
 mod lifecycle;
 mod orphans;
 mod ownership;
+mod probe;
 mod seed;
 mod service;
 mod volumes;
@@ -49,10 +51,11 @@ use bigfleet_libvirt_domain::Machine;
 use bigfleet_libvirt_ports::{Clock, Spawner};
 
 pub use agent::{AgentError, AgentPolicy, GuestAgent};
-pub use capacity::CapacityPolicy;
+pub use capacity::{CapacityPolicy, Shape};
 pub use host::{Health, HostPolicy};
 pub use orphans::GcPolicy;
 pub use ownership::{NAMESPACE, Tag};
+pub use probe::{ProbeTarget, probe};
 pub use xml::{DirectKernel, DomainType, Platform};
 
 use crate::config::{HostConnection, InstanceCatalog};
@@ -126,6 +129,12 @@ impl LibvirtConfig {
             seed: 1,
         }
     }
+}
+
+/// What a host of `cpus` CPUs and `memory_kib` KiB can run under `policy`.
+#[must_use]
+pub fn allocatable_for(cpus: u32, memory_kib: u64, policy: &CapacityPolicy) -> Shape {
+    capacity::allocatable(capacity::Node { cpus, memory_kib }, policy)
 }
 
 /// What the blocking sequences need, shared with their threads.

@@ -359,6 +359,16 @@ pub struct Cli {
 pub enum Command {
     /// Print the Speculative inventory these flags would serve, as JSON, and exit.
     Offerings,
+    /// Check every --connect host against these flags (read-only) and print a verdict:
+    /// exit 0 when nothing blocks, 1 when something blocks, 2 for warnings only.
+    Doctor {
+        /// table for a person, json for tools.
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// How long one host may take to answer every check.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        host_timeout: Duration,
+    },
     /// Work with a --state file without serving it.
     State {
         #[command(subcommand)]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use bigfleet_libvirt_infra::accept;
 use bigfleet_libvirt_infra::app::{self, Banner, NetLimits, ServeConfig};
+use bigfleet_libvirt_infra::doctor;
 use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_infra::identity::IdentityMode;
 use bigfleet_libvirt_infra::inspect;
@@ -16,6 +17,7 @@ use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_infra::launch::{self, Backend, Plan};
 use bigfleet_libvirt_infra::libvirt::{LibvirtConfig, LibvirtHypervisor};
 use bigfleet_libvirt_infra::metrics::Metrics;
+use bigfleet_libvirt_infra::preflight;
 use bigfleet_libvirt_infra::store::{self, MemoryStateStore, RedbStateStore};
 use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
 use bigfleet_libvirt_infra::telemetry::{self, LogFormat, TelemetryConfig};
@@ -40,6 +42,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(Command::Doctor {
+        output,
+        host_timeout,
+    }) = &cli.command
+    {
+        let code = runtime.block_on(doctor(&cli, *output, *host_timeout));
+        // A host that never answered still has a blocked thread; do not wait for it.
+        runtime.shutdown_background();
+        return code;
+    }
     match runtime.block_on(run(&cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -59,6 +71,43 @@ fn one_line(error: &anyhow::Error) -> String {
         }
     }
     line
+}
+
+/// `doctor`: the same configuration checks as serving, then every host probed and judged.
+async fn doctor(cli: &Cli, output: Output, host_timeout: Duration) -> ExitCode {
+    let report = match doctor_plan(cli) {
+        Ok(plan) => preflight::run(&plan, &SystemClock, host_timeout).await,
+        Err(e) => doctor::Report::refused_configuration(&one_line(&e)),
+    };
+    let printed = match output {
+        Output::Json => serde_json::to_string_pretty(&report).map(|json| json + "\n"),
+        Output::Table => Ok(doctor::table(&report)),
+    };
+    match printed {
+        Ok(text) => print!("{text}"),
+        Err(e) => {
+            eprintln!("bigfleet-libvirt: doctor: print the report: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::from(report.exit_code())
+}
+
+/// The plan serving would run, refused for the same reasons serving refuses it.
+fn doctor_plan(cli: &Cli) -> anyhow::Result<Plan> {
+    let plan = launch::resolve(&cli.flags())?;
+    launch::net_limits(&cli.limit_flags())?;
+    launch::check_client_programs(&plan, |program| which::which(program).is_ok())?;
+    if let Some(tls) = plan.tls.clone() {
+        TlsState::load(tls)?;
+    }
+    if plan.backend != Backend::Libvirt {
+        anyhow::bail!(
+            "these flags run the in-memory fake hypervisor, so there is no host to check: pass \
+             --connect (a libvirt URI, or zone=uri,...) and --image"
+        );
+    }
+    Ok(plan)
 }
 
 /// `state inspect`: reads the file read-only and prints it; never serves, never writes.
