@@ -204,6 +204,18 @@ fn doctor_warns_with_exit_2_when_the_slots_do_not_all_fit() {
             .unwrap()
             .contains("--cpu-allocation-ratio")
     );
+    // --allow-warnings (the Helm hook's choice) turns warnings-only into success.
+    let (code, r) = report(&[
+        &connect,
+        "--image=base.qcow2",
+        "--seed-count=8",
+        "--allow-warnings",
+    ]);
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["verdict"], "warnings");
+    // It never hides a blocker.
+    let (code, _) = report(&[&connect, "--image=nope.qcow2", "--allow-warnings"]);
+    assert_eq!(code, 1);
 }
 
 #[test]

@@ -8,6 +8,7 @@ mod bare_metal;
 mod baseline;
 mod concurrency;
 mod deploy;
+mod deploy_doctor;
 mod doctor;
 mod dry_run;
 mod durable;

@@ -368,6 +368,9 @@ pub enum Command {
         /// How long one host may take to answer every check.
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         host_timeout: Duration,
+        /// Exit 0 instead of 2 when there are warnings but no blockers (for hook Jobs).
+        #[arg(long)]
+        allow_warnings: bool,
     },
     /// Work with a --state file without serving it.
     State {

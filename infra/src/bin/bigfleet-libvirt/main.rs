@@ -45,9 +45,10 @@ fn main() -> ExitCode {
     if let Some(Command::Doctor {
         output,
         host_timeout,
+        allow_warnings,
     }) = &cli.command
     {
-        let code = runtime.block_on(doctor(&cli, *output, *host_timeout));
+        let code = runtime.block_on(doctor(&cli, *output, *host_timeout, *allow_warnings));
         // A host that never answered still has a blocked thread; do not wait for it.
         runtime.shutdown_background();
         return code;
@@ -74,7 +75,12 @@ fn one_line(error: &anyhow::Error) -> String {
 }
 
 /// `doctor`: the same configuration checks as serving, then every host probed and judged.
-async fn doctor(cli: &Cli, output: Output, host_timeout: Duration) -> ExitCode {
+async fn doctor(
+    cli: &Cli,
+    output: Output,
+    host_timeout: Duration,
+    allow_warnings: bool,
+) -> ExitCode {
     let report = match doctor_plan(cli) {
         Ok(plan) => preflight::run(&plan, &SystemClock, host_timeout).await,
         Err(e) => doctor::Report::refused_configuration(&one_line(&e)),
@@ -90,7 +96,10 @@ async fn doctor(cli: &Cli, output: Output, host_timeout: Duration) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    ExitCode::from(report.exit_code())
+    match report.exit_code() {
+        2 if allow_warnings => ExitCode::SUCCESS,
+        code => ExitCode::from(code),
+    }
 }
 
 /// The plan serving would run, refused for the same reasons serving refuses it.
