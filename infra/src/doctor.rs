@@ -736,10 +736,13 @@ pub fn table(report: &Report) -> String {
         "warnings" => "nothing blocks, but read the warnings",
         _ => "blocked: the provider would fail as configured; fix the BLOCK lines",
     };
+    let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
     let _ = writeln!(
         out,
-        "\nverdict: {} ({} blockers, {} warnings)",
-        verdict, report.blockers, report.warnings
+        "\nverdict: {} ({}, {})",
+        verdict,
+        plural(report.blockers, "blocker"),
+        plural(report.warnings, "warning")
     );
     out
 }
