@@ -303,7 +303,21 @@ pub fn judge(want: &Expectations, hosts: &[HostFacts]) -> Report {
             "add an offering for that zone, or drop its host from --connect",
         )
     });
-    checks.push(match &want.user_data {
+    checks.push(user_data(want));
+    for host in hosts {
+        let none = Vec::new();
+        let slots = want
+            .slots
+            .iter()
+            .find(|(zone, _)| *zone == host.zone)
+            .map_or(&none, |(_, s)| s);
+        judge_host(want, host, slots, &mut checks);
+    }
+    Report::new(checks)
+}
+
+fn user_data(want: &Expectations) -> Check {
+    match &want.user_data {
         None => check(
             "-",
             "base user data",
@@ -325,17 +339,7 @@ pub fn judge(want: &Expectations, hosts: &[HostFacts]) -> Report {
             format!("{path}: {e}"),
             "make --base-user-data name a readable file",
         ),
-    });
-    for host in hosts {
-        let none = Vec::new();
-        let slots = want
-            .slots
-            .iter()
-            .find(|(zone, _)| *zone == host.zone)
-            .map_or(&none, |(_, s)| s);
-        judge_host(want, host, slots, &mut checks);
     }
-    Report::new(checks)
 }
 
 fn judge_host(want: &Expectations, host: &HostFacts, slots: &[Slots], out: &mut Vec<Check>) {
@@ -438,13 +442,31 @@ fn domain_type(want: &Expectations, zone: &str, caps: &Probe<DomainCaps>) -> Che
 }
 
 fn storage(want: &Expectations, host: &HostFacts, slots: &[Slots]) -> Vec<Check> {
+    let (pool_check, usable) = pool(want, host);
+    let mut out = vec![pool_check];
+    match usable {
+        Some(facts) => out.extend(image(want, host, facts, slots)),
+        None => out.push(check(
+            &host.zone,
+            "image",
+            Status::Skip,
+            format!(
+                "not checked: storage pool {} is not usable",
+                want.storage_pool
+            ),
+            "",
+        )),
+    }
+    out
+}
+
+/// The pool's check, and its facts when it is usable.
+fn pool<'a>(want: &Expectations, host: &'a HostFacts) -> (Check, Option<&'a Pool>) {
     let zone = host.zone.as_str();
     let pool = want.storage_pool.as_str();
-    let image = want.image.as_str();
-    let mut out = Vec::new();
-    let found = match &host.pool {
-        Probe::Found(p) if p.active => {
-            out.push(check(
+    match &host.pool {
+        Probe::Found(p) if p.active => (
+            check(
                 zone,
                 "storage pool",
                 Status::Ok,
@@ -455,54 +477,52 @@ fn storage(want: &Expectations, host: &HostFacts, slots: &[Slots]) -> Vec<Check>
                     gib(p.capacity)
                 ),
                 "",
-            ));
-            Some(p)
-        }
-        Probe::Found(_) => {
-            out.push(check(
+            ),
+            Some(p),
+        ),
+        Probe::Found(_) => (
+            check(
                 zone,
                 "storage pool",
                 Status::Block,
                 format!("{pool} exists but is not active"),
                 &format!("start it: virsh pool-start {pool} && virsh pool-autostart {pool}"),
-            ));
-            None
-        }
-        Probe::Missing => {
-            out.push(check(
+            ),
+            None,
+        ),
+        Probe::Missing => (
+            check(
                 zone,
                 "storage pool",
                 Status::Block,
                 format!("there is no storage pool {pool}"),
                 &format!(
                     "create it (virsh pool-define-as {pool} dir --target /var/lib/libvirt/images \
-                     && virsh pool-build {pool} && virsh pool-start {pool} && virsh \
-                     pool-autostart {pool}) or pass --storage-pool with an existing pool"
+                         && virsh pool-build {pool} && virsh pool-start {pool} && virsh \
+                         pool-autostart {pool}) or pass --storage-pool with an existing pool"
                 ),
-            ));
-            None
-        }
-        Probe::Unsupported(e) | Probe::Failed(e) => {
-            out.push(check(
+            ),
+            None,
+        ),
+        Probe::Unsupported(e) | Probe::Failed(e) => (
+            check(
                 zone,
                 "storage pool",
                 Status::Block,
                 format!("{pool}: {e}"),
                 "check that this process may read the pool",
-            ));
-            None
-        }
-    };
-    let Some(pool_facts) = found else {
-        out.push(check(
-            zone,
-            "image",
-            Status::Skip,
-            format!("not checked: storage pool {pool} is not usable"),
-            "",
-        ));
-        return out;
-    };
+            ),
+            None,
+        ),
+    }
+}
+
+/// The image's check and, when it is there, the pool-space check.
+fn image(want: &Expectations, host: &HostFacts, pool_facts: &Pool, slots: &[Slots]) -> Vec<Check> {
+    let zone = host.zone.as_str();
+    let pool = want.storage_pool.as_str();
+    let image = want.image.as_str();
+    let mut out = Vec::new();
     match &host.image {
         Probe::Found(v) => {
             let usable = matches!(v.format.as_str(), "qcow2" | "raw");
@@ -521,33 +541,7 @@ fn storage(want: &Expectations, host: &HostFacts, slots: &[Slots]) -> Vec<Check>
                     "use a qcow2 or raw golden image"
                 },
             ));
-            let count: u64 = slots.iter().map(|s| s.count as u64).sum();
-            let worst = v.capacity.saturating_mul(count);
-            out.push(if worst <= pool_facts.available {
-                check(
-                    zone,
-                    "pool space",
-                    Status::Ok,
-                    format!(
-                        "overlays are thin; even {count} full overlays ({}) fit in {} free",
-                        gib(worst),
-                        gib(pool_facts.available)
-                    ),
-                    "",
-                )
-            } else {
-                check(
-                    zone,
-                    "pool space",
-                    Status::Warn,
-                    format!(
-                        "overlays are thin, but {count} full overlays would need {} and {} is free",
-                        gib(worst),
-                        gib(pool_facts.available)
-                    ),
-                    "watch the pool's usage, or grow it",
-                )
-            });
+            out.push(pool_space(zone, v, pool_facts, slots));
         }
         Probe::Missing => out.push(check(
             zone,
@@ -568,6 +562,37 @@ fn storage(want: &Expectations, host: &HostFacts, slots: &[Slots]) -> Vec<Check>
         )),
     }
     out
+}
+
+/// Whether the pool could hold every slot's overlay grown to the image's full size.
+fn pool_space(zone: &str, v: &Volume, pool_facts: &Pool, slots: &[Slots]) -> Check {
+    let count: u64 = slots.iter().map(|s| s.count as u64).sum();
+    let worst = v.capacity.saturating_mul(count);
+    if worst <= pool_facts.available {
+        check(
+            zone,
+            "pool space",
+            Status::Ok,
+            format!(
+                "overlays are thin; even {count} full overlays ({}) fit in {} free",
+                gib(worst),
+                gib(pool_facts.available)
+            ),
+            "",
+        )
+    } else {
+        check(
+            zone,
+            "pool space",
+            Status::Warn,
+            format!(
+                "overlays are thin, but {count} full overlays would need {} and {} is free",
+                gib(worst),
+                gib(pool_facts.available)
+            ),
+            "watch the pool's usage, or grow it",
+        )
+    }
 }
 
 fn network(want: &Expectations, zone: &str, network: Option<&Probe<bool>>) -> Check {

@@ -237,6 +237,13 @@ pub fn table(report: &Report) -> String {
     for row in &summary {
         let _ = writeln!(out, "{:<16}{}", row[0], row[1]);
     }
+    out.push_str(&records(report));
+    out
+}
+
+/// The machines, fence marks and operation ids, one table each.
+fn records(report: &Report) -> String {
+    let mut out = String::new();
     let machines: Vec<Vec<String>> = report
         .machines
         .iter()

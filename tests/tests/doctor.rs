@@ -152,7 +152,12 @@ fn each_broken_fixture_blocks_and_names_the_fix() {
     ]);
     assert_eq!(code, 1, "{r:#}");
     blocked(&r, "a", "network", "there is no network nonet", "--network");
+}
 
+#[test]
+fn a_zone_without_a_host_or_an_unreachable_host_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = node(dir.path(), &big(), "good.xml");
     // An offering placed in a zone with no --connect host: the start-up check refuses it.
     let offerings = dir.path().join("offerings.json");
     std::fs::write(

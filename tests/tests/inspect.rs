@@ -195,6 +195,19 @@ async fn inspect_shows_what_get_served_and_leaves_the_file_untouched() {
     assert_eq!(report["machines_by_state"]["Idle"], 1, "{report}");
     assert_eq!(report["machines_by_state"]["Configured"], 1, "{report}");
 
+    assert_records(&report, &served);
+    assert_table(&table, &served);
+
+    // --machine narrows everything to that machine.
+    let only = one["machines"].as_array().unwrap();
+    assert_eq!(only.len(), 1);
+    assert_eq!(only[0]["id"], served.bound.as_str());
+    assert_eq!(one["fence_marks"].as_array().unwrap().len(), 1);
+    assert_eq!(one["operations"].as_array().unwrap().len(), 2);
+}
+
+/// The fence marks and operation ids are exactly those the calls made.
+fn assert_records(report: &Value, served: &Served) {
     let marks: Vec<(String, String, i64, i64)> = report["fence_marks"]
         .as_array()
         .unwrap()
@@ -233,8 +246,10 @@ async fn inspect_shows_what_get_served_and_leaves_the_file_untouched() {
         .collect();
     expected.sort();
     assert_eq!(operations, expected, "the operation ids the calls answered");
+}
 
-    // The table shows the same records, with the metadata's newline escaped.
+/// The table shows the same records, with the metadata's newline escaped.
+fn assert_table(table: &str, served: &Served) {
     for machine in &served.machines {
         assert!(table.contains(&machine.id), "{table}");
         if let Some(host) = machine.host.as_ref().filter(|h| !h.r#ref.is_empty()) {
@@ -243,13 +258,6 @@ async fn inspect_shows_what_get_served_and_leaves_the_file_untouched() {
     }
     assert!(table.contains("note=line\\nbreak, team=blue"), "{table}");
     assert!(!table.contains("line\nbreak"), "no raw control character");
-
-    // --machine narrows everything to that machine.
-    let only = one["machines"].as_array().unwrap();
-    assert_eq!(only.len(), 1);
-    assert_eq!(only[0]["id"], served.bound.as_str());
-    assert_eq!(one["fence_marks"].as_array().unwrap().len(), 1);
-    assert_eq!(one["operations"].as_array().unwrap().len(), 2);
 }
 
 #[tokio::test]
