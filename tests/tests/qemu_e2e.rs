@@ -400,3 +400,5 @@ async fn a_failing_hook_fails_configure_with_its_bounded_output() {
     }
     assert_eq!(virt.volumes(), volumes_before);
 }
+
+mod doctor;

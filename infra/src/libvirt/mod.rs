@@ -16,6 +16,7 @@
 //! - `describe`, `orphans`: inventory, drift and orphan reporting, orphan collection;
 //! - `watch`: the 2-second state poll that reports out-of-band changes between reconciles;
 //! - `service`: the `Hypervisor` implementation tying the above together;
+//! - `probe`: the read-only look at a host behind `bigfleet-libvirt doctor`;
 //! - `fixture`: libvirt test-driver node files for tests, benchmarks and demos.
 //!
 //! docs/libvirt.md describes how it behaves, and the README's "Running against real libvirt
@@ -34,6 +35,7 @@ mod host;
 mod lifecycle;
 mod orphans;
 mod ownership;
+mod probe;
 mod seed;
 mod service;
 mod volumes;
@@ -51,10 +53,11 @@ use bigfleet_libvirt_domain::Machine;
 use bigfleet_libvirt_ports::{Clock, Spawner};
 
 pub use agent::{AgentError, AgentPolicy, GuestAgent};
-pub use capacity::CapacityPolicy;
+pub use capacity::{CapacityPolicy, Shape};
 pub use host::{Health, HostPolicy};
 pub use orphans::GcPolicy;
 pub use ownership::{NAMESPACE, Tag};
+pub use probe::{ProbeTarget, probe};
 pub use xml::{DirectKernel, DomainType, Firmware, Platform};
 
 use crate::config::{HostConnection, InstanceCatalog};
@@ -128,6 +131,12 @@ impl LibvirtConfig {
             seed: 1,
         }
     }
+}
+
+/// What a host of `cpus` CPUs and `memory_kib` KiB can run under `policy`.
+#[must_use]
+pub fn allocatable_for(cpus: u32, memory_kib: u64, policy: &CapacityPolicy) -> Shape {
+    capacity::allocatable(capacity::Node { cpus, memory_kib }, policy)
 }
 
 /// What the blocking sequences need, shared with their threads.

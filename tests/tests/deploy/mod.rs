@@ -205,7 +205,7 @@ impl Manifests {
             .collect()
     }
 
-    fn find(&self, kind: &str, name: &str) -> Option<&Value> {
+    pub(crate) fn find(&self, kind: &str, name: &str) -> Option<&Value> {
         self.docs
             .iter()
             .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)

@@ -367,6 +367,44 @@ pub struct Cli {
 pub enum Command {
     /// Print the Speculative inventory these flags would serve, as JSON, and exit.
     Offerings,
+    /// Check every --connect host against these flags (read-only) and print a verdict:
+    /// exit 0 when nothing blocks, 1 when something blocks, 2 for warnings only.
+    Doctor {
+        /// table for a person, json for tools.
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// How long one host may take to answer every check.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        host_timeout: Duration,
+        /// Exit 0 instead of 2 when there are warnings but no blockers (for hook Jobs).
+        #[arg(long)]
+        allow_warnings: bool,
+    },
+    /// Work with a --state file without serving it.
+    State {
+        #[command(subcommand)]
+        action: StateCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StateCommand {
+    /// Print what the --state file holds (read-only; refused while a provider holds it).
+    Inspect {
+        /// Show only this machine's record, fence marks and operation ids.
+        #[arg(long)]
+        machine: Option<String>,
+        /// table for a person, json for tools.
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+}
+
+/// How a report is printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

@@ -9,13 +9,16 @@ use std::time::Duration;
 use anyhow::Context;
 use bigfleet_libvirt_infra::accept;
 use bigfleet_libvirt_infra::app::{self, Banner, NetLimits, ServeConfig};
+use bigfleet_libvirt_infra::doctor;
 use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_infra::identity::IdentityMode;
+use bigfleet_libvirt_infra::inspect;
 use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_infra::launch::{self, Backend, Plan};
 use bigfleet_libvirt_infra::libvirt::{LibvirtConfig, LibvirtHypervisor};
 use bigfleet_libvirt_infra::metrics::Metrics;
-use bigfleet_libvirt_infra::store::{MemoryStateStore, RedbStateStore};
+use bigfleet_libvirt_infra::preflight;
+use bigfleet_libvirt_infra::store::{self, MemoryStateStore, RedbStateStore};
 use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
 use bigfleet_libvirt_infra::telemetry::{self, LogFormat, TelemetryConfig};
 use bigfleet_libvirt_infra::tls::TlsState;
@@ -25,7 +28,7 @@ use tracing::warn;
 
 mod cli;
 
-use cli::{Cli, Command, Format};
+use cli::{Cli, Command, Format, Output, StateCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -39,6 +42,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(Command::Doctor {
+        output,
+        host_timeout,
+        allow_warnings,
+    }) = &cli.command
+    {
+        let code = runtime.block_on(doctor(&cli, *output, *host_timeout, *allow_warnings));
+        // A host that never answered still has a blocked thread; do not wait for it.
+        runtime.shutdown_background();
+        return code;
+    }
     match runtime.block_on(run(&cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -60,6 +74,68 @@ fn one_line(error: &anyhow::Error) -> String {
     line
 }
 
+/// `doctor`: the same configuration checks as serving, then every host probed and judged.
+async fn doctor(
+    cli: &Cli,
+    output: Output,
+    host_timeout: Duration,
+    allow_warnings: bool,
+) -> ExitCode {
+    let report = match doctor_plan(cli) {
+        Ok(plan) => preflight::run(&plan, &SystemClock, host_timeout).await,
+        Err(e) => doctor::Report::refused_configuration(&one_line(&e)),
+    };
+    let printed = match output {
+        Output::Json => serde_json::to_string_pretty(&report).map(|json| json + "\n"),
+        Output::Table => Ok(doctor::table(&report)),
+    };
+    match printed {
+        Ok(text) => print!("{text}"),
+        Err(e) => {
+            eprintln!("bigfleet-libvirt: doctor: print the report: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match report.exit_code() {
+        2 if allow_warnings => ExitCode::SUCCESS,
+        code => ExitCode::from(code),
+    }
+}
+
+/// The plan serving would run, refused for the same reasons serving refuses it.
+fn doctor_plan(cli: &Cli) -> anyhow::Result<Plan> {
+    let plan = launch::resolve(&cli.flags())?;
+    launch::net_limits(&cli.limit_flags())?;
+    launch::check_client_programs(&plan, |program| which::which(program).is_ok())?;
+    if let Some(tls) = plan.tls.clone() {
+        TlsState::load(tls)?;
+    }
+    if plan.backend != Backend::Libvirt {
+        anyhow::bail!(
+            "these flags run the in-memory fake hypervisor, so there is no host to check: pass \
+             --connect (a libvirt URI, or zone=uri,...) and --image"
+        );
+    }
+    Ok(plan)
+}
+
+/// `state inspect`: reads the file read-only and prints it; never serves, never writes.
+fn inspect_state(state: &str, machine: Option<&str>, output: Output) -> anyhow::Result<()> {
+    if state.is_empty() {
+        anyhow::bail!(
+            "state inspect needs --state FILE (or BIGFLEET_LIBVIRT_STATE): the file to read"
+        );
+    }
+    let inspected = store::inspect(std::path::Path::new(state))
+        .map_err(|e| anyhow::anyhow!("state inspect: {e}"))?;
+    let report = inspect::report(state, inspected, machine)?;
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Output::Table => print!("{}", inspect::table(&report)),
+    }
+    Ok(())
+}
+
 fn telemetry_config(cli: &Cli) -> TelemetryConfig {
     // The binary is the one place that reads the environment.
     let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
@@ -78,6 +154,12 @@ fn telemetry_config(cli: &Cli) -> TelemetryConfig {
 }
 
 async fn run(cli: &Cli) -> anyhow::Result<()> {
+    if let Some(Command::State {
+        action: StateCommand::Inspect { machine, output },
+    }) = &cli.command
+    {
+        return inspect_state(&cli.state, machine.as_deref(), *output);
+    }
     // Installed first, so a SIGTERM or SIGINT that arrives while the provider starts (or in
     // the instant after it announces itself) is a clean shutdown, not the default action.
     let shutdown = shutdown_signal()?;

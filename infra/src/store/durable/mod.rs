@@ -11,9 +11,12 @@
 //! one commit. A failed commit fails its batch and is retried by the next one, against the
 //! reopened file (see `writer.rs`); failures name the file, its filesystem and free space.
 
+mod readonly;
 mod space;
 mod tables;
 mod writer;
+
+pub use readonly::{Inspected, inspect};
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -119,7 +122,7 @@ impl RedbStateStore {
 }
 
 /// Everything durable in the open database.
-fn read_all(path: &Path, database: &Database) -> Result<Snapshot, StoreError> {
+fn read_all(path: &Path, database: &impl ReadableDatabase) -> Result<Snapshot, StoreError> {
     let read = |e: &dyn std::fmt::Display| unusable(path, format!("read failed: {e}"));
     let txn = database.begin_read().map_err(|e| read(&e))?;
     let mut snapshot = Snapshot::default();

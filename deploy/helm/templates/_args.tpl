@@ -1,0 +1,55 @@
+{{/*
+The provider's flags from the values, one list item each. The Deployment serves with them
+and the doctor hook Job checks exactly them.
+*/}}
+{{- define "bigfleet-libvirt.args" -}}
+- --addr=:{{ .Values.ports.grpc }}
+- --metrics-addr=:{{ .Values.ports.metrics }}
+{{- with .Values.provider }}
+- {{ printf "--provider=%s" . | quote }}
+{{- end }}
+- {{ printf "--libvirt-backend=%s" (toString .Values.libvirtBackend) | quote }}
+- {{ printf "--reflection=%t" (.Values.reflection | default false) | quote }}
+- {{ printf "--reconcile-interval=%s" (toString .Values.reconcileInterval) | quote }}
+{{- with .Values.connect }}
+- {{ printf "--connect=%s" . | quote }}
+{{- end }}
+- {{ printf "--default-zone=%s" .Values.defaultZone | quote }}
+- {{ printf "--capacity-type=%s" .Values.capacityType | quote }}
+{{- with .Values.libvirt.image }}
+- {{ printf "--image=%s" . | quote }}
+{{- end }}
+- {{ printf "--storage-pool=%s" .Values.libvirt.storagePool | quote }}
+- {{ printf "--network=%s" .Values.libvirt.network | quote }}
+- {{ printf "--seed-count=%s" (toString .Values.seedCount) | quote }}
+- {{ printf "--price-per-vcpu-hour=%s" (toString .Values.pricing.perVCPUHour) | quote }}
+- {{ printf "--price-per-gib-hour=%s" (toString .Values.pricing.perGiBHour) | quote }}
+{{- with .Values.pricing.prices }}
+- {{ printf "--prices=%s" . | quote }}
+{{- end }}
+{{- if .Values.instanceTypes.content }}
+- --instance-types=/etc/bigfleet/instance-types/instance-types.json
+{{- end }}
+{{- if .Values.offerings.content }}
+- --offerings=/etc/bigfleet/offerings/offerings.json
+{{- end }}
+{{- if .Values.baseUserData.content }}
+- --base-user-data=/etc/bigfleet/base-user-data/base-user-data
+{{- end }}
+{{- if .Values.state.enabled }}
+- {{ printf "--state=%s" .Values.state.path | quote }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+- --tls-cert=/etc/bigfleet/tls/tls.crt
+- --tls-key=/etc/bigfleet/tls/tls.key
+{{- if .Values.tls.mtls }}
+- --tls-ca=/etc/bigfleet/tls/ca.crt
+- {{ printf "--client-identity=%s" .Values.tls.clientIdentity | quote }}
+{{- end }}
+{{- end }}
+- {{ printf "--log-format=%s" .Values.logFormat | quote }}
+- {{ printf "--log-level=%s" .Values.logLevel | quote }}
+{{- range .Values.extraArgs }}
+- {{ toString . | quote }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,201 @@
+//! The doctor's judgement on facts the libvirt test driver cannot stage: an inactive pool
+//! or network, KVM missing, a host whose guests cannot boot, orphans, and the exit codes.
+
+use super::*;
+
+fn want() -> Expectations {
+    Expectations {
+        image: "base.qcow2".to_owned(),
+        storage_pool: "default".to_owned(),
+        network: "default".to_owned(),
+        domain_type: "kvm".to_owned(),
+        user_data: None,
+        capacity: CapacityPolicy::default(),
+        slots: vec![(
+            "a".to_owned(),
+            vec![Slots {
+                instance_type: "kvm.small".to_owned(),
+                count: 2,
+                vcpu: 2,
+                memory_mib: 4096,
+            }],
+        )],
+    }
+}
+
+fn good() -> HostFacts {
+    HostFacts {
+        zone: "a".to_owned(),
+        uri: "qemu:///system".to_owned(),
+        connection: Ok(Connection {
+            driver: "QEMU".to_owned(),
+            libvirt_version: 9_000_000,
+            hypervisor_version: 7_002_000,
+            cpus: 16,
+            memory_kib: 64 << 20,
+        }),
+        domain_caps: Probe::Found(DomainCaps {
+            machine: "pc-q35-7.2".to_owned(),
+            os_supported: true,
+            unix_channel: Some(true),
+        }),
+        pool: Probe::Found(Pool {
+            kind: "dir".to_owned(),
+            active: true,
+            capacity: 100 << 30,
+            available: 90 << 30,
+        }),
+        image: Probe::Found(Volume {
+            format: "qcow2".to_owned(),
+            capacity: 10 << 30,
+        }),
+        network: Some(Probe::Found(true)),
+        domains: Probe::Found(Domains::default()),
+    }
+}
+
+fn status(report: &Report, zone: &str, name: &str) -> (Status, String, String) {
+    let check = report
+        .checks
+        .iter()
+        .find(|c| c.zone == zone && c.check == name)
+        .unwrap_or_else(|| panic!("no {name} in {report:#?}"));
+    (check.status, check.detail.clone(), check.fix.clone())
+}
+
+#[test]
+fn a_good_host_is_ok_with_exit_0() {
+    let report = judge(&want(), &[good()]);
+    assert_eq!(report.verdict, "ok", "{report:#?}");
+    assert_eq!(report.exit_code(), 0);
+    let (_, detail, _) = status(&report, "a", "connection");
+    assert!(
+        detail.contains("libvirt 9.0.0, hypervisor 7.2.0"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn an_inactive_pool_blocks_and_says_how_to_start_it() {
+    let mut host = good();
+    host.pool = Probe::Found(Pool {
+        kind: "dir".to_owned(),
+        active: false,
+        capacity: 0,
+        available: 0,
+    });
+    let report = judge(&want(), &[host]);
+    assert_eq!(report.exit_code(), 1);
+    let (s, detail, fix) = status(&report, "a", "storage pool");
+    assert_eq!(s, Status::Block);
+    assert!(detail.contains("not active"), "{detail}");
+    assert!(fix.contains("virsh pool-start default"), "{fix}");
+    assert_eq!(status(&report, "a", "image").0, Status::Skip);
+}
+
+#[test]
+fn an_inactive_network_blocks() {
+    let mut host = good();
+    host.network = Some(Probe::Found(false));
+    let report = judge(&want(), &[host]);
+    let (s, _, fix) = status(&report, "a", "network");
+    assert_eq!(s, Status::Block);
+    assert!(fix.contains("virsh net-start default"), "{fix}");
+}
+
+#[test]
+fn kvm_unusable_blocks_and_offers_qemu() {
+    let mut host = good();
+    host.domain_caps = Probe::Failed(
+        "invalid argument: KVM is not supported by '/usr/bin/qemu-system-x86_64' on this host"
+            .to_owned(),
+    );
+    let report = judge(&want(), &[host]);
+    let (s, detail, fix) = status(&report, "a", "domain type");
+    assert_eq!(s, Status::Block);
+    assert!(
+        detail.starts_with("kvm unusable: invalid argument"),
+        "{detail}"
+    );
+    assert!(fix.contains("--domain-type=qemu"), "{fix}");
+}
+
+#[test]
+fn guests_that_cannot_boot_or_talk_to_the_agent_block() {
+    let mut host = good();
+    host.domain_caps = Probe::Found(DomainCaps {
+        machine: "pc-q35-7.2".to_owned(),
+        os_supported: false,
+        unix_channel: Some(true),
+    });
+    assert_eq!(
+        status(&judge(&want(), &[host.clone()]), "a", "domain type").0,
+        Status::Block
+    );
+    host.domain_caps = Probe::Found(DomainCaps {
+        machine: "pc-q35-7.2".to_owned(),
+        os_supported: true,
+        unix_channel: Some(false),
+    });
+    let (s, detail, _) = status(&judge(&want(), &[host]), "a", "domain type");
+    assert_eq!(s, Status::Block);
+    assert!(detail.contains("guest agent"), "{detail}");
+}
+
+#[test]
+fn an_unreachable_host_blocks_its_connection_only() {
+    let mut host = good();
+    host.connection = Err("connect: Failed to connect socket".to_owned());
+    let report = judge(&want(), &[host]);
+    let (s, detail, fix) = status(&report, "a", "connection");
+    assert_eq!(s, Status::Block);
+    assert!(detail.contains("qemu:///system: connect"), "{detail}");
+    assert!(fix.contains("--connect"), "{fix}");
+    assert!(
+        !report.checks.iter().any(|c| c.check == "image"),
+        "nothing else is claimed about an unreachable host"
+    );
+}
+
+#[test]
+fn orphans_and_tight_pools_warn_with_exit_2() {
+    let mut host = good();
+    host.domains = Probe::Found(Domains {
+        ours: 3,
+        ours_running: 2,
+        orphans: vec!["bigfleet-0123".to_owned()],
+        others: 1,
+    });
+    host.pool = Probe::Found(Pool {
+        kind: "logical".to_owned(),
+        active: true,
+        capacity: 20 << 30,
+        available: 15 << 30,
+    });
+    let report = judge(&want(), &[host]);
+    assert_eq!(report.verdict, "warnings");
+    assert_eq!(report.exit_code(), 2);
+    let (s, detail, fix) = status(&report, "a", "domains");
+    assert_eq!(s, Status::Warn);
+    assert!(detail.contains("bigfleet-0123"), "{detail}");
+    assert!(fix.contains("--gc-orphans"), "{fix}");
+    assert_eq!(status(&report, "a", "pool space").0, Status::Warn);
+}
+
+#[test]
+fn unreadable_user_data_blocks() {
+    let mut expectations = want();
+    expectations.user_data = Some(("/etc/user-data".to_owned(), Err("No such file".to_owned())));
+    let report = judge(&expectations, &[good()]);
+    assert_eq!(status(&report, "-", "base user data").0, Status::Block);
+}
+
+#[test]
+fn a_refused_configuration_is_one_blocker() {
+    let report = Report::refused_configuration("--image is required");
+    assert_eq!(report.exit_code(), 1);
+    assert_eq!(report.checks.len(), 1);
+    let text = table(&report);
+    assert!(text.contains("BLOCK   --image is required"), "{text}");
+    assert!(text.contains("verdict: blocked"), "{text}");
+}

@@ -1,0 +1,261 @@
+//! `bigfleet-libvirt doctor` against libvirt test-driver hosts: a good host passes every
+//! check (exit 0, a JSON report with each check), and each broken fixture (missing pool,
+//! missing image, missing network, an offering zone without a host) blocks (exit 1) with a
+//! line that names the fix. The host is never changed: a provider started on the same
+//! flags afterwards still sees only what the fixture defined.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use bigfleet_libvirt_infra::libvirt::fixture::Fixture;
+use serde_json::Value;
+
+use crate::harness::*;
+
+fn node(dir: &Path, fixture: &Fixture, name: &str) -> String {
+    fixture.write(dir, name).expect("write the fixture")
+}
+
+fn big() -> Fixture {
+    Fixture {
+        cpus: 32,
+        memory_mib: 256 * 1024,
+        ..Fixture::default()
+    }
+}
+
+fn doctor(args: &[&str]) -> Output {
+    Command::new(binary())
+        .arg("doctor")
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run bigfleet-libvirt doctor")
+}
+
+fn report(args: &[&str]) -> (i32, Value) {
+    let mut all = vec!["--output=json"];
+    all.extend_from_slice(args);
+    let output = doctor(&all);
+    let text = String::from_utf8_lossy(&output.stdout);
+    let json = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "doctor printed no JSON ({e}): {text}\nstderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.code().expect("an exit code"), json)
+}
+
+/// The check named `name` in `zone`.
+fn find<'a>(report: &'a Value, zone: &str, name: &str) -> &'a Value {
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["zone"] == zone && c["check"] == name)
+        .unwrap_or_else(|| panic!("no {name} check for {zone}: {report}"))
+}
+
+fn blocked(report: &Value, zone: &str, name: &str, detail: &str, fix: &str) {
+    let check = find(report, zone, name);
+    assert_eq!(check["status"], "block", "{check}");
+    let shown = check["detail"].as_str().unwrap();
+    assert!(shown.contains(detail), "{check}");
+    let fixes = check["fix"].as_str().unwrap();
+    assert!(fixes.contains(fix), "{check}");
+}
+
+#[test]
+fn a_good_host_passes_every_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let connect = format!("--connect=a={}", node(dir.path(), &big(), "a.xml"));
+    let (code, report) = report(&[&connect, "--image=base.qcow2", "--seed-count=4"]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["verdict"], "ok");
+    assert_eq!(report["blockers"], 0);
+    for name in [
+        "connection",
+        "domain type",
+        "storage pool",
+        "image",
+        "pool space",
+        "network",
+        "capacity",
+        "domains",
+    ] {
+        let check = find(&report, "a", name);
+        assert!(
+            check["status"] == "ok" || check["status"] == "skip",
+            "{name}: {check}"
+        );
+    }
+    for name in ["configuration", "zones", "base user data"] {
+        assert_eq!(find(&report, "-", name)["status"], "ok", "{name}");
+    }
+    let connection = find(&report, "a", "connection")["detail"].as_str().unwrap();
+    assert!(connection.contains("libvirt "), "{connection}");
+    let image = find(&report, "a", "image")["detail"].as_str().unwrap();
+    assert!(
+        image.contains("format qcow2, virtual size 10.0 GiB"),
+        "{image}"
+    );
+    let capacity = find(&report, "a", "capacity")["detail"].as_str().unwrap();
+    assert!(capacity.contains("declared"), "{capacity}");
+    // Each check prints one line and the verdict closes the table.
+    let table = doctor(&[&connect, "--image=base.qcow2", "--seed-count=4"]);
+    assert_eq!(table.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("verdict: nothing blocks"), "{text}");
+}
+
+#[test]
+fn each_broken_fixture_blocks_and_names_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = node(dir.path(), &big(), "good.xml");
+    let other_pool = Fixture {
+        pool: "other".to_owned(),
+        ..big()
+    };
+    let no_pool = node(dir.path(), &other_pool, "no-pool.xml");
+    let other_image = Fixture {
+        base_volume: "other.qcow2".to_owned(),
+        ..big()
+    };
+    let no_image = node(dir.path(), &other_image, "no-image.xml");
+
+    let (code, r) = report(&[&format!("--connect=a={no_pool}"), "--image=base.qcow2"]);
+    assert_eq!(code, 1, "{r:#}");
+    assert_eq!(r["verdict"], "blocked");
+    blocked(
+        &r,
+        "a",
+        "storage pool",
+        "there is no storage pool default",
+        "--storage-pool",
+    );
+
+    let (code, r) = report(&[&format!("--connect=a={no_image}"), "--image=base.qcow2"]);
+    assert_eq!(code, 1, "{r:#}");
+    blocked(
+        &r,
+        "a",
+        "image",
+        "there is no golden image volume base.qcow2 in pool default",
+        "virsh vol-upload --pool default base.qcow2",
+    );
+
+    let (code, r) = report(&[
+        &format!("--connect=a={good}"),
+        "--image=base.qcow2",
+        "--network=nonet",
+    ]);
+    assert_eq!(code, 1, "{r:#}");
+    blocked(&r, "a", "network", "there is no network nonet", "--network");
+}
+
+#[test]
+fn a_zone_without_a_host_or_an_unreachable_host_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = node(dir.path(), &big(), "good.xml");
+    // An offering placed in a zone with no --connect host: the start-up check refuses it.
+    let offerings = dir.path().join("offerings.json");
+    std::fs::write(
+        &offerings,
+        r#"[{"instance_type": "kvm.small", "zone": "b", "count": 1}]"#,
+    )
+    .unwrap();
+    let (code, r) = report(&[
+        &format!("--connect=a={good}"),
+        "--image=base.qcow2",
+        &format!("--offerings={}", offerings.display()),
+    ]);
+    assert_eq!(code, 1, "{r:#}");
+    blocked(&r, "-", "configuration", "zone", "");
+    let detail = find(&r, "-", "configuration")["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("\"b\"") || detail.contains(" b"),
+        "{detail}"
+    );
+
+    // A host that cannot be reached blocks its zone only.
+    let missing = format!("test://{}/absent.xml", dir.path().display());
+    let (code, r) = report(&[
+        &format!("--connect=a={good},b={missing}"),
+        "--image=base.qcow2",
+    ]);
+    assert_eq!(code, 1, "{r:#}");
+    blocked(&r, "b", "connection", "absent.xml", "--connect");
+    assert_eq!(find(&r, "a", "image")["status"], "ok");
+}
+
+#[test]
+fn doctor_warns_with_exit_2_when_the_slots_do_not_all_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = Fixture {
+        cpus: 4,
+        memory_mib: 8 * 1024,
+        ..Fixture::default()
+    };
+    let connect = format!("--connect=a={}", node(dir.path(), &small, "small.xml"));
+    let (code, r) = report(&[&connect, "--image=base.qcow2", "--seed-count=8"]);
+    assert_eq!(code, 2, "{r:#}");
+    assert_eq!(r["verdict"], "warnings");
+    let capacity = find(&r, "a", "capacity");
+    assert_eq!(capacity["status"], "warn", "{capacity}");
+    assert!(
+        capacity["fix"]
+            .as_str()
+            .unwrap()
+            .contains("--cpu-allocation-ratio")
+    );
+    // --allow-warnings (the Helm hook's choice) turns warnings-only into success.
+    let (code, r) = report(&[
+        &connect,
+        "--image=base.qcow2",
+        "--seed-count=8",
+        "--allow-warnings",
+    ]);
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["verdict"], "warnings");
+    // It never hides a blocker.
+    let (code, _) = report(&[&connect, "--image=nope.qcow2", "--allow-warnings"]);
+    assert_eq!(code, 1);
+}
+
+#[test]
+fn doctor_refuses_flags_without_hosts() {
+    let (code, r) = report(&["--seed-count=2"]);
+    assert_eq!(code, 1, "{r:#}");
+    blocked(&r, "-", "configuration", "in-memory fake", "");
+}
+
+#[test]
+fn doctor_table_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Fixture {
+        base_volume: "other.qcow2".to_owned(),
+        ..big()
+    };
+    let uri = node(dir.path(), &fixture, "node.xml");
+    let output = doctor(&[&format!("--connect=a={uri}"), "--image=base.qcow2"]);
+    assert_eq!(output.status.code(), Some(1));
+    let text =
+        String::from_utf8_lossy(&output.stdout).replace(&dir.path().display().to_string(), "[DIR]");
+    // The libvirt version is the machine's, not the provider's.
+    let text = regex_free_versions(&text);
+    insta::assert_snapshot!("doctor_table_blocked_image", text);
+}
+
+/// `libvirt X.Y.Z, hypervisor X.Y.Z` with the numbers replaced.
+fn regex_free_versions(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.find("libvirt ") {
+            Some(at) if line.contains(", hypervisor ") => {
+                format!("{}libvirt [VERSION], hypervisor [VERSION]", &line[..at])
+            }
+            _ => line.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
