@@ -6,3 +6,6 @@ mod memory;
 
 pub use durable::RedbStateStore;
 pub use memory::MemoryStateStore;
+
+#[cfg(test)]
+mod contract_tests;
