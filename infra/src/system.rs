@@ -1,16 +1,14 @@
-//! The real-world adapters of the small ports: the system clock, the tokio spawner and TCP
-//! networking. This is the one module allowed to read the wall clock.
+//! The real-world adapters of the small ports: the system clock and the tokio spawner. This
+//! is the one module allowed to read the wall clock.
 
 // The sanctioned exception to the clippy.toml bans: the real clock, timers and spawner.
 #![allow(clippy::disallowed_methods)]
 
 use std::future::Future;
-use std::io;
-use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bigfleet_libvirt_domain::Timestamp;
-use bigfleet_libvirt_ports::{Clock, Network, Spawner};
+use bigfleet_libvirt_ports::{Clock, Spawner};
 
 /// Wall-clock time and tokio timers.
 #[derive(Clone, Copy, Debug, Default)]
@@ -39,22 +37,6 @@ impl Spawner for TokioSpawner {
     fn spawn(&self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
         tracing::trace!(task = name, "spawning background task");
         tokio::spawn(task);
-    }
-}
-
-/// TCP listeners through tokio.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TokioNetwork;
-
-impl Network for TokioNetwork {
-    type Listener = tokio::net::TcpListener;
-
-    fn bind(&self, addr: SocketAddr) -> impl Future<Output = io::Result<Self::Listener>> + Send {
-        tokio::net::TcpListener::bind(addr)
-    }
-
-    fn local_addr(listener: &Self::Listener) -> io::Result<SocketAddr> {
-        listener.local_addr()
     }
 }
 

@@ -10,17 +10,6 @@ use std::sync::Arc;
 
 use bigfleet_libvirt_domain::{HostRef, Machine, OperationId, StringMap};
 
-/// Whether retrying a failed call is safe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Retry {
-    /// Retrying cannot do harm.
-    Safe,
-    /// Retrying may repeat an effect.
-    Unsafe,
-    /// Retrying will fail the same way.
-    Never,
-}
-
 /// What a failed call may already have done to the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SideEffects {
@@ -32,14 +21,12 @@ pub enum SideEffects {
     Applied,
 }
 
-/// A failed hypervisor call, classified by retryability and side effects.
+/// A failed hypervisor call, classified by what it may already have done.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct HypervisorError {
     /// What went wrong, in words an operator can act on. Becomes `last_error`.
     pub message: String,
-    /// Whether a retry is safe.
-    pub retry: Retry,
     /// What the call may have done.
     pub side_effects: SideEffects,
 }
@@ -50,7 +37,6 @@ impl HypervisorError {
     pub fn permanent(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
-            retry: Retry::Never,
             side_effects: SideEffects::None,
         }
     }
@@ -60,7 +46,6 @@ impl HypervisorError {
     pub fn indefinite(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
-            retry: Retry::Unsafe,
             side_effects: SideEffects::Unknown,
         }
     }

@@ -8,7 +8,6 @@
 mod clock;
 mod compensation;
 mod hypervisor;
-mod network;
 mod provider;
 mod spawn;
 mod store;
@@ -18,9 +17,8 @@ pub mod testkit;
 pub use crate::clock::Clock;
 pub use crate::hypervisor::{
     BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, ReadinessRequest, Retry, SideEffects,
+    Hypervisor, HypervisorError, ReadinessRequest, SideEffects,
 };
-pub use crate::network::Network;
 pub use crate::provider::{
     Provider, ProviderConfig, ProviderError, ReconcileError, StartError, StoreStatus,
     TransitionEvent,

@@ -190,6 +190,12 @@ impl World {
         self.calm.store(true, Ordering::Relaxed);
     }
 
+    /// Starts the plan's faults again after `set_calm` (for tests that calm a world to set
+    /// it up, then let one planned fault strike at a moment they choose).
+    pub fn end_calm(&self) {
+        self.calm.store(false, Ordering::Relaxed);
+    }
+
     /// Numbers provider processes 1, 2, ….
     pub fn next_incarnation(&self) -> u64 {
         self.incarnations.fetch_add(1, Ordering::Relaxed) + 1

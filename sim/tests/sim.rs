@@ -2,18 +2,15 @@
 //! `cargo test --release` under `--cfg madsim`).
 //!
 //! - Determinism: the same seed gives the same trace hash, another seed another one.
-//! - The simulated store passes the `StateStore` contract suite every adapter runs.
+//! - (The contract suites every adapter runs are in `contracts.rs`.)
 //! - Targeted scenarios on the same harness, each stating its goal and method.
 #![cfg(madsim)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use bigfleet_libvirt_sim::fakes::store::SimStateStore;
 use bigfleet_libvirt_sim::faults::{FaultPlan, Window};
 use bigfleet_libvirt_sim::rng::Ratio;
 use bigfleet_libvirt_sim::scenario::{RunReport, run_plan, run_seed};
-use bigfleet_libvirt_sim::world::World;
 
 /// Runs on a fresh thread, as the runner does (madsim seeds std's HashMap keys per thread).
 fn on_own_thread(run: impl FnOnce() -> RunReport + Send + 'static) -> RunReport {
@@ -62,20 +59,6 @@ fn one_seed_twice_gives_the_same_trace_and_another_seed_does_not() {
 fn madsim_finds_no_divergent_random_draw() {
     madsim::runtime::Runtime::check_determinism(5, madsim::Config::default(), || {
         bigfleet_libvirt_sim::scenario::current_seed()
-    });
-}
-
-#[test]
-fn the_simulated_store_passes_the_state_store_contract() {
-    let runtime = madsim::runtime::Runtime::with_seed_and_config(1, madsim::Config::default());
-    runtime.block_on(async {
-        let world = Arc::new(World::new(FaultPlan::draw(1), false));
-        world.set_calm(); // No injected fsync failure inside the contract suite.
-        let store = SimStateStore::open(Arc::clone(&world), 1);
-        bigfleet_libvirt_ports::testkit::state_store_contract(store, |_| async move {
-            SimStateStore::open(world, 2)
-        })
-        .await;
     });
 }
 

@@ -115,6 +115,12 @@ impl<C: Clock> FakeHypervisor<C> {
         self.state().domains.len()
     }
 
+    /// The name of the domain the fake holds for `id`, running or not (for tests).
+    #[must_use]
+    pub fn domain_of(&self, id: &MachineId) -> Option<String> {
+        self.state().domains.get(id).map(|d| d.name.clone())
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
         self.state
             .lock()
@@ -270,3 +276,6 @@ impl<C: Clock> Hypervisor for FakeHypervisor<C> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod contract_tests;

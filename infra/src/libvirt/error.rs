@@ -7,7 +7,7 @@
 //! text keeps libvirt's message and numeric code but drops the `[code=…, domain=…]` noise
 //! of `virt::error::Error`'s `Display`.
 
-use bigfleet_libvirt_ports::{HypervisorError, Retry, SideEffects};
+use bigfleet_libvirt_ports::{HypervisorError, SideEffects};
 use virt::error::{Error as VirtError, ErrorDomain, ErrorNumber};
 
 /// `message (libvirt error N)`.
@@ -58,7 +58,6 @@ pub(crate) fn is_connection_lost(error: &VirtError) -> bool {
 pub(crate) fn nothing_done(message: impl Into<String>) -> HypervisorError {
     HypervisorError {
         message: message.into(),
-        retry: Retry::Safe,
         side_effects: SideEffects::None,
     }
 }
@@ -72,7 +71,6 @@ pub(crate) fn maybe_done(message: impl Into<String>) -> HypervisorError {
 pub(crate) fn partly_done(message: impl Into<String>) -> HypervisorError {
     HypervisorError {
         message: message.into(),
-        retry: Retry::Safe,
         side_effects: SideEffects::Applied,
     }
 }
@@ -105,8 +103,8 @@ mod tests {
         let shown = text(&missing);
         assert!(shown.ends_with("(libvirt error 42)"), "{shown}");
         assert_eq!(
-            context("look up domain", &missing).retry,
-            bigfleet_libvirt_ports::Retry::Safe
+            context("look up domain", &missing).side_effects,
+            bigfleet_libvirt_ports::SideEffects::None
         );
     }
 }

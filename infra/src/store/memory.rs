@@ -79,14 +79,3 @@ impl StateStore for MemoryStateStore {
         ready(Ok(()))
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::MemoryStateStore;
-    use bigfleet_libvirt_ports::testkit::state_store_contract;
-
-    #[tokio::test]
-    async fn memory_store_passes_the_state_store_contract() {
-        state_store_contract(MemoryStateStore::new(), |store| async move { store }).await;
-    }
-}

@@ -7,3 +7,6 @@ mod memory;
 
 pub use durable::{Inspected, RedbStateStore, inspect};
 pub use memory::MemoryStateStore;
+
+#[cfg(test)]
+mod contract_tests;

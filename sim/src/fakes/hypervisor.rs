@@ -22,7 +22,7 @@ use bigfleet_libvirt_domain::{HostRef, Machine, MachineId, MachineState};
 use bigfleet_libvirt_infra::naming::domain_name;
 use bigfleet_libvirt_ports::{
     ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
-    HypervisorError, ReadinessRequest, Retry, SideEffects,
+    HypervisorError, ReadinessRequest, SideEffects,
 };
 use futures::FutureExt;
 use futures::channel::oneshot;
@@ -213,7 +213,6 @@ impl SimHypervisor {
         self.world.trace(format!("host {message}"));
         let error = HypervisorError {
             message,
-            retry: Retry::Safe,
             side_effects: SideEffects::None,
         };
         madsim::time::sleep(wait).map(move |()| Err(error)).boxed()
@@ -305,7 +304,6 @@ impl SimHypervisor {
                             message: format!(
                                 "zone-{host}: create {id}: domain defined but failed to start"
                             ),
-                            retry: Retry::Unsafe,
                             side_effects: SideEffects::Applied,
                         })
                     } else {

@@ -4,6 +4,7 @@
 //! process after state loss, use `test:///default`, which is shared by every connection in
 //! the process, with a provider label and base volume unique to the test.
 
+mod contract;
 mod hosts;
 mod isolation;
 mod lifecycle;
