@@ -61,8 +61,9 @@ impl Tier {
         }
     }
 
-    /// Starts the provider with one slot of a tiny instance type in zone `local`.
-    fn provider(&self, dir: &Path, label: &str) -> Server {
+    /// The tier provider's flags: one `e2e.tiny` slot in zone `local` (its instance-type and
+    /// offerings files written into `dir`), direct kernel boot, no NIC, `domain_type`.
+    fn flags(&self, dir: &Path, label: &str, domain_type: &str) -> Vec<String> {
         let types = dir.join("instance-types.json");
         std::fs::write(
             &types,
@@ -76,13 +77,13 @@ impl Tier {
                  "capacity_type": "on_demand", "count": 1 }]"#,
         )
         .unwrap();
-        let args = [
+        vec![
             format!("--connect={}", self.uri),
             format!("--provider={label}"),
             format!("--image={}", self.image),
             format!("--storage-pool={}", self.pool),
             "--network=".to_owned(),
-            "--domain-type=qemu".to_owned(),
+            format!("--domain-type={domain_type}"),
             format!("--guest-kernel={}", self.kernel),
             format!("--guest-initrd={}", self.initrd),
             format!("--guest-cmdline={}", self.cmdline),
@@ -90,7 +91,12 @@ impl Tier {
             format!("--offerings={}", offerings.display()),
             "--host-reserve-cpu=0".to_owned(),
             "--host-reserve-memory-mib=0".to_owned(),
-        ];
+        ]
+    }
+
+    /// Starts the provider with one slot of a tiny instance type in zone `local`.
+    fn provider(&self, dir: &Path, label: &str) -> Server {
+        let args = self.flags(dir, label, "qemu");
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Server::start(&args)
     }

@@ -11,36 +11,9 @@ use serde_json::Value;
 use super::Tier;
 use crate::harness::binary;
 
-/// The tier provider's flags (one `e2e.tiny` slot in zone `local`), with `domain_type`.
+/// The tier provider's flags, with `domain_type`.
 fn flags(tier: &Tier, dir: &Path, domain_type: &str) -> Vec<String> {
-    let types = dir.join("instance-types.json");
-    std::fs::write(
-        &types,
-        r#"{ "e2e.tiny": { "vcpu": 1, "memory_mib": 384 } }"#,
-    )
-    .unwrap();
-    let offerings = dir.join("offerings.json");
-    std::fs::write(
-        &offerings,
-        r#"[{ "instance_type": "e2e.tiny", "zone": "local",
-             "capacity_type": "on_demand", "count": 1 }]"#,
-    )
-    .unwrap();
-    vec![
-        format!("--connect={}", tier.uri),
-        "--provider=e2e-doctor".to_owned(),
-        format!("--image={}", tier.image),
-        format!("--storage-pool={}", tier.pool),
-        "--network=".to_owned(),
-        format!("--domain-type={domain_type}"),
-        format!("--guest-kernel={}", tier.kernel),
-        format!("--guest-initrd={}", tier.initrd),
-        format!("--guest-cmdline={}", tier.cmdline),
-        format!("--instance-types={}", types.display()),
-        format!("--offerings={}", offerings.display()),
-        "--host-reserve-cpu=0".to_owned(),
-        "--host-reserve-memory-mib=0".to_owned(),
-    ]
+    tier.flags(dir, "e2e-doctor", domain_type)
 }
 
 /// Runs doctor as a table (printed) and as JSON (returned with the exit code).
