@@ -13,7 +13,8 @@
 //! jittered backoff. Health is `connecting`, `healthy` or `unreachable`, exported as the
 //! one-hot gauge `bigfleet_libvirt_host_health{zone,state}`.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use bigfleet_libvirt_ports::{Clock, HypervisorError};
@@ -115,6 +116,28 @@ pub(crate) struct Host {
     wake: Arc<Notify>,
     metrics: Metrics,
     pub(crate) ledger: Mutex<Ledger>,
+    /// Domain names whose create or delete sequence is running on a blocking thread.
+    busy: Mutex<BTreeSet<String>>,
+    /// Signalled whenever a name leaves `busy`.
+    freed: Condvar,
+}
+
+/// Holds a domain name in [`Host::exclusive`] until dropped.
+pub(crate) struct Exclusive<'a> {
+    host: &'a Host,
+    name: String,
+}
+
+impl Drop for Exclusive<'_> {
+    fn drop(&mut self) {
+        let mut busy = self
+            .host
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        busy.remove(&self.name);
+        self.host.freed.notify_all();
+    }
 }
 
 impl Host {
@@ -133,6 +156,8 @@ impl Host {
             wake: Arc::new(Notify::new()),
             metrics,
             ledger: Mutex::new(Ledger::default()),
+            busy: Mutex::new(BTreeSet::new()),
+            freed: Condvar::new(),
         };
         host.publish(Health::Connecting);
         Arc::new(host)
@@ -142,6 +167,28 @@ impl Host {
         self.slot
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Blocks (on a blocking thread only) until no other create or delete sequence for
+    /// `name` runs on this host, then holds `name` until the guard drops. A caller whose
+    /// future was dropped leaves its sequence running to the end; a retry for the same
+    /// machine waits for it here instead of racing it, and then adopts what it made.
+    pub(crate) fn exclusive(&self, name: &str) -> Exclusive<'_> {
+        let mut busy = self
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while busy.contains(name) {
+            busy = self
+                .freed
+                .wait(busy)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        busy.insert(name.to_owned());
+        Exclusive {
+            host: self,
+            name: name.to_owned(),
+        }
     }
 
     pub(crate) fn ledger(&self) -> MutexGuard<'_, Ledger> {

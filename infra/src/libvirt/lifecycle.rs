@@ -7,7 +7,9 @@
 //! Create is idempotent by name: the name derives from the provider label and the machine
 //! id, so a retry (any operation id, any process of the same label) finds the domain an
 //! earlier attempt defined, proves ownership through its tag, and adopts it instead of
-//! defining a second one. Only a new domain is charged against host capacity, and a Create
+//! defining a second one. Within one process, sequences for the same name never overlap
+//! ([`Host::exclusive`]): a retry issued while an abandoned attempt still runs waits for it,
+//! rather than finding nothing yet and failing on "domain already exists". Only a new domain is charged against host capacity, and a Create
 //! that cannot fit fails before anything is made.
 
 use bigfleet_libvirt_ports::HypervisorError;
@@ -58,6 +60,7 @@ pub(crate) fn create(
     settings: &Settings,
     spec: &CreateSpec,
 ) -> Result<(), HypervisorError> {
+    let _alone = host.exclusive(&spec.name);
     if let Some((domain, _)) = owned(session, &spec.name, &settings.provider, &spec.machine_id)? {
         return ensure_running(&domain, &spec.name);
     }
@@ -189,6 +192,7 @@ pub(crate) fn delete(
     name: &str,
     machine_id: &str,
 ) -> Result<(), HypervisorError> {
+    let _alone = host.exclusive(name);
     if let Some((domain, _)) = owned(session, name, &settings.provider, machine_id)? {
         domains::remove(&domain, name)?;
     }
