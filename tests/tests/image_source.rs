@@ -3,7 +3,7 @@
 //! slots out (log and `bigfleet_libvirt_golden_image`) when a same-named volume does not
 //! match or the volume cannot be made. The test driver keeps no volume contents and has no
 //! upload, so the bytes themselves are checked on the real-QEMU tier; here the create /
-//! skip / refuse decisions are.
+//! skip / refuse decisions are, and the `doctor` line that reports them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -196,5 +196,76 @@ fn an_image_that_contradicts_the_source_is_refused_at_start_up() {
     assert!(
         error.contains("--image-source /nonexistent/golden.qcow2"),
         "{error}"
+    );
+}
+
+/// `doctor --output json` with `--image-source`: its exit code and `image-source` check.
+fn doctor_check(connect: &str, source: &Path) -> (i32, serde_json::Value) {
+    let output = Command::new(binary())
+        .arg("doctor")
+        .arg("--output=json")
+        .arg(format!("--connect={connect}"))
+        .arg(format!("--image-source={}", source.display()))
+        .arg("--seed-count=4")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run bigfleet-libvirt doctor");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!("doctor printed no JSON ({e}): {text}");
+    });
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["zone"] == "local" && c["check"] == "image-source")
+        .unwrap_or_else(|| panic!("no image-source check: {report}"))
+        .clone();
+    (output.status.code().expect("an exit code"), check)
+}
+
+#[test]
+fn doctor_reports_the_golden_volume_to_upload_and_blocks_on_a_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, image) = image_file(dir.path());
+    let (code, check) = doctor_check(&host(dir.path(), Fixture::default()), &source);
+    assert_eq!(
+        code, 0,
+        "a missing volume is uploaded on connect, nothing blocks: {check}"
+    );
+    assert_eq!(check["status"], "ok", "{check}");
+    let detail = check["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&image.volume) && detail.contains("uploads"),
+        "{check}"
+    );
+    let mismatched = Fixture {
+        base_volume: image.volume.clone(),
+        base_capacity: image.capacity * 2,
+        base_format: "raw".to_owned(),
+        ..Fixture::default()
+    };
+    let (code, check) = doctor_check(&host(dir.path(), mismatched), &source);
+    assert_eq!(code, 1, "{check}");
+    assert_eq!(check["status"], "block", "{check}");
+    assert!(
+        check["detail"].as_str().unwrap().contains("does not match"),
+        "{check}"
+    );
+    assert!(
+        check["fix"].as_str().unwrap().contains("virsh vol-delete"),
+        "{check}"
+    );
+    let matching = Fixture {
+        base_volume: image.volume.clone(),
+        base_capacity: image.capacity,
+        base_format: "raw".to_owned(),
+        ..Fixture::default()
+    };
+    let (code, check) = doctor_check(&host(dir.path(), matching), &source);
+    assert_eq!(code, 0, "{check}");
+    assert!(
+        check["detail"].as_str().unwrap().contains("matches"),
+        "{check}"
     );
 }
