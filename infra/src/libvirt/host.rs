@@ -292,6 +292,8 @@ impl Host {
                 self.publish_golden("ready");
             }
             Some(Err(refusal)) => {
+                warn!(zone = %self.zone, state = refusal.state(), reason = refusal.reason(),
+                    "golden image not in order; this host's slots are withheld");
                 self.publish_golden(refusal.state());
                 drop(tokio::task::spawn_blocking(move || drop(conn)));
                 return Err(format!(
