@@ -75,6 +75,55 @@ fn download(lv: &Libvirt, name: &str) -> Vec<u8> {
     bytes
 }
 
+/// A Create boots a guest whose overlay's backing store is the uploaded volume.
+async fn boots_from(lv: &Libvirt, server: &Server, c: &mut Client, image: &GoldenImage) {
+    let id = pick(server, c).await;
+    create(c, &id, None).await.expect("Create accepted");
+    let idle = reach(c, &id, S::Idle, BOOT).await;
+    let domain = domain_name(&idle);
+    let overlay = lv
+        .pool()
+        .lookup_storage_vol_by_name(&format!("{domain}-overlay.qcow2"))
+        .expect("the overlay");
+    let overlay_xml = overlay.xml_desc(0).unwrap();
+    let golden_path = lv
+        .pool()
+        .lookup_storage_vol_by_name(&image.volume)
+        .unwrap()
+        .path()
+        .unwrap();
+    assert!(overlay_xml.contains(&golden_path), "{overlay_xml}");
+    delete(c, &id, None).await.expect("Delete accepted");
+    reach(c, &id, S::Speculative, BOOT).await;
+}
+
+/// A same-named volume that does not match keeps the slot out.
+async fn a_mismatch_keeps_the_slot_out(tier: &Tier, lv: &Libvirt, dir: &Path) {
+    let other = dir.join("other.img");
+    std::fs::write(&other, vec![7u8; 1 << 20]).unwrap();
+    let other_image = golden::read(&other).unwrap();
+    forget(lv, &other_image.volume);
+    let wrong = format!(
+        "<volume><name>{}</name><capacity unit='bytes'>4096</capacity>\
+         <target><format type='raw'/></target></volume>",
+        other_image.volume
+    );
+    StorageVol::create_xml(&lv.pool(), &wrong, 0).expect("create the mismatching volume");
+    let server = start(&flags(tier, dir, &other));
+    golden_state(&server, "mismatch").await;
+    let log = server.log_text();
+    assert!(log.contains("does not match --image-source"), "{log}");
+    let mut c = server.client().await;
+    assert_eq!(
+        list_all(&mut c).await.machines.len(),
+        0,
+        "the slot is withheld"
+    );
+    drop(c);
+    drop(server);
+    forget(lv, &other_image.volume);
+}
+
 #[tokio::test]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
 async fn image_source_uploads_once_boots_from_it_and_refuses_a_mismatch() {
@@ -106,26 +155,8 @@ async fn image_source_uploads_once_boots_from_it_and_refuses_a_mismatch() {
         "the uploaded volume is byte-identical to the file"
     );
 
-    // A Create boots from it: its overlay's backing store is the uploaded volume.
     let mut c = server.client().await;
-    let id = pick(&server, &mut c).await;
-    create(&mut c, &id, None).await.expect("Create accepted");
-    let idle = reach(&mut c, &id, S::Idle, BOOT).await;
-    let domain = domain_name(&idle);
-    let overlay = lv
-        .pool()
-        .lookup_storage_vol_by_name(&format!("{domain}-overlay.qcow2"))
-        .expect("the overlay");
-    let overlay_xml = overlay.xml_desc(0).unwrap();
-    let golden_path = lv
-        .pool()
-        .lookup_storage_vol_by_name(&image.volume)
-        .unwrap()
-        .path()
-        .unwrap();
-    assert!(overlay_xml.contains(&golden_path), "{overlay_xml}");
-    delete(&mut c, &id, None).await.expect("Delete accepted");
-    reach(&mut c, &id, S::Speculative, BOOT).await;
+    boots_from(&lv, &server, &mut c, &image).await;
     drop(c);
     drop(server);
 
@@ -142,30 +173,7 @@ async fn image_source_uploads_once_boots_from_it_and_refuses_a_mismatch() {
     drop(c);
     drop(server);
 
-    // A same-named volume that does not match keeps the slot out.
-    let other = dir.path().join("other.img");
-    std::fs::write(&other, vec![7u8; 1 << 20]).unwrap();
-    let other_image = golden::read(&other).unwrap();
-    forget(&lv, &other_image.volume);
-    let wrong = format!(
-        "<volume><name>{}</name><capacity unit='bytes'>4096</capacity>\
-         <target><format type='raw'/></target></volume>",
-        other_image.volume
-    );
-    StorageVol::create_xml(&lv.pool(), &wrong, 0).expect("create the mismatching volume");
-    let server = start(&flags(&tier, dir.path(), &other));
-    golden_state(&server, "mismatch").await;
-    let log = server.log_text();
-    assert!(log.contains("does not match --image-source"), "{log}");
-    let mut c = server.client().await;
-    assert_eq!(
-        list_all(&mut c).await.machines.len(),
-        0,
-        "the slot is withheld"
-    );
-    drop(c);
-    drop(server);
-    forget(&lv, &other_image.volume);
+    a_mismatch_keeps_the_slot_out(&tier, &lv, dir.path()).await;
     forget(&lv, &image.volume);
 }
 
