@@ -9,9 +9,11 @@
 //! (an inactive pool, KVM missing), be tested directly.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::libvirt::golden::GoldenImage;
 use crate::libvirt::{CapacityPolicy, allocatable_for};
 
 /// How one check came out. Ordered by severity.
@@ -221,6 +223,8 @@ pub struct Slots {
 pub struct Expectations {
     /// `--image`.
     pub image: String,
+    /// `--image-source`, read and hashed (then `image` is its volume).
+    pub image_source: Option<Arc<GoldenImage>>,
     /// `--storage-pool`.
     pub storage_pool: String,
     /// `--network` (empty: no NIC).
@@ -523,6 +527,18 @@ fn image(want: &Expectations, host: &HostFacts, pool_facts: &Pool, slots: &[Slot
     let pool = want.storage_pool.as_str();
     let image = want.image.as_str();
     let mut out = Vec::new();
+    if let Some(golden) = &want.image_source {
+        out.extend(golden::check_source(
+            zone,
+            pool,
+            golden,
+            &host.image,
+            pool_facts,
+        ));
+        if matches!(host.image, Probe::Missing) {
+            return out;
+        }
+    }
     match &host.image {
         Probe::Found(v) => {
             let usable = matches!(v.format.as_str(), "qcow2" | "raw");
@@ -775,3 +791,6 @@ pub fn table(report: &Report) -> String {
 #[cfg(test)]
 #[path = "doctor_tests.rs"]
 mod tests;
+
+#[path = "doctor_golden.rs"]
+mod golden;

@@ -6,6 +6,7 @@ use super::*;
 fn want() -> Expectations {
     Expectations {
         image: "base.qcow2".to_owned(),
+        image_source: None,
         storage_pool: "default".to_owned(),
         network: "default".to_owned(),
         domain_type: "kvm".to_owned(),

@@ -5,6 +5,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{Machine, Policy, Timeouts};
@@ -12,6 +13,7 @@ use bigfleet_libvirt_ports::ProviderConfig;
 
 use crate::app::NetLimits;
 use crate::identity::IdentityMode;
+use crate::libvirt::golden::{self, GoldenImage};
 use crate::libvirt::{CapacityPolicy, DirectKernel, DomainType, Firmware, GcPolicy, Platform};
 use crate::side_server::HttpLimits;
 use crate::tls::TlsFiles;
@@ -32,6 +34,7 @@ pub struct Flags {
     pub default_zone: String,
     pub state: Option<PathBuf>,
     pub image: String,
+    pub image_source: Option<PathBuf>,
     pub storage_pool: String,
     pub network: String,
     pub domain_type: String,
@@ -100,7 +103,10 @@ pub struct Plan {
 /// What the libvirt backend needs beyond the connections (ignored by the fake).
 #[derive(Clone, Debug)]
 pub struct LibvirtSettings {
+    /// The base volume: `--image`, or the content-addressed name of `--image-source`.
     pub image: String,
+    /// `--image-source`, read and hashed.
+    pub image_source: Option<Arc<GoldenImage>>,
     pub storage_pool: String,
     pub network: String,
     pub platform: Platform,
@@ -187,7 +193,10 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     let backend = select_backend(flags, &connections)?;
     let tls = check_tls(flags)?;
     let client_identity = check_client_identity(flags, tls.as_ref())?;
-    let libvirt = libvirt_settings(flags, &catalog)?;
+    let mut libvirt = libvirt_settings(flags, &catalog)?;
+    if backend == Backend::Libvirt {
+        golden_settings(flags, &mut libvirt)?;
+    }
     if flags.fake_fault_hooks && backend != Backend::Fake {
         return Err(flag(
             "--fake-fault-hooks only works with the fake backend; remove it or pass --use-fake-backend",
@@ -299,10 +308,11 @@ fn select_backend(flags: &Flags, connections: &[HostConnection]) -> Result<Backe
                 "--libvirt-backend libvirt needs --connect (a libvirt URI, or zone=uri,...)",
             ));
         }
-        if flags.image.trim().is_empty() {
+        if flags.image.trim().is_empty() && flags.image_source.is_none() {
             return Err(flag(
                 "--image is required with the libvirt backend: name the golden base-image \
-                 volume in --storage-pool that every machine's overlay is backed by",
+                 volume in --storage-pool that every machine's overlay is backed by, or pass \
+                 --image-source FILE to have the provider upload it to every host",
             ));
         }
     }
@@ -326,6 +336,7 @@ fn libvirt_settings(
     }
     Ok(LibvirtSettings {
         image: flags.image.clone(),
+        image_source: None,
         storage_pool: flags.storage_pool.clone(),
         network: flags.network.trim().to_owned(),
         platform: platform(flags)?,
@@ -342,6 +353,29 @@ fn libvirt_settings(
             grace: flags.orphan_grace,
         },
     })
+}
+
+/// `--image-source`: hashes the file and makes its content-addressed volume the base image.
+/// `--image` may be left empty; when set it must name that same volume, so two flags never
+/// disagree about which base the machines get.
+fn golden_settings(flags: &Flags, libvirt: &mut LibvirtSettings) -> Result<(), LaunchError> {
+    let Some(path) = &flags.image_source else {
+        return Ok(());
+    };
+    let golden = golden::read(path).map_err(flag)?;
+    let image = flags.image.trim();
+    if !image.is_empty() && image != golden.volume {
+        return Err(flag(format!(
+            "--image {image:?} contradicts --image-source {}, whose volume is {:?} (named \
+             after the file's sha256); leave --image empty, or set it to {:?}",
+            path.display(),
+            golden.volume,
+            golden.volume
+        )));
+    }
+    libvirt.image.clone_from(&golden.volume);
+    libvirt.image_source = Some(Arc::new(golden));
+    Ok(())
 }
 
 /// `--domain-type`, `--firmware` and the direct-boot flags. The paths are on the libvirt host, so only

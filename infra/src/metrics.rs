@@ -136,6 +136,8 @@ pub struct Metrics {
     pub phases: Family<PhaseLabels, Histogram>,
     /// libvirt host health, one-hot over the states (1 = the host's current state).
     pub host_health: Family<HostLabels, Gauge>,
+    /// `--image-source` per host, one-hot over `pending`, `ready`, `mismatch`, `failed`.
+    pub golden_image: Family<HostLabels, Gauge>,
     /// What the last describe found out of line with the provider's records, by kind.
     pub drift: Family<DriftLabels, Gauge>,
     /// Calls refused by the client-identity check, by method and reason.
@@ -182,6 +184,7 @@ impl Metrics {
             phases.clone(),
         );
         let host_health = Family::<HostLabels, Gauge>::default();
+        let golden_image = Family::<HostLabels, Gauge>::default();
         let drift = Family::<DriftLabels, Gauge>::default();
         let prefix = "bigfleet_libvirt";
         registry.register(
@@ -241,6 +244,12 @@ impl Metrics {
             host_health.clone(),
         );
         registry.register(
+            format!("{prefix}_golden_image"),
+            "--image-source on each zone's host (1 for the current state: pending, ready, \
+             mismatch, failed)",
+            golden_image.clone(),
+        );
+        registry.register(
             format!("{prefix}_substrate_drift"),
             "Managed domains vanished or stopped outside the provider, and orphans, by zone",
             drift.clone(),
@@ -278,6 +287,7 @@ impl Metrics {
             api_duration,
             phases,
             host_health,
+            golden_image,
             drift,
             authz_denied,
             state_commit_failures,

@@ -54,6 +54,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
     });
     Expectations {
         image: settings.image.clone(),
+        image_source: settings.image_source.clone(),
         storage_pool: settings.storage_pool.clone(),
         network: settings.network.clone(),
         domain_type: settings.platform.domain_type.as_str().to_owned(),

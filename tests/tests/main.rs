@@ -21,6 +21,7 @@ mod fieldshape;
 mod identity;
 mod identity_docs;
 mod image;
+mod image_source;
 mod inspect;
 mod libvirt;
 mod lifecycle;

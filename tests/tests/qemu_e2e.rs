@@ -408,3 +408,4 @@ async fn a_failing_hook_fails_configure_with_its_bounded_output() {
 }
 
 mod doctor;
+mod image_source;

@@ -26,6 +26,7 @@ use virt::connect::Connect;
 use super::backoff::Backoff;
 use super::capacity::{Ledger, Node};
 use super::error::{is_unsupported, maybe_done, nothing_done, text};
+use super::golden::{self, GoldenImage};
 use super::volumes::BaseImage;
 use crate::metrics::{HostLabels, Metrics};
 
@@ -120,6 +121,8 @@ pub(crate) struct Host {
     busy: Mutex<BTreeSet<String>>,
     /// Signalled whenever a name leaves `busy`.
     freed: Condvar,
+    /// `--image-source` and the pool it goes to, checked on every (re)connect.
+    golden: Option<(Arc<GoldenImage>, String)>,
 }
 
 /// Holds a domain name in [`Host::exclusive`] until dropped.
@@ -141,7 +144,13 @@ impl Drop for Exclusive<'_> {
 }
 
 impl Host {
-    pub(crate) fn new(zone: &str, uri: &str, policy: HostPolicy, metrics: Metrics) -> Arc<Self> {
+    pub(crate) fn new(
+        zone: &str,
+        uri: &str,
+        policy: HostPolicy,
+        metrics: Metrics,
+        golden: Option<(Arc<GoldenImage>, String)>,
+    ) -> Arc<Self> {
         let host = Self {
             zone: zone.to_owned(),
             uri: uri.to_owned(),
@@ -158,8 +167,12 @@ impl Host {
             ledger: Mutex::new(Ledger::default()),
             busy: Mutex::new(BTreeSet::new()),
             freed: Condvar::new(),
+            golden,
         };
         host.publish(Health::Connecting);
+        if host.golden.is_some() {
+            host.publish_golden("pending");
+        }
         Arc::new(host)
     }
 
@@ -226,6 +239,17 @@ impl Host {
         }
     }
 
+    fn publish_golden(&self, current: &str) {
+        for state in ["pending", "ready", "mismatch", "failed"] {
+            let labels = HostLabels {
+                zone: self.zone.clone(),
+                state: state.to_owned(),
+            };
+            let value = i64::from(state == current);
+            self.metrics.golden_image.get_or_create(&labels).set(value);
+        }
+    }
+
     /// The live session, or a fast failure naming the host's state.
     pub(crate) fn session(&self) -> Result<Arc<Session>, HypervisorError> {
         let slot = self.slot();
@@ -289,16 +313,42 @@ impl Host {
         self.lost(generation, "severed by a test");
     }
 
-    /// Dials once and installs the session.
+    /// Dials once, makes sure the golden image is there (with `--image-source`) and installs
+    /// the session. A host whose golden image is not in order gets no session: its slots
+    /// stay out of the inventory, exactly as while it is unreachable, and the check runs
+    /// again on the next dial.
     async fn open(&self) -> Result<(), String> {
         ensure_event_loop();
         let uri = self.uri.clone();
         let (interval, count) = (self.policy.keepalive_interval, self.policy.keepalive_count);
         let zone = self.zone.clone();
-        let opened = tokio::task::spawn_blocking(move || dial(&uri, &zone, interval, count))
-            .await
-            .map_err(|e| format!("libvirt worker: {e}"))??;
-        let (conn, test_driver, node) = opened;
+        let golden = self.golden.clone();
+        let opened = tokio::task::spawn_blocking(move || {
+            let (conn, test_driver, node) = dial(&uri, &zone, interval, count)?;
+            let checked = golden
+                .map(|(image, pool)| golden::ensure(&conn, test_driver, &zone, &pool, &image));
+            Ok::<_, String>((conn, test_driver, node, checked))
+        })
+        .await
+        .map_err(|e| format!("libvirt worker: {e}"))??;
+        let (conn, test_driver, node, checked) = opened;
+        match checked {
+            None => {}
+            Some(Ok(ensured)) => {
+                info!(zone = %self.zone, outcome = ?ensured, "golden image ready");
+                self.publish_golden("ready");
+            }
+            Some(Err(refusal)) => {
+                warn!(zone = %self.zone, state = refusal.state(), reason = refusal.reason(),
+                    "golden image not in order; this host's slots are withheld");
+                self.publish_golden(refusal.state());
+                drop(tokio::task::spawn_blocking(move || drop(conn)));
+                return Err(format!(
+                    "slots withheld: {} (checked again on the next reconnect)",
+                    refusal.reason()
+                ));
+            }
+        }
         self.ledger().set_node(node);
         {
             let mut slot = self.slot();

@@ -9,6 +9,7 @@
 //! - `ownership`: the metadata tag that proves a domain is ours, and XML escaping;
 //! - `xml`: the domain and volume documents; `seed`: the cloud-init NoCloud ISO;
 //! - `volumes`: overlay and seed volumes (create-or-adopt, upload, delete);
+//! - `golden`: `--image-source`, the content-addressed golden volume uploaded to each host;
 //! - `domains`: find-and-prove-ownership, power on, retag, remove;
 //! - `capacity`: what a host can run and what is committed on it;
 //! - `lifecycle`: Create and Delete as blocking sequences with rollback;
@@ -30,6 +31,7 @@ mod describe;
 mod domains;
 mod error;
 pub mod fixture;
+pub mod golden;
 mod guest;
 mod host;
 mod lifecycle;
@@ -78,6 +80,8 @@ pub struct LibvirtConfig {
     pub catalog: InstanceCatalog,
     /// The golden base-image volume (`--image`), in the storage pool.
     pub image: String,
+    /// `--image-source`: uploaded to every host that lacks it; `image` is its volume name.
+    pub image_source: Option<Arc<golden::GoldenImage>>,
     /// The storage pool for overlays and seeds (`--storage-pool`).
     pub storage_pool: String,
     /// The libvirt network for each domain's NIC (`--network`); empty = no NIC.
@@ -118,6 +122,7 @@ impl LibvirtConfig {
             slots,
             catalog,
             image: image.to_owned(),
+            image_source: None,
             storage_pool: "default".to_owned(),
             network: "default".to_owned(),
             platform: Platform::default(),
@@ -226,7 +231,17 @@ impl<C: Clock> LibvirtHypervisor<C> {
             .connections
             .iter()
             .map(|c| {
-                let host = Host::new(&c.zone, &c.uri, config.hosts.clone(), metrics.clone());
+                let golden = config
+                    .image_source
+                    .as_ref()
+                    .map(|g| (Arc::clone(g), config.storage_pool.clone()));
+                let host = Host::new(
+                    &c.zone,
+                    &c.uri,
+                    config.hosts.clone(),
+                    metrics.clone(),
+                    golden,
+                );
                 (c.zone.clone(), host)
             })
             .collect();

@@ -84,6 +84,7 @@ fn flags(seed_count: usize) -> Flags {
         default_zone: "local".to_owned(),
         state: None,
         image: String::new(),
+        image_source: None,
         storage_pool: "default".to_owned(),
         network: "default".to_owned(),
         domain_type: "kvm".to_owned(),

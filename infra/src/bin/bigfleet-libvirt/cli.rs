@@ -76,6 +76,10 @@ pub struct Cli {
         default_value = ""
     )]
     pub image: String,
+    /// Local qcow2 or raw golden image: uploaded to every host's --storage-pool that lacks it,
+    /// as a volume named after its sha256 (--image may then be empty, or must name it).
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_IMAGE_SOURCE")]
+    pub image_source: Option<PathBuf>,
     /// Storage pool for overlay and cloud-init volumes (libvirt backend).
     #[arg(
         long,
@@ -435,6 +439,7 @@ impl Cli {
             default_zone: self.default_zone.clone(),
             state: path(&self.state),
             image: self.image.clone(),
+            image_source: self.image_source.clone(),
             storage_pool: self.storage_pool.clone(),
             network: self.network.clone(),
             domain_type: self.domain_type.clone(),

@@ -270,6 +270,7 @@ fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
         &settings.image,
     );
     config.storage_pool = settings.storage_pool.clone();
+    config.image_source.clone_from(&settings.image_source);
     config.network = settings.network.clone();
     config.platform = settings.platform.clone();
     config.user_data = user_data;

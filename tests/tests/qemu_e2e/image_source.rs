@@ -1,0 +1,260 @@
+//! `--image-source` on the real-QEMU tier's libvirtd: a host without the golden volume gets
+//! it uploaded (byte-identical, checked by downloading it over a libvirt stream apart from
+//! the provider), a Create boots a guest whose overlay is backed by it, a second start finds
+//! it and uploads nothing, and a same-named volume that does not match keeps the host's
+//! slot out with the reason in the log and in `bigfleet_libvirt_golden_image`.
+//!
+//! The source file is a copy of the tier's own golden image, so its content-addressed name
+//! is new to the host while its bytes are a disk the tier's guests boot with.
+
+use std::path::Path;
+
+use bigfleet_libvirt_infra::libvirt::golden::{self, GoldenImage};
+use bigfleet_libvirt_proto::v1alpha1 as pb;
+use pb::MachineState as S;
+use virt::storage_vol::StorageVol;
+use virt::stream::Stream;
+
+use super::{BOOT, Libvirt, Tier, domain_name};
+use crate::harness::scrape::scrape_until;
+use crate::harness::*;
+
+/// The tier provider's flags with `--image-source` instead of `--image`.
+fn flags(tier: &Tier, dir: &Path, source: &Path) -> Vec<String> {
+    let mut args: Vec<String> = tier
+        .flags(dir, "e2e-img", "qemu")
+        .into_iter()
+        .filter(|a| !a.starts_with("--image="))
+        .collect();
+    args.push(format!("--image-source={}", source.display()));
+    args
+}
+
+fn start(args: &[String]) -> Server {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start(&args)
+}
+
+async fn golden_state(server: &Server, state: &str) {
+    let addr = server.metrics_addr.expect("metrics address");
+    scrape_until(addr, "the golden image state", |s| {
+        s.value(
+            "bigfleet_libvirt_golden_image",
+            &[("zone", "local"), ("state", state)],
+        ) == Some(1.0)
+    })
+    .await;
+}
+
+/// Deletes a volume left by an earlier run, if any.
+fn forget(lv: &Libvirt, name: &str) {
+    if let Ok(volume) = lv.pool().lookup_storage_vol_by_name(name) {
+        volume.delete(0).expect("delete a leftover volume");
+    }
+}
+
+/// The volume's bytes, downloaded over a libvirt stream.
+fn download(lv: &Libvirt, name: &str) -> Vec<u8> {
+    let volume = lv
+        .pool()
+        .lookup_storage_vol_by_name(name)
+        .expect("the uploaded volume");
+    let stream = Stream::new(&lv.conn, 0).expect("a stream");
+    volume
+        .download(&stream, 0, 0, 0)
+        .expect("start the download");
+    let (mut bytes, mut buffer) = (Vec::new(), vec![0u8; 1 << 20]);
+    loop {
+        let n = stream.recv(&mut buffer).expect("receive");
+        if n <= 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buffer[..n.unsigned_abs()]);
+    }
+    stream.finish().expect("finish the download");
+    bytes
+}
+
+/// A Create boots a guest whose overlay's backing store is the uploaded volume.
+async fn boots_from(lv: &Libvirt, server: &Server, c: &mut Client, image: &GoldenImage) {
+    let id = pick(server, c).await;
+    create(c, &id, None).await.expect("Create accepted");
+    let idle = reach(c, &id, S::Idle, BOOT).await;
+    let domain = domain_name(&idle);
+    let overlay = lv
+        .pool()
+        .lookup_storage_vol_by_name(&format!("{domain}-overlay.qcow2"))
+        .expect("the overlay");
+    let overlay_xml = overlay.xml_desc(0).unwrap();
+    let golden_path = lv
+        .pool()
+        .lookup_storage_vol_by_name(&image.volume)
+        .unwrap()
+        .path()
+        .unwrap();
+    assert!(overlay_xml.contains(&golden_path), "{overlay_xml}");
+    delete(c, &id, None).await.expect("Delete accepted");
+    reach(c, &id, S::Speculative, BOOT).await;
+}
+
+/// A same-named volume that does not match keeps the slot out.
+async fn a_mismatch_keeps_the_slot_out(tier: &Tier, lv: &Libvirt, dir: &Path) {
+    let other = dir.join("other.img");
+    std::fs::write(&other, vec![7u8; 1 << 20]).unwrap();
+    let other_image = golden::read(&other).unwrap();
+    forget(lv, &other_image.volume);
+    let wrong = format!(
+        "<volume><name>{}</name><capacity unit='bytes'>4096</capacity>\
+         <target><format type='raw'/></target></volume>",
+        other_image.volume
+    );
+    StorageVol::create_xml(&lv.pool(), &wrong, 0).expect("create the mismatching volume");
+    let server = start(&flags(tier, dir, &other));
+    golden_state(&server, "mismatch").await;
+    let log = server.log_text();
+    assert!(log.contains("does not match --image-source"), "{log}");
+    let mut c = server.client().await;
+    assert_eq!(
+        list_all(&mut c).await.machines.len(),
+        0,
+        "the slot is withheld"
+    );
+    drop(c);
+    drop(server);
+    forget(lv, &other_image.volume);
+}
+
+#[tokio::test]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+async fn image_source_uploads_once_boots_from_it_and_refuses_a_mismatch() {
+    let tier = Tier::from_env();
+    let lv = Libvirt::open(Tier::from_env());
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("tier-golden.qcow2");
+    let original = lv.image_bytes();
+    std::fs::write(&source, &original).unwrap();
+    let image: GoldenImage = golden::read(&source).unwrap();
+    forget(&lv, &image.volume);
+    println!(
+        "source {} bytes, virtual size {}, volume {}",
+        image.bytes, image.capacity, image.volume
+    );
+
+    // First start: the volume is missing, so it is created and uploaded.
+    let started = std::time::Instant::now();
+    let server = start(&flags(&tier, dir.path(), &source));
+    golden_state(&server, "ready").await;
+    println!("uploaded and ready after {:?}", started.elapsed());
+    let log = server.log_text();
+    assert!(log.contains("golden image uploaded"), "{log}");
+    assert!(lv.volumes().contains(&image.volume), "{:?}", lv.volumes());
+    let downloaded = download(&lv, &image.volume);
+    assert_eq!(downloaded.len(), original.len());
+    assert!(
+        downloaded == original,
+        "the uploaded volume is byte-identical to the file"
+    );
+
+    let mut c = server.client().await;
+    boots_from(&lv, &server, &mut c, &image).await;
+    drop(c);
+    drop(server);
+
+    // Second start: the volume is there and matches, nothing is uploaded.
+    let server = start(&flags(&tier, dir.path(), &source));
+    golden_state(&server, "ready").await;
+    let log = server.log_text();
+    assert!(!log.contains("uploading"), "no second upload: {log}");
+    let mut c = server.client().await;
+    assert_eq!(
+        list(&mut c, &[S::Speculative], 0, b"").await.machines.len(),
+        1
+    );
+    drop(c);
+    drop(server);
+
+    a_mismatch_keeps_the_slot_out(&tier, &lv, dir.path()).await;
+    forget(&lv, &image.volume);
+}
+
+/// A transient `dir` pool on a 256 KiB tmpfs inside the daemon's root: too small for the
+/// upload. Dropping it destroys the pool and unmounts the tmpfs.
+struct TinyPool {
+    pool: virt::storage_pool::StoragePool,
+    mount: std::path::PathBuf,
+}
+
+impl TinyPool {
+    const NAME: &'static str = "e2e-tiny";
+
+    fn make(lv: &Libvirt) -> Self {
+        let inside = "/var/tmp/bigfleet-e2e-tiny";
+        let mount = lv.tier.root.join(inside.trim_start_matches('/'));
+        std::fs::create_dir_all(&mount).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=256k", "bigfleet-e2e-tiny"])
+            .arg(&mount)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mount a tmpfs at {}", mount.display());
+        let xml = format!(
+            "<pool type='dir'><name>{}</name><target><path>{inside}</path></target></pool>",
+            Self::NAME
+        );
+        let pool = lv
+            .conn
+            .create_storage_pool_xml(&xml, 0)
+            .expect("create the tiny pool");
+        Self { pool, mount }
+    }
+}
+
+impl Drop for TinyPool {
+    fn drop(&mut self) {
+        let _ = self.pool.destroy();
+        let _ = std::process::Command::new("umount")
+            .arg(&self.mount)
+            .status();
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+async fn image_source_upload_failure_keeps_the_slot_out() {
+    let tier = Tier::from_env();
+    let lv = Libvirt::open(Tier::from_env());
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = TinyPool::make(&lv);
+    let source = dir.path().join("big.img");
+    std::fs::write(&source, vec![0x5au8; 2 << 20]).unwrap();
+    let image = golden::read(&source).unwrap();
+    let mut args = flags(&tier, dir.path(), &source);
+    args.retain(|a| !a.starts_with("--storage-pool="));
+    args.push(format!("--storage-pool={}", TinyPool::NAME));
+    let server = start(&args);
+    golden_state(&server, "failed").await;
+    let log = server.log_text();
+    assert!(log.contains("slots withheld: golden image"), "{log}");
+    assert!(log.contains("upload to pool"), "{log}");
+    let line = log
+        .lines()
+        .find(|l| l.contains("upload to pool"))
+        .unwrap_or_default();
+    println!("the reason logged: {line}");
+    let mut c = server.client().await;
+    assert_eq!(
+        list_all(&mut c).await.machines.len(),
+        0,
+        "the slot is withheld"
+    );
+    tiny.pool.refresh(0).unwrap();
+    let left = tiny.pool.list_volumes().unwrap();
+    assert!(
+        !left.contains(&image.volume),
+        "the partial volume is deleted: {left:?}"
+    );
+    drop(c);
+    drop(server);
+    drop(tiny);
+}
