@@ -176,7 +176,9 @@ pub(crate) fn ensure(
     })?;
     let _ = pool.refresh(0);
     match pool.lookup_storage_vol_by_name(name) {
-        Ok(volume) => return check(&volume, pool_name, golden).map(|()| Ensured::Present),
+        Ok(volume) => {
+            return check(conn, test_driver, &volume, pool_name, golden).map(|()| Ensured::Present);
+        }
         Err(e) if is_missing_volume(&e) => {}
         Err(e) => {
             return Err(Refusal::Failed(format!(
@@ -220,25 +222,54 @@ fn volume_xml(golden: &GoldenImage) -> String {
     )
 }
 
-/// An existing volume must have the file's format and virtual size.
-fn check(volume: &StorageVol, pool_name: &str, golden: &GoldenImage) -> Result<(), Refusal> {
+/// An existing volume must have the file's format and virtual size. One that holds fewer
+/// bytes on disk than the file (what an upload cut off by a crash leaves) must also have the
+/// file's content: it is downloaded and hashed, so a partial upload is never taken for the
+/// image. A volume that holds at least the file's bytes is trusted by its content-addressed
+/// name (hashing every golden image on every connect would download gigabytes).
+fn check(
+    conn: &Connect,
+    test_driver: bool,
+    volume: &StorageVol,
+    pool_name: &str,
+    golden: &GoldenImage,
+) -> Result<(), Refusal> {
     let name = &golden.volume;
-    let capacity = volume
-        .info()
-        .map_err(|e| {
-            Refusal::Failed(format!(
-                "golden image {name}: read volume info: {}",
-                text(&e)
-            ))
-        })?
-        .capacity;
+    let info = volume.info().map_err(|e| {
+        Refusal::Failed(format!(
+            "golden image {name}: read volume info: {}",
+            text(&e)
+        ))
+    })?;
+    let capacity = info.capacity;
     let format = volume
         .xml_desc(0)
         .ok()
         .and_then(|desc| xml::volume_format(&desc))
         .unwrap_or_default();
     if capacity == golden.capacity && format == golden.format {
-        return Ok(());
+        if test_driver || info.allocation >= golden.bytes {
+            return Ok(());
+        }
+        let digest = downloaded_sha256(conn, volume, golden.bytes).map_err(|e| {
+            Refusal::Failed(format!(
+                "golden image {name}: it holds {} of the file's {} bytes, and reading it back \
+                 to compare failed: {e}",
+                info.allocation, golden.bytes
+            ))
+        })?;
+        if digest == golden.sha256 {
+            return Ok(());
+        }
+        return Err(Refusal::Mismatch(format!(
+            "golden image {name} in pool {pool_name:?} holds {} of the file's {} bytes and its \
+             content is not --image-source {} (an upload cut off by a crash?); the provider \
+             never overwrites a volume: delete it (virsh vol-delete --pool {pool_name} {name}) \
+             if no overlay uses it, and the provider uploads the file on its next reconnect",
+            info.allocation,
+            golden.bytes,
+            golden.path.display()
+        )));
     }
     Err(Refusal::Mismatch(format!(
         "golden image {name} in pool {pool_name:?} does not match --image-source {}: the volume \
@@ -249,6 +280,35 @@ fn check(volume: &StorageVol, pool_name: &str, golden: &GoldenImage) -> Result<(
         golden.format,
         golden.capacity
     )))
+}
+
+/// The sha256 (hex) of the volume's first `bytes` bytes, read over a libvirt stream.
+fn downloaded_sha256(conn: &Connect, volume: &StorageVol, bytes: u64) -> Result<String, String> {
+    let stream = Stream::new(conn, 0).map_err(|e| format!("open download stream: {}", text(&e)))?;
+    if let Err(e) = volume.download(&stream, 0, bytes, 0) {
+        let _ = stream.abort();
+        return Err(format!("start download: {}", text(&e)));
+    }
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; CHUNK];
+    loop {
+        match stream.recv(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) if n > 0 => hasher.update(&buffer[..n.unsigned_abs()]),
+            Ok(_) => {
+                let _ = stream.abort();
+                return Err("the download stream returned no data".to_owned());
+            }
+            Err(e) => {
+                let _ = stream.abort();
+                return Err(format!("download: {}", text(&e)));
+            }
+        }
+    }
+    stream
+        .finish()
+        .map_err(|e| format!("finish download: {}", text(&e)))?;
+    Ok(hex(&hasher.finalize()))
 }
 
 /// Streams the file into the volume, logging progress.

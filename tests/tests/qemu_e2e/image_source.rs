@@ -2,7 +2,8 @@
 //! it uploaded (byte-identical, checked by downloading it over a libvirt stream apart from
 //! the provider), a Create boots a guest whose overlay is backed by it, a second start finds
 //! it and uploads nothing, and a same-named volume that does not match keeps the host's
-//! slot out with the reason in the log and in `bigfleet_libvirt_golden_image`.
+//! slot out with the reason in the log and in `bigfleet_libvirt_golden_image`, as does one
+//! that an interrupted upload left with the right name and size but not the file's bytes.
 //!
 //! The source file is a copy of the tier's own golden image, so its content-addressed name
 //! is new to the host while its bytes are a disk the tier's guests boot with.
@@ -124,6 +125,45 @@ async fn a_mismatch_keeps_the_slot_out(tier: &Tier, lv: &Libvirt, dir: &Path) {
     forget(lv, &other_image.volume);
 }
 
+/// A volume with the right name, format and size but only half the file's bytes (what an
+/// upload cut off by a crash leaves) is read back, found wrong, and keeps the slot out.
+async fn an_interrupted_upload_is_not_taken_for_the_image(tier: &Tier, lv: &Libvirt, dir: &Path) {
+    let source = dir.join("interrupted.img");
+    let bytes: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&source, &bytes).unwrap();
+    let image = golden::read(&source).unwrap();
+    forget(lv, &image.volume);
+    let xml = format!(
+        "<volume><name>{}</name><capacity unit='bytes'>{}</capacity>\
+         <allocation unit='bytes'>0</allocation><target><format type='raw'/></target></volume>",
+        image.volume, image.bytes
+    );
+    let volume = StorageVol::create_xml(&lv.pool(), &xml, 0).expect("create the volume");
+    let half = bytes.len() / 2;
+    let stream = Stream::new(&lv.conn, 0).unwrap();
+    volume
+        .upload(&stream, 0, half as u64, 0)
+        .expect("start the upload");
+    let mut sent = 0;
+    while sent < half {
+        sent += stream.send(&bytes[sent..half]).unwrap().unsigned_abs();
+    }
+    stream.finish().expect("finish the half upload");
+    let server = start(&flags(tier, dir, &source));
+    golden_state(&server, "mismatch").await;
+    let log = server.log_text();
+    assert!(log.contains("an upload cut off by a crash"), "{log}");
+    let mut c = server.client().await;
+    assert_eq!(
+        list_all(&mut c).await.machines.len(),
+        0,
+        "the slot is withheld"
+    );
+    drop(c);
+    drop(server);
+    forget(lv, &image.volume);
+}
+
 #[tokio::test]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
 async fn image_source_uploads_once_boots_from_it_and_refuses_a_mismatch() {
@@ -174,6 +214,7 @@ async fn image_source_uploads_once_boots_from_it_and_refuses_a_mismatch() {
     drop(server);
 
     a_mismatch_keeps_the_slot_out(&tier, &lv, dir.path()).await;
+    an_interrupted_upload_is_not_taken_for_the_image(&tier, &lv, dir.path()).await;
     forget(&lv, &image.volume);
 }
 
