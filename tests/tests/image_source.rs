@@ -45,7 +45,8 @@ fn start(connect: &str, source: &Path) -> Server {
     ])
 }
 
-async fn golden_state(server: &Server, state: &str) {
+/// Waits until `bigfleet_libvirt_golden_image{zone="local",state}` is 1.
+pub(crate) async fn golden_state(server: &Server, state: &str) {
     let addr = server.metrics_addr.expect("metrics address");
     scrape_until(addr, "the golden image state", |s| {
         s.value(

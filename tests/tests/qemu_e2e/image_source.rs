@@ -17,8 +17,8 @@ use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 
 use super::{BOOT, Libvirt, Tier, domain_name};
-use crate::harness::scrape::scrape_until;
 use crate::harness::*;
+use crate::image_source::golden_state;
 
 /// The tier provider's flags with `--image-source` instead of `--image`.
 fn flags(tier: &Tier, dir: &Path, source: &Path) -> Vec<String> {
@@ -36,15 +36,19 @@ fn start(args: &[String]) -> Server {
     Server::start(&args)
 }
 
-async fn golden_state(server: &Server, state: &str) {
-    let addr = server.metrics_addr.expect("metrics address");
-    scrape_until(addr, "the golden image state", |s| {
-        s.value(
-            "bigfleet_libvirt_golden_image",
-            &[("zone", "local"), ("state", state)],
-        ) == Some(1.0)
-    })
-    .await;
+/// Starts the provider on `source` and checks the host's slot is withheld as a mismatch,
+/// with `reason` in the log.
+async fn withheld_as_mismatch(tier: &Tier, dir: &Path, source: &Path, reason: &str) {
+    let server = start(&flags(tier, dir, source));
+    golden_state(&server, "mismatch").await;
+    let log = server.log_text();
+    assert!(log.contains(reason), "{log}");
+    let mut c = server.client().await;
+    assert_eq!(
+        list_all(&mut c).await.machines.len(),
+        0,
+        "the slot is withheld"
+    );
 }
 
 /// Deletes a volume left by an earlier run, if any.
@@ -110,18 +114,7 @@ async fn a_mismatch_keeps_the_slot_out(tier: &Tier, lv: &Libvirt, dir: &Path) {
         other_image.volume
     );
     StorageVol::create_xml(&lv.pool(), &wrong, 0).expect("create the mismatching volume");
-    let server = start(&flags(tier, dir, &other));
-    golden_state(&server, "mismatch").await;
-    let log = server.log_text();
-    assert!(log.contains("does not match --image-source"), "{log}");
-    let mut c = server.client().await;
-    assert_eq!(
-        list_all(&mut c).await.machines.len(),
-        0,
-        "the slot is withheld"
-    );
-    drop(c);
-    drop(server);
+    withheld_as_mismatch(tier, dir, &other, "does not match --image-source").await;
     forget(lv, &other_image.volume);
 }
 
@@ -149,18 +142,7 @@ async fn an_interrupted_upload_is_not_taken_for_the_image(tier: &Tier, lv: &Libv
         sent += stream.send(&bytes[sent..half]).unwrap().unsigned_abs();
     }
     stream.finish().expect("finish the half upload");
-    let server = start(&flags(tier, dir, &source));
-    golden_state(&server, "mismatch").await;
-    let log = server.log_text();
-    assert!(log.contains("an upload cut off by a crash"), "{log}");
-    let mut c = server.client().await;
-    assert_eq!(
-        list_all(&mut c).await.machines.len(),
-        0,
-        "the slot is withheld"
-    );
-    drop(c);
-    drop(server);
+    withheld_as_mismatch(tier, dir, &source, "an upload cut off by a crash").await;
     forget(lv, &image.volume);
 }
 
