@@ -28,6 +28,9 @@ use tracing::warn;
 
 mod cli;
 
+/// How long `doctor` waits for its threads to finish after printing the report.
+const DOCTOR_JOIN_TIMEOUT: Duration = Duration::from_secs(1);
+
 use cli::{Cli, Command, Format, Output, StateCommand};
 
 fn main() -> ExitCode {
@@ -49,8 +52,11 @@ fn main() -> ExitCode {
     }) = &cli.command
     {
         let code = runtime.block_on(doctor(&cli, *output, *host_timeout, *allow_warnings));
-        // A host that never answered still has a blocked thread; do not wait for it.
-        runtime.shutdown_background();
+        // Join the runtime's threads before `exit` runs the C libraries' cleanup: a thread
+        // still freeing its OpenSSL thread state while libcrypto tears down crashes the
+        // process after the report is printed. A host that never answered keeps its
+        // thread blocked, so give up on that one after a second instead of waiting.
+        runtime.shutdown_timeout(DOCTOR_JOIN_TIMEOUT);
         return code;
     }
     match runtime.block_on(run(&cli)) {
