@@ -161,6 +161,10 @@ pub struct TlsState {
     files: TlsFiles,
     key: Arc<RwLock<Arc<CertifiedKey>>>,
     verifier: Option<Arc<SwappableVerifier>>,
+    /// The files' modification times taken just before they were loaded: the watcher
+    /// starts from these, so a file replaced between loading and the watcher's first look
+    /// is still reloaded.
+    loaded: Vec<Option<SystemTime>>,
 }
 
 impl TlsState {
@@ -169,6 +173,7 @@ impl TlsState {
     /// # Errors
     /// The first unreadable or invalid file, named by its flag.
     pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
+        let loaded = modified(&files);
         let key = Arc::new(RwLock::new(load_key(&files)?));
         let verifier = match &files.client_ca {
             Some(path) => Some(Arc::new(SwappableVerifier(RwLock::new(load_verifier(
@@ -180,6 +185,7 @@ impl TlsState {
             files,
             key,
             verifier,
+            loaded,
         })
     }
 
@@ -236,23 +242,10 @@ impl TlsState {
         Arc::new(config)
     }
 
-    fn modified(&self) -> Vec<Option<SystemTime>> {
-        let paths = [
-            Some(&self.files.cert),
-            Some(&self.files.key),
-            self.files.client_ca.as_ref(),
-        ];
-        paths
-            .into_iter()
-            .flatten()
-            .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-            .collect()
-    }
-
     /// Reloads whenever a file's modification time changes (checked every `period`) or on
     /// SIGHUP. Runs until the process ends.
     pub async fn watch(self, period: Duration) {
-        let mut last = self.modified();
+        let mut last = self.loaded.clone();
         let mut hangup =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         loop {
@@ -268,7 +261,7 @@ impl TlsState {
                 _ = hup => "SIGHUP",
                 () = tokio::time::sleep(period) => "file change",
             };
-            let now = self.modified();
+            let now = modified(&self.files);
             if reason == "file change" && now == last {
                 continue;
             }
@@ -281,6 +274,20 @@ impl TlsState {
             }
         }
     }
+}
+
+/// The modification time of each TLS file (`None` for one that cannot be read).
+fn modified(files: &TlsFiles) -> Vec<Option<SystemTime>> {
+    let paths = [
+        Some(&files.cert),
+        Some(&files.key),
+        files.client_ca.as_ref(),
+    ];
+    paths
+        .into_iter()
+        .flatten()
+        .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .collect()
 }
 
 /// Serves whichever certificate is current.
@@ -374,3 +381,7 @@ pub fn incoming(
     let tls = TlsAcceptor::from(state.server_config());
     crate::accept::grpc_incoming(acceptor, handshake_timeout, move |tcp| tls.accept(tcp))
 }
+
+#[cfg(test)]
+#[path = "tls_tests.rs"]
+mod tests;
