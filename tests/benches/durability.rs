@@ -14,17 +14,18 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bigfleet_libvirt_infra::app::{self, Banner, ServeConfig};
-use bigfleet_libvirt_infra::config::{
+use bigfleet_libvirt_app::{self as app, Banner, ServeConfig};
+use bigfleet_libvirt_config::{
     InstanceCatalog, InventoryConfig, PriceTable, build_inventory, default_offerings,
 };
-use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
-use bigfleet_libvirt_infra::identity::IdentityMode;
-use bigfleet_libvirt_infra::metrics::Metrics;
-use bigfleet_libvirt_infra::store::{MemoryStateStore, RedbStateStore};
-use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
+use bigfleet_libvirt_grpc::identity::IdentityMode;
+use bigfleet_libvirt_memory::MemoryStateStore;
+use bigfleet_libvirt_memory::fake::{FakeConfig, FakeHypervisor};
+use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_ports::{ProviderConfig, StateStore};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
+use bigfleet_libvirt_redb::RedbStateStore;
+use bigfleet_libvirt_system::{SystemClock, TokioSpawner};
 use pb::capacity_provider_client::CapacityProviderClient;
 use tonic::transport::Channel;
 
