@@ -95,6 +95,8 @@ pub struct Plan {
     pub metrics_addr: Option<SocketAddr>,
     pub state: Option<PathBuf>,
     pub reconcile_interval: Option<Duration>,
+    /// Register gRPC reflection (v1 and v1alpha).
+    pub reflection: bool,
     pub fake: FakeSettings,
     pub libvirt: LibvirtSettings,
     pub tls: Option<TlsFiles>,
@@ -275,6 +277,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         state: flags.state.clone(),
         reconcile_interval: (!flags.reconcile_interval.is_zero())
             .then_some(flags.reconcile_interval),
+        reflection: flags.reflection,
         tls,
         client_identity,
         fake: FakeSettings {

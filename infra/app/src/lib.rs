@@ -8,7 +8,10 @@
 //! - `launch` (feature `libvirt`): the operator's flags, as plain values, validated into a
 //!   [`launch::Plan`];
 //! - `preflight` (feature `libvirt`): `doctor`'s run over every `--connect` host;
-//! - `inspect` (feature `redb`): the `state inspect` report.
+//! - `inspect` (feature `redb`): the `state inspect` report;
+//! - `wiring` (features `libvirt` and `redb`): [`run`], a [`launch::Plan`] to a serving
+//!   provider: store and backend chosen, the adapter configured and instrumented, restored
+//!   machines handed back to it, both ports bound and served.
 //!
 //! The features `libvirt` and `redb` (both on by default) pull in the adapters that link
 //! libvirt and redb; the simulator depends on this crate without them.
@@ -21,5 +24,9 @@ pub mod inspect;
 pub mod launch;
 #[cfg(feature = "libvirt")]
 pub mod preflight;
+#[cfg(all(feature = "libvirt", feature = "redb"))]
+mod wiring;
 
 pub use server::{Banner, NetLimits, ServeConfig, assemble, capacity_server, serve};
+#[cfg(all(feature = "libvirt", feature = "redb"))]
+pub use wiring::{Listeners, OnStart, Running, run};

@@ -7,25 +7,17 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use bigfleet_libvirt_app as app;
 use bigfleet_libvirt_app::inspect;
 use bigfleet_libvirt_app::launch::{self, Backend, Plan};
 use bigfleet_libvirt_app::preflight;
-use bigfleet_libvirt_app::{self as app, Banner, NetLimits, ServeConfig};
-use bigfleet_libvirt_grpc::identity::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsState;
 use bigfleet_libvirt_libvirt::doctor;
-use bigfleet_libvirt_libvirt::{LibvirtConfig, LibvirtHypervisor};
-use bigfleet_libvirt_memory::MemoryStateStore;
-use bigfleet_libvirt_memory::fake::{FakeConfig, FakeHypervisor};
-use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
-use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_observe::telemetry::{self, LogFormat, TelemetryConfig};
-use bigfleet_libvirt_ports::{Hypervisor, Provider, StateStore};
-use bigfleet_libvirt_redb::{self as store, RedbStateStore};
+use bigfleet_libvirt_redb as store;
+use bigfleet_libvirt_system::SystemClock;
 use bigfleet_libvirt_system::accept;
-use bigfleet_libvirt_system::{SystemClock, TokioSpawner};
 use clap::Parser;
-use tracing::warn;
 
 mod cli;
 
@@ -182,176 +174,9 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     let tls = plan.tls.clone().map(TlsState::load).transpose()?;
     let telemetry = telemetry::init(&telemetry_config(cli))?;
     accept::raise_nofile_limit();
-    let served = match &plan.state {
-        Some(path) => match RedbStateStore::open(path) {
-            Ok(store) => serve(cli, plan, store, tls, limits, shutdown).await,
-            Err(e) => Err(anyhow::anyhow!("--state: {e}")),
-        },
-        None => {
-            warn!("no --state: bindings, fence marks and operation ids will not survive a restart");
-            serve(cli, plan, MemoryStateStore::new(), tls, limits, shutdown).await
-        }
-    };
+    let served = app::run(plan, tls, limits, None, (), shutdown).await;
     telemetry.shutdown().await;
     served
-}
-
-async fn serve<S: StateStore>(
-    cli: &Cli,
-    plan: Plan,
-    store: S,
-    tls: Option<TlsState>,
-    limits: NetLimits,
-    shutdown: impl Future<Output = ()> + Send,
-) -> anyhow::Result<()> {
-    let metrics = Metrics::new();
-    match plan.backend {
-        Backend::Fake => {
-            warn!(
-                "using the IN-MEMORY fake hypervisor: no real domains will be created \
-                 (pass --connect for real hosts)"
-            );
-            let fake = FakeHypervisor::new(fake_config(&plan), SystemClock);
-            let hypervisor = InstrumentedHypervisor::new(fake.clone(), metrics.clone());
-            let provider = start(&plan, hypervisor, store, &metrics).await?;
-            // The fake keeps no state of its own: give it back the restored machines' domains.
-            fake.adopt(&provider.peek(&Default::default()).machines);
-            run_servers(cli, &plan, provider, metrics, tls, limits, shutdown).await
-        }
-        Backend::Libvirt => serve_libvirt(cli, plan, store, tls, metrics, limits, shutdown).await,
-    }
-}
-
-/// The provider over `hypervisor`, on the real clock and spawner.
-async fn start<H: Hypervisor, S: StateStore>(
-    plan: &Plan,
-    hypervisor: H,
-    store: S,
-    metrics: &Metrics,
-) -> anyhow::Result<Provider<H, S, SystemClock, TokioSpawner>> {
-    let config = plan.provider.clone();
-    Ok(app::assemble(
-        config,
-        hypervisor,
-        store,
-        SystemClock,
-        TokioSpawner,
-        metrics,
-    )
-    .await?)
-}
-
-async fn serve_libvirt<S: StateStore>(
-    cli: &Cli,
-    plan: Plan,
-    store: S,
-    tls: Option<TlsState>,
-    metrics: Metrics,
-    limits: NetLimits,
-    shutdown: impl Future<Output = ()> + Send,
-) -> anyhow::Result<()> {
-    let config = libvirt_config(&plan)?;
-    let libvirt =
-        LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone()).await;
-    let hypervisor = InstrumentedHypervisor::new(libvirt.clone(), metrics.clone());
-    let provider = start(&plan, hypervisor, store, &metrics).await?;
-    // Restored machines tell the adapter what should be running (drift and orphan checks).
-    libvirt.track(&provider.peek(&Default::default()).machines);
-    run_servers(cli, &plan, provider, metrics, tls, limits, shutdown).await
-}
-
-fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
-    let settings = &plan.libvirt;
-    let user_data = match &settings.base_user_data {
-        Some(path) => Some(
-            std::fs::read(path)
-                .with_context(|| format!("--base-user-data: read {}", path.display()))?,
-        ),
-        None => None,
-    };
-    let mut config = LibvirtConfig::new(
-        &plan.provider_label,
-        plan.connections.clone(),
-        plan.inventory.machines.clone(),
-        settings.catalog.clone(),
-        &settings.image,
-    );
-    config.storage_pool = settings.storage_pool.clone();
-    config.image_source.clone_from(&settings.image_source);
-    config.network = settings.network.clone();
-    config.platform = settings.platform.clone();
-    config.user_data = user_data;
-    config.capacity = settings.capacity;
-    config.gc = settings.gc;
-    config.seed = plan.fake.seed;
-    Ok(config)
-}
-
-fn fake_config(plan: &Plan) -> FakeConfig {
-    FakeConfig {
-        provider: plan.provider_label.clone(),
-        slots: plan.inventory.machines.clone(),
-        delay_min: plan.fake.delay_min,
-        delay_max: plan.fake.delay_max,
-        seed: plan.fake.seed,
-        fault_hooks: plan.fake.fault_hooks,
-        slow_ok_delay: plan.provider.policy.timeouts.configure + Duration::from_secs(1),
-    }
-}
-
-/// Binds both ports (a bind failure is fatal and names the flag) and serves until a signal.
-async fn run_servers<H: Hypervisor, S: StateStore>(
-    cli: &Cli,
-    plan: &Plan,
-    provider: Provider<H, S, SystemClock, TokioSpawner>,
-    metrics: Metrics,
-    tls: Option<TlsState>,
-    limits: NetLimits,
-    shutdown: impl Future<Output = ()> + Send,
-) -> anyhow::Result<()> {
-    let grpc = tokio::net::TcpListener::bind(plan.grpc_addr)
-        .await
-        .with_context(|| format!("--addr: listen on {}", plan.grpc_addr))?;
-    let http = match plan.metrics_addr {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("--metrics-addr: listen on {addr}"))?,
-        ),
-        None => None,
-    };
-    let mut zones: Vec<String> = plan.connections.iter().map(|c| c.zone.clone()).collect();
-    zones.sort();
-    let backend = match plan.backend {
-        Backend::Fake => "fake",
-        Backend::Libvirt => "libvirt",
-    };
-    let config = ServeConfig {
-        reflection: cli.reflection,
-        reconcile_interval: plan.reconcile_interval,
-        drain_period: Duration::from_secs(10),
-        banner: Banner {
-            provider: plan.provider_label.clone(),
-            backend: backend.to_owned(),
-            security: tls.as_ref().map_or("insecure", TlsState::mode).to_owned(),
-            offerings: plan.offerings.len(),
-            zones,
-            client_identity: plan.client_identity.name().to_owned(),
-        },
-        tls,
-        fault_hooks: plan.fake.fault_hooks,
-        client_identity: plan.client_identity,
-        limits,
-    };
-    if config.tls.as_ref().is_some_and(|t| t.mode() == "mTLS")
-        && plan.client_identity == IdentityMode::Off
-    {
-        warn!(
-            "--client-identity=off: every client with a certificate from --tls-ca may call \
-             every RPC for any shard"
-        );
-    }
-    app::serve(provider, metrics, grpc, http, config, shutdown).await
 }
 
 /// Installs the SIGTERM and SIGINT handlers now and returns the future that completes on the

@@ -70,10 +70,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
         "prints the List table and its verdicts, one column after another",
     ),
     (
-        "tests/benches/provider/server.rs::start_provider",
-        "wires the in-process provider step by step, as the binary does",
-    ),
-    (
         "tests/tests/deploy/chart.rs::offerings_and_instance_types_via_set_file",
         "a scenario test: one render, then the ConfigMaps, mounts, flags and checksum roll in turn",
     ),
