@@ -1,7 +1,8 @@
 //! The crate split's two promises, checked on the real dependency graph: the simulator's
 //! closure holds neither libvirt's bindings nor redb (so it builds without `libvirt-dev`,
-//! and a sim build cannot reach either by accident), and each of those libraries is linked
-//! by exactly one adapter crate, the one that owns it.
+//! and a sim build cannot reach either by accident), each of those libraries is linked by
+//! exactly one adapter crate, the one that owns it, and no adapter names another adapter
+//! (only the composition root wires them together).
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -104,6 +105,40 @@ fn libvirt_and_redb_are_each_linked_by_one_adapter() {
             users,
             [owner.to_string()],
             "only {owner} may depend on {library}; other crates reach it through that adapter"
+        );
+    }
+}
+
+#[test]
+fn adapters_use_only_the_shared_crates_below_them() {
+    // Each infra crate and the workspace crates it may depend on; only the composition root
+    // (`app`) and the binary may name the adapters themselves.
+    let shared: &[(&str, &[&str])] = &[
+        ("bigfleet-libvirt-system", &[]),
+        ("bigfleet-libvirt-config", &[]),
+        ("bigfleet-libvirt-observe", &["system"]),
+        ("bigfleet-libvirt-memory", &["config"]),
+        ("bigfleet-libvirt-redb", &[]),
+        ("bigfleet-libvirt-grpc", &["system", "observe"]),
+        ("bigfleet-libvirt-libvirt", &["config", "system", "observe"]),
+    ];
+    let core = ["domain", "ports", "proto"];
+    let declared = declared_dependencies();
+    for (crate_name, permitted) in shared {
+        let (_, deps) = declared
+            .iter()
+            .find(|(name, _)| name == crate_name)
+            .unwrap_or_else(|| panic!("{crate_name} is not in the workspace"));
+        let extra: Vec<&str> = deps
+            .iter()
+            .filter_map(|d| d.strip_prefix("bigfleet-libvirt-"))
+            .filter(|d| !core.contains(d) && !permitted.contains(d))
+            .collect();
+        assert!(
+            extra.is_empty(),
+            "{crate_name} must not depend on the workspace crates {extra:?}: an adapter uses \
+             only domain, ports, proto and {permitted:?}; wire adapters together in \
+             bigfleet-libvirt-app instead (docs/architecture.md)"
         );
     }
 }
