@@ -1,6 +1,6 @@
 //! The `bigfleet.v1alpha1` wire types and the generated `CapacityProvider` client and
 //! server. Nothing here is hand-written logic beyond the `List` response codec (`wire`): conversions to domain types live in the
-//! gRPC adapter (`bigfleet-libvirt-infra`), so this crate stays a faithful mirror of the
+//! gRPC adapter (`bigfleet-libvirt-grpc`), so this crate stays a faithful mirror of the
 //! upstream contract.
 
 /// Generated messages, enums, client and server for package `bigfleet.v1alpha1` (under

@@ -1,7 +1,7 @@
 //! Deterministic simulation of bigfleet-libvirt under madsim.
 //!
 //! The real provider (the `Provider` service, built by the binary's composition root
-//! `infra::app::assemble`, and the generated `CapacityProvider` gRPC server over the real
+//! `bigfleet_libvirt_app::assemble`, and the generated `CapacityProvider` gRPC server over the real
 //! `CapacityService` handlers, served by madsim-tonic) runs on simulated nodes against
 //! fault-injecting hosts, a store with an explicit durability model and shards sending
 //! concurrent fenced traffic through the generated client over madsim's network.

@@ -1,9 +1,9 @@
 //! The provider process: what the provider node runs each time it (re)starts.
 //!
-//! It builds the provider through the binary's composition root (`infra::app::assemble`)
+//! It builds the provider through the binary's composition root (`bigfleet_libvirt_app::assemble`)
 //! with the simulated adapters, wrapped in the same `InstrumentedHypervisor` decorator the
 //! binary uses, and serves the generated `CapacityProviderServer` over the real
-//! `CapacityService` (`infra::app::capacity_server`: proto conversion, the status module,
+//! `CapacityService` (`bigfleet_libvirt_app::capacity_server`: proto conversion, the status module,
 //! the panic guard, metrics) on a madsim-tonic `Server` at [`PROVIDER_ADDR`], on madsim's
 //! simulated network. `app::serve` itself is compiled out of this build: it runs tonic,
 //! health, reflection, TLS and axum on real sockets. Its background reconcile loop is
@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bigfleet_libvirt_app as app;
 use bigfleet_libvirt_domain::{Policy, Timeouts};
-use bigfleet_libvirt_infra::app;
-use bigfleet_libvirt_infra::instrumented::InstrumentedHypervisor;
-use bigfleet_libvirt_infra::metrics::Metrics;
+use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
+use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_ports::{Clock, Provider, ProviderConfig};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;

@@ -12,21 +12,17 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bigfleet_libvirt_infra::app::{self, Banner, ServeConfig};
-use bigfleet_libvirt_infra::config::{
-    InstanceCatalog, InventoryConfig, PriceTable, build_inventory, default_offerings,
-};
-use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
-use bigfleet_libvirt_infra::identity::IdentityMode;
-use bigfleet_libvirt_infra::metrics::Metrics;
-use bigfleet_libvirt_infra::store::{MemoryStateStore, RedbStateStore};
-use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
-use bigfleet_libvirt_ports::{ProviderConfig, StateStore};
+use bigfleet_libvirt_app as app;
+use bigfleet_libvirt_app::launch::{self, Plan};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use pb::capacity_provider_client::CapacityProviderClient;
 use tonic::transport::Channel;
+
+#[path = "common/flags.rs"]
+mod flags;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -37,20 +33,21 @@ fn quick() -> bool {
     std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
-fn slots(count: usize) -> Vec<bigfleet_libvirt_domain::Machine> {
-    let catalog = InstanceCatalog::builtin();
-    let prices = PriceTable::default();
-    let count = i64::try_from(count).unwrap_or(i64::MAX);
-    let offerings = default_offerings(count, &[], "local", "on_demand", &catalog);
-    let config = InventoryConfig {
-        provider: "bench",
-        catalog: &catalog,
-        prices: &prices,
-        require_zones: None,
-    };
-    build_inventory(&offerings, &config)
-        .expect("default offerings build")
+/// The plan the binary would run for `machines` Speculative slots on the zero-latency fake,
+/// with `--state` at `state` (the redb store) or without it (the in-memory store).
+fn plan(machines: usize, state: Option<&Path>) -> Result<Plan, BoxError> {
+    let mut flags = flags::fake(machines);
+    flags.state = state.map(Path::to_path_buf);
+    Ok(launch::resolve(&flags)?)
+}
+
+/// The slots' machine ids.
+fn ids(plan: &Plan) -> Vec<String> {
+    plan.inventory
         .machines
+        .iter()
+        .map(|m| m.id.to_string())
+        .collect()
 }
 
 /// A provider serving on loopback; dropping `stop` shuts it down.
@@ -60,52 +57,30 @@ struct Running {
     task: tokio::task::JoinHandle<Result<(), String>>,
 }
 
-async fn start<S: StateStore>(
-    machines: Vec<bigfleet_libvirt_domain::Machine>,
-    store: S,
-) -> Result<Running, BoxError> {
-    let fake = FakeHypervisor::new(
-        FakeConfig {
-            provider: "bench".to_owned(),
-            slots: machines,
-            delay_min: Duration::ZERO,
-            delay_max: Duration::ZERO,
-            seed: 1,
-            fault_hooks: false,
-            slow_ok_delay: Duration::from_secs(1),
-        },
-        SystemClock,
-    );
-    let metrics = Metrics::new();
-    let provider = app::assemble(
-        ProviderConfig::default(),
-        fake,
-        store,
-        SystemClock,
-        TokioSpawner,
-        &metrics,
-    )
-    .await?;
+/// Builds and serves `plan` through the binary's own wiring (`app::run`) on a fresh
+/// loopback port.
+async fn start(plan: Plan) -> Result<Running, BoxError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let config = ServeConfig {
-        reflection: false,
-        reconcile_interval: None,
-        drain_period: Duration::from_secs(2),
-        banner: Banner::default(),
-        tls: None,
-        fault_hooks: false,
-        client_identity: IdentityMode::Off,
-        limits: app::NetLimits::default(),
+    let listeners = app::Listeners {
+        grpc: listener,
+        http: None,
     };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stopped.await;
         };
-        app::serve(provider, metrics, listener, None, config, shutdown)
-            .await
-            .map_err(|e| e.to_string())
+        app::run(
+            plan,
+            None,
+            app::NetLimits::default(),
+            Some(listeners),
+            (),
+            shutdown,
+        )
+        .await
+        .map_err(|e| e.to_string())
     });
     Ok(Running { addr, stop, task })
 }
@@ -228,15 +203,13 @@ async fn run_load(
     concurrency: usize,
     calls: usize,
 ) -> Result<Load, BoxError> {
-    let machines = slots(calls);
-    let ids: Vec<String> = machines.iter().map(|m| m.id.to_string()).collect();
-    let running = if durable {
-        let path = dir.join(format!("load-{concurrency}.redb"));
-        let _ = std::fs::remove_file(&path);
-        start(machines, RedbStateStore::open(&path)?).await?
-    } else {
-        start(machines, MemoryStateStore::new()).await?
-    };
+    let state = durable.then(|| dir.join(format!("load-{concurrency}.redb")));
+    if let Some(path) = &state {
+        let _ = std::fs::remove_file(path);
+    }
+    let plan = plan(calls, state.as_deref())?;
+    let ids = ids(&plan);
+    let running = start(plan).await?;
     first_list(running.addr).await?;
     let load = mutate_load(running.addr, ids, concurrency).await?;
     running.shutdown().await?;
@@ -254,14 +227,13 @@ async fn restart_to_ready(
     let path = dir.join("restart.redb");
     let _ = std::fs::remove_file(&path);
     // First boot seeds the file; a Configure-free run is enough to fill it.
-    let first = start(slots(machines), RedbStateStore::open(&path)?).await?;
+    let first = start(plan(machines, Some(&path))?).await?;
     first_list(first.addr).await?;
     first.shutdown().await?;
-    let inventory = slots(machines);
+    let again = plan(machines, Some(&path))?;
     let t = Instant::now();
-    let store = RedbStateStore::open(&path)?;
-    // The restart path: reload, fail interrupted transitions, bind, serve, answer a List.
-    let again = start(inventory, store).await?;
+    // The restart path: open, reload, fail interrupted transitions, serve, answer a List.
+    let again = start(again).await?;
     let listed = first_list(again.addr).await?;
     let elapsed = t.elapsed();
     again.shutdown().await?;

@@ -27,6 +27,8 @@ mod ack;
 mod clients;
 #[path = "provider/delta.rs"]
 mod delta;
+#[path = "common/flags.rs"]
+mod flags;
 #[path = "provider/list.rs"]
 mod list;
 #[path = "provider/server.rs"]

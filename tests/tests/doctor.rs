@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use bigfleet_libvirt_infra::libvirt::fixture::Fixture;
+use bigfleet_libvirt_libvirt::fixture::Fixture;
 use serde_json::Value;
 
 use crate::harness::*;

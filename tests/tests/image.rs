@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use bigfleet_libvirt_infra::libvirt::fixture::Fixture;
+use bigfleet_libvirt_libvirt::fixture::Fixture;
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 
 use crate::harness::*;

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use bigfleet_libvirt_infra::libvirt::fixture::Fixture;
-use bigfleet_libvirt_infra::libvirt::golden::{self, GoldenImage};
+use bigfleet_libvirt_libvirt::fixture::Fixture;
+use bigfleet_libvirt_libvirt::golden::{self, GoldenImage};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use pb::MachineState as S;
 

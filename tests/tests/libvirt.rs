@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use bigfleet_libvirt_infra::libvirt::fixture::Fixture;
+use bigfleet_libvirt_libvirt::fixture::Fixture;
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use pb::MachineState as S;
 

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bigfleet_libvirt_infra::libvirt::fixture::{self, Fixture};
+use bigfleet_libvirt_libvirt::fixture::{self, Fixture};
 use bigfleet_libvirt_proto::v1alpha1::MachineState as S;
 use serde_json::Value;
 

@@ -11,7 +11,7 @@
 //! binding shape, a Configure's metadata comes back verbatim, and revisions never go back.
 
 use bigfleet_libvirt_domain::{FenceMark, Kind, MachineId, StringMap, parse_cursor};
-use bigfleet_libvirt_infra::grpc::convert;
+use bigfleet_libvirt_grpc::convert;
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use tonic::Code;
 

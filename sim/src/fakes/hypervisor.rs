@@ -18,8 +18,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_domain::{HostRef, Machine, MachineId, MachineState};
-use bigfleet_libvirt_infra::naming::domain_name;
 use bigfleet_libvirt_ports::{
     ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
     HypervisorError, ReadinessRequest, SideEffects,

@@ -1,20 +1,15 @@
-//! The servers under test: the provider in-process, wired as the binary wires it, and the
+//! The servers under test: the provider in-process, built by the binary's own wiring, and the
 //! echo yardstick (the same generated service, fixed answers, no logic).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bigfleet_libvirt_app as app;
+use bigfleet_libvirt_app::launch;
 use bigfleet_libvirt_domain::ListQuery;
-use bigfleet_libvirt_infra::app::{self, Banner, ServeConfig};
-use bigfleet_libvirt_infra::config::{DEFAULT_PER_GIB_HOUR, DEFAULT_PER_VCPU_HOUR};
-use bigfleet_libvirt_infra::fake::{FakeConfig, FakeHypervisor};
-use bigfleet_libvirt_infra::grpc::convert;
-use bigfleet_libvirt_infra::identity::IdentityMode;
-use bigfleet_libvirt_infra::launch::{self, Flags};
-use bigfleet_libvirt_infra::metrics::Metrics;
-use bigfleet_libvirt_infra::store::MemoryStateStore;
-use bigfleet_libvirt_infra::system::{SystemClock, TokioSpawner};
+use bigfleet_libvirt_grpc::convert;
+use bigfleet_libvirt_ports::{Hypervisor, StateStore};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;
 use pb::capacity_provider_server::{CapacityProvider, CapacityProviderServer};
@@ -74,128 +69,73 @@ impl StepsProbe {
     }
 }
 
-fn flags(seed_count: usize) -> Flags {
-    Flags {
-        addr: "127.0.0.1:0".to_owned(),
-        provider: "libvirt".to_owned(),
-        libvirt_backend: "fake".to_owned(),
-        use_fake_backend: true,
-        connect: String::new(),
-        default_zone: "local".to_owned(),
-        state: None,
-        image: String::new(),
-        image_source: None,
-        storage_pool: "default".to_owned(),
-        network: "default".to_owned(),
-        domain_type: "kvm".to_owned(),
-        firmware: "bios".to_owned(),
-        guest_kernel: String::new(),
-        guest_initrd: String::new(),
-        guest_cmdline: String::new(),
-        base_user_data: None,
-        capacity_type: "on_demand".to_owned(),
-        instance_types: None,
-        prices: String::new(),
-        price_per_vcpu_hour: DEFAULT_PER_VCPU_HOUR,
-        price_per_gib_hour: DEFAULT_PER_GIB_HOUR,
-        offerings: None,
-        seed_count: i64::try_from(seed_count).unwrap_or(i64::MAX),
-        reconcile_interval: Duration::ZERO,
-        metrics_addr: String::new(),
-        reflection: false,
-        tls_cert: None,
-        tls_key: None,
-        tls_ca: None,
-        client_identity: None,
-        fake_fault_hooks: false,
-        transition_timeout: None,
-        fake_delay_min: Duration::ZERO,
-        fake_delay_max: Duration::ZERO,
-        fake_seed: 1,
-        // The binary's defaults for the libvirt-only capacity and GC flags.
-        host_reserve_cpu: 1,
-        host_reserve_memory_mib: 2048,
-        cpu_allocation_ratio: 4.0,
-        memory_allocation_ratio: 1.0,
-        gc_orphans: false,
-        orphan_grace: Duration::from_secs(15 * 60),
-    }
-}
-
-/// Starts the provider over the zero-latency fake with `seed_count` Speculative slots, wired
-/// as the binary wires it, serving on a fresh loopback port.
+/// Starts the provider over the zero-latency fake with `seed_count` Speculative slots, built
+/// and served by the binary's own wiring (`app::run`), on a fresh loopback port.
 pub(crate) async fn start_provider(seed_count: usize) -> Result<(Running, StepsProbe), BoxError> {
-    let plan = launch::resolve(&flags(seed_count))?;
-    let clock = SystemClock;
-    let fake = FakeHypervisor::new(
-        FakeConfig {
-            provider: plan.provider_label.clone(),
-            slots: plan.inventory.machines.clone(),
-            delay_min: plan.fake.delay_min,
-            delay_max: plan.fake.delay_max,
-            seed: plan.fake.seed,
-            fault_hooks: false,
-            slow_ok_delay: plan.provider.policy.timeouts.configure + Duration::from_secs(1),
-        },
-        clock,
-    );
-    let metrics = Metrics::new();
-    let provider = app::assemble(
-        plan.provider.clone(),
-        fake,
-        MemoryStateStore::new(),
-        clock,
-        TokioSpawner,
-        &metrics,
-    )
-    .await?;
-    let probe_provider = provider.clone();
-    let probe = StepsProbe(Arc::new(move |query: ListQuery| -> StepsFuture {
-        let provider = probe_provider.clone();
-        Box::pin(async move {
-            let t = Instant::now();
-            let page = provider.list(&query).await.map_err(|e| e.to_string())?;
-            let list = t.elapsed();
-            let t = Instant::now();
-            let message = convert::encoded_list(&page);
-            let convert = t.elapsed();
-            let t = Instant::now();
-            let bytes = message.encode_to_vec();
-            let encode = t.elapsed();
-            let t = Instant::now();
-            drop(message);
-            drop(bytes);
-            let drop_time = t.elapsed();
-            drop(page);
-            Ok(ServerSteps {
-                list,
-                convert,
-                encode,
-                drop: drop_time,
-            })
-        })
-    }));
+    let plan = launch::resolve(&crate::flags::fake(seed_count))?;
     let listener = listen().await?;
     let addr = listener.local_addr()?;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let config = ServeConfig {
-        reflection: false,
-        reconcile_interval: None,
-        drain_period: Duration::from_secs(2),
-        banner: Banner::default(),
-        tls: None,
-        fault_hooks: false,
-        client_identity: IdentityMode::Off,
-        limits: app::NetLimits::default(),
+    let listeners = app::Listeners {
+        grpc: listener,
+        http: None,
     };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (probe_tx, probe_rx) = oneshot::channel::<StepsProbe>();
     let task = tokio::spawn(async move {
-        app::serve(provider, metrics, listener, None, config, async move {
+        let shutdown = async move {
             let _ = stopped.await;
-        })
+        };
+        app::run(
+            plan,
+            None,
+            app::NetLimits::default(),
+            Some(listeners),
+            KeepProbe(probe_tx),
+            shutdown,
+        )
         .await
         .map_err(|e| format!("{e:#}"))
     });
-    Ok((Running { addr, stop, task }, probe))
+    match probe_rx.await {
+        Ok(probe) => Ok((Running { addr, stop, task }, probe)),
+        // The provider did not start: its error is the task's result.
+        Err(_) => Err(task.await?.err().unwrap_or_default().into()),
+    }
+}
+
+/// Hands a [`StepsProbe`] over the started provider back to [`start_provider`].
+struct KeepProbe(oneshot::Sender<StepsProbe>);
+
+impl app::OnStart for KeepProbe {
+    fn started<H: Hypervisor, S: StateStore>(self, provider: &app::Running<H, S>) {
+        let provider = provider.clone();
+        let probe = StepsProbe(Arc::new(move |query: ListQuery| -> StepsFuture {
+            let provider = provider.clone();
+            Box::pin(async move {
+                let t = Instant::now();
+                let page = provider.list(&query).await.map_err(|e| e.to_string())?;
+                let list = t.elapsed();
+                let t = Instant::now();
+                let message = convert::encoded_list(&page);
+                let convert = t.elapsed();
+                let t = Instant::now();
+                let bytes = message.encode_to_vec();
+                let encode = t.elapsed();
+                let t = Instant::now();
+                drop(message);
+                drop(bytes);
+                let drop_time = t.elapsed();
+                drop(page);
+                Ok(ServerSteps {
+                    list,
+                    convert,
+                    encode,
+                    drop: drop_time,
+                })
+            })
+        }));
+        let _ = self.0.send(probe);
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use bigfleet_libvirt_infra::libvirt::golden::{self, GoldenImage};
+use bigfleet_libvirt_libvirt::golden::{self, GoldenImage};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use pb::MachineState as S;
 use virt::storage_vol::StorageVol;

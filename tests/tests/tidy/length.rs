@@ -34,23 +34,23 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
         "a table: one (bad machine, expected error) case per field-shape rule",
     ),
     (
-        "infra/src/app.rs::serve",
+        "infra/app/src/server.rs::serve",
         "starts the gRPC and HTTP servers and runs the graceful shutdown, in the order they happen",
     ),
     (
-        "infra/src/identity.rs::authorize",
+        "infra/grpc/src/identity.rs::authorize",
         "the module doc's authorization table as one decision, refusal by refusal",
     ),
     (
-        "infra/src/launch.rs::net_limits",
+        "infra/app/src/launch.rs::net_limits",
         "a table: one (flag, value, default) row per per-client bound",
     ),
     (
-        "infra/src/launch.rs::resolve",
+        "infra/app/src/launch.rs::resolve",
         "validates the flags in a fixed order, so the first refused flag is the one reported",
     ),
     (
-        "infra/src/metrics.rs::new",
+        "infra/observe/src/metrics.rs::new",
         "registers every series with its help text: one short block per metric",
     ),
     (
@@ -68,10 +68,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     (
         "tests/benches/provider/list.rs::print_list_table",
         "prints the List table and its verdicts, one column after another",
-    ),
-    (
-        "tests/benches/provider/server.rs::start_provider",
-        "wires the in-process provider step by step, as the binary does",
     ),
     (
         "tests/tests/deploy/chart.rs::offerings_and_instance_types_via_set_file",

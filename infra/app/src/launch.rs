@@ -1,0 +1,660 @@
+//! Turns the operator's flags (as plain values, already parsed by clap in the binary) into
+//! a validated launch plan, in the reference's start-up order so the same error wins:
+//! `--connect`, `--instance-types`, `--prices`, backend selection, offerings, then the rest.
+//! Every error names the flag to fix. The `offerings` dry run uses the same path.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_libvirt_domain::{Machine, Policy, Timeouts};
+use bigfleet_libvirt_ports::ProviderConfig;
+
+use crate::NetLimits;
+use bigfleet_libvirt_grpc::identity::IdentityMode;
+use bigfleet_libvirt_grpc::tls::TlsFiles;
+use bigfleet_libvirt_libvirt::golden::{self, GoldenImage};
+use bigfleet_libvirt_libvirt::{
+    CapacityPolicy, DirectKernel, DomainType, Firmware, GcPolicy, Platform,
+};
+use bigfleet_libvirt_observe::side_server::HttpLimits;
+
+use bigfleet_libvirt_config::{
+    self as config, ConfigError, HostConnection, InstanceCatalog, Inventory, InventoryConfig,
+    Offering, PriceTable,
+};
+
+/// Every flag, as typed values. Field names are the flag names.
+#[derive(Clone, Debug)]
+pub struct Flags {
+    pub addr: String,
+    pub provider: String,
+    pub libvirt_backend: String,
+    pub use_fake_backend: bool,
+    pub connect: String,
+    pub default_zone: String,
+    pub state: Option<PathBuf>,
+    pub image: String,
+    pub image_source: Option<PathBuf>,
+    pub storage_pool: String,
+    pub network: String,
+    pub domain_type: String,
+    pub firmware: String,
+    pub guest_kernel: String,
+    pub guest_initrd: String,
+    pub guest_cmdline: String,
+    pub base_user_data: Option<PathBuf>,
+    pub capacity_type: String,
+    pub instance_types: Option<PathBuf>,
+    pub prices: String,
+    pub price_per_vcpu_hour: f64,
+    pub price_per_gib_hour: f64,
+    pub offerings: Option<PathBuf>,
+    pub seed_count: i64,
+    pub reconcile_interval: Duration,
+    pub metrics_addr: String,
+    pub reflection: bool,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_ca: Option<PathBuf>,
+    /// `enforce` or `off`; `None` = enforce under mTLS.
+    pub client_identity: Option<String>,
+    pub fake_fault_hooks: bool,
+    pub transition_timeout: Option<Duration>,
+    pub fake_delay_min: Duration,
+    pub fake_delay_max: Duration,
+    pub fake_seed: u64,
+    pub host_reserve_cpu: u32,
+    pub host_reserve_memory_mib: u64,
+    pub cpu_allocation_ratio: f64,
+    pub memory_allocation_ratio: f64,
+    pub gc_orphans: bool,
+    pub orphan_grace: Duration,
+}
+
+/// Which hypervisor the provider drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The in-memory fake.
+    Fake,
+    /// Real libvirt hosts.
+    Libvirt,
+}
+
+/// Everything needed to start the provider.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub backend: Backend,
+    pub provider_label: String,
+    pub connections: Vec<HostConnection>,
+    pub offerings: Vec<Offering>,
+    pub inventory: Inventory,
+    pub provider: ProviderConfig,
+    pub grpc_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub state: Option<PathBuf>,
+    pub reconcile_interval: Option<Duration>,
+    /// Register gRPC reflection (v1 and v1alpha).
+    pub reflection: bool,
+    pub fake: FakeSettings,
+    pub libvirt: LibvirtSettings,
+    pub tls: Option<TlsFiles>,
+    /// Whether calls are checked against the client certificate's identity.
+    pub client_identity: IdentityMode,
+}
+
+/// What the libvirt backend needs beyond the connections (ignored by the fake).
+#[derive(Clone, Debug)]
+pub struct LibvirtSettings {
+    /// The base volume: `--image`, or the content-addressed name of `--image-source`.
+    pub image: String,
+    /// `--image-source`, read and hashed.
+    pub image_source: Option<Arc<GoldenImage>>,
+    pub storage_pool: String,
+    pub network: String,
+    pub platform: Platform,
+    pub base_user_data: Option<PathBuf>,
+    pub catalog: InstanceCatalog,
+    pub capacity: CapacityPolicy,
+    pub gc: GcPolicy,
+}
+
+/// How the fake behaves (ignored by the real backend).
+#[derive(Clone, Debug)]
+pub struct FakeSettings {
+    pub fault_hooks: bool,
+    pub delay_min: Duration,
+    pub delay_max: Duration,
+    pub seed: u64,
+}
+
+/// Why the provider may not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// A configuration value or file was refused.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Some other flag was refused.
+    #[error("{0}")]
+    Flag(String),
+}
+
+fn flag(message: impl Into<String>) -> LaunchError {
+    LaunchError::Flag(message.into())
+}
+
+/// Refuses, before any host is dialled, a `--connect` host whose transport runs a local
+/// program (`qemu+ssh://` runs `ssh`) that `installed` does not find. Without the check
+/// every dial of that host would fail forever with libvirt's opaque "Cannot recv data"; the
+/// container image, for one, ships no ssh client.
+///
+/// # Errors
+/// [`LaunchError::Flag`] naming `--connect`, the zone, the missing program and the fix.
+pub fn check_client_programs(
+    plan: &Plan,
+    installed: impl Fn(&str) -> bool,
+) -> Result<(), LaunchError> {
+    if plan.backend != Backend::Libvirt {
+        return Ok(());
+    }
+    for connection in &plan.connections {
+        let Some(program) = connection.client_program() else {
+            continue;
+        };
+        if !installed(&program) {
+            return Err(flag(format!(
+                "--connect {}={}: this transport runs the local program {program:?}, which is \
+                 not installed here (the container image ships no ssh client); use \
+                 qemu+libssh://…?keyfile=…&known_hosts=…&known_hosts_verify=normal (libvirt's \
+                 in-process SSH client) or install the program",
+                connection.zone,
+                connection.redacted_uri(),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Validates the flags and builds the launch plan.
+///
+/// # Errors
+/// The first refused flag, with a message naming it and the fix.
+pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
+    config::validate_default_zone(&flags.default_zone)?;
+    let connections = config::parse_connect(&flags.connect, &flags.default_zone)?;
+    let catalog = match &flags.instance_types {
+        Some(path) => InstanceCatalog::load(path)?,
+        None => InstanceCatalog::builtin(),
+    };
+    let overrides = config::parse_prices(&flags.prices)?;
+    let prices = PriceTable::new(
+        overrides,
+        flags.price_per_vcpu_hour,
+        flags.price_per_gib_hour,
+        &catalog,
+    )?;
+    let backend = select_backend(flags, &connections)?;
+    let tls = check_tls(flags)?;
+    let client_identity = check_client_identity(flags, tls.as_ref())?;
+    let mut libvirt = libvirt_settings(flags, &catalog)?;
+    if backend == Backend::Libvirt {
+        golden_settings(flags, &mut libvirt)?;
+    }
+    if flags.fake_fault_hooks && backend != Backend::Fake {
+        return Err(flag(
+            "--fake-fault-hooks only works with the fake backend; remove it or pass --use-fake-backend",
+        ));
+    }
+    if flags.fake_delay_min > flags.fake_delay_max {
+        return Err(flag("--fake-delay-min must not exceed --fake-delay-max"));
+    }
+    if flags.transition_timeout.is_some_and(|t| t.is_zero()) {
+        return Err(flag(
+            "--transition-timeout must be above 0 (e.g. 2s); omit it for the defaults",
+        ));
+    }
+    let zones: Vec<String> = connections.iter().map(|c| c.zone.clone()).collect();
+    let mut offerings = match &flags.offerings {
+        Some(path) => config::load_offerings(path)?,
+        None => config::default_offerings(
+            flags.seed_count,
+            &zones,
+            &flags.default_zone,
+            &flags.capacity_type,
+            &catalog,
+        ),
+    };
+    if flags.fake_fault_hooks {
+        let capacity = offerings
+            .first()
+            .map_or(flags.capacity_type.clone(), |o| o.capacity_type.clone());
+        offerings.push(config::fault_offering(
+            &catalog,
+            &zones,
+            &flags.default_zone,
+            &capacity,
+        ));
+    }
+    if let Some(path) = &flags.base_user_data {
+        std::fs::read(path).map_err(|e| {
+            flag(format!(
+                "--base-user-data {}: cannot read the file: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    let require_zones = (backend == Backend::Libvirt).then_some(zones.as_slice());
+    let inventory_config = InventoryConfig {
+        provider: &flags.provider,
+        catalog: &catalog,
+        prices: &prices,
+        require_zones,
+    };
+    let inventory = config::build_inventory(&offerings, &inventory_config)?;
+    let timeouts = flags
+        .transition_timeout
+        .map_or_else(Timeouts::default, Timeouts::uniform);
+    let policy = Policy {
+        delete_supported: inventory.delete_supported,
+        require_zone: true,
+        timeouts,
+        operation_prefix: "op".to_owned(),
+    };
+    Ok(Plan {
+        backend,
+        provider_label: flags.provider.clone(),
+        connections,
+        offerings,
+        inventory,
+        provider: ProviderConfig {
+            policy,
+            seed_timeout: Duration::from_secs(30),
+        },
+        grpc_addr: listen_addr("--addr", &flags.addr)?
+            .ok_or_else(|| flag("--addr must not be empty; the default is :9000"))?,
+        metrics_addr: listen_addr("--metrics-addr", &flags.metrics_addr)?,
+        state: flags.state.clone(),
+        reconcile_interval: (!flags.reconcile_interval.is_zero())
+            .then_some(flags.reconcile_interval),
+        reflection: flags.reflection,
+        tls,
+        client_identity,
+        fake: FakeSettings {
+            fault_hooks: flags.fake_fault_hooks,
+            delay_min: flags.fake_delay_min,
+            delay_max: flags.fake_delay_max,
+            seed: flags.fake_seed,
+        },
+        libvirt,
+    })
+}
+
+/// Backend selection: `--use-fake-backend` forces the fake; `auto` (or empty) means libvirt
+/// when `--connect` names hosts, else the fake (with a loud warning at start-up).
+fn select_backend(flags: &Flags, connections: &[HostConnection]) -> Result<Backend, LaunchError> {
+    if flags.use_fake_backend {
+        return Ok(Backend::Fake);
+    }
+    let backend = match flags.libvirt_backend.to_ascii_lowercase().as_str() {
+        "" | "auto" if connections.is_empty() => Backend::Fake,
+        "" | "auto" | "libvirt" => Backend::Libvirt,
+        "fake" => Backend::Fake,
+        _ => {
+            return Err(flag(format!(
+                "--libvirt-backend must be libvirt, fake, or auto (got {:?})",
+                flags.libvirt_backend
+            )));
+        }
+    };
+    if backend == Backend::Libvirt {
+        if connections.is_empty() {
+            return Err(flag(
+                "--libvirt-backend libvirt needs --connect (a libvirt URI, or zone=uri,...)",
+            ));
+        }
+        if flags.image.trim().is_empty() && flags.image_source.is_none() {
+            return Err(flag(
+                "--image is required with the libvirt backend: name the golden base-image \
+                 volume in --storage-pool that every machine's overlay is backed by, or pass \
+                 --image-source FILE to have the provider upload it to every host",
+            ));
+        }
+    }
+    Ok(backend)
+}
+
+/// The libvirt backend's settings; the allocation ratios must be finite and positive.
+fn libvirt_settings(
+    flags: &Flags,
+    catalog: &InstanceCatalog,
+) -> Result<LibvirtSettings, LaunchError> {
+    for (name, value) in [
+        ("--cpu-allocation-ratio", flags.cpu_allocation_ratio),
+        ("--memory-allocation-ratio", flags.memory_allocation_ratio),
+    ] {
+        if !value.is_finite() || value <= 0.0 {
+            return Err(flag(format!(
+                "{name} must be a finite number above 0 (got {value}); 1 means no overcommit"
+            )));
+        }
+    }
+    Ok(LibvirtSettings {
+        image: flags.image.clone(),
+        image_source: None,
+        storage_pool: flags.storage_pool.clone(),
+        network: flags.network.trim().to_owned(),
+        platform: platform(flags)?,
+        base_user_data: flags.base_user_data.clone(),
+        catalog: catalog.clone(),
+        capacity: CapacityPolicy {
+            reserve_cpu: flags.host_reserve_cpu,
+            reserve_memory_mib: flags.host_reserve_memory_mib,
+            cpu_ratio: flags.cpu_allocation_ratio,
+            memory_ratio: flags.memory_allocation_ratio,
+        },
+        gc: GcPolicy {
+            collect: flags.gc_orphans,
+            grace: flags.orphan_grace,
+        },
+    })
+}
+
+/// `--image-source`: hashes the file and makes its content-addressed volume the base image.
+/// `--image` may be left empty; when set it must name that same volume, so two flags never
+/// disagree about which base the machines get.
+fn golden_settings(flags: &Flags, libvirt: &mut LibvirtSettings) -> Result<(), LaunchError> {
+    let Some(path) = &flags.image_source else {
+        return Ok(());
+    };
+    let golden = golden::read(path).map_err(flag)?;
+    let image = flags.image.trim();
+    if !image.is_empty() && image != golden.volume {
+        return Err(flag(format!(
+            "--image {image:?} contradicts --image-source {}, whose volume is {:?} (named \
+             after the file's sha256); leave --image empty, or set it to {:?}",
+            path.display(),
+            golden.volume,
+            golden.volume
+        )));
+    }
+    libvirt.image.clone_from(&golden.volume);
+    libvirt.image_source = Some(Arc::new(golden));
+    Ok(())
+}
+
+/// `--domain-type`, `--firmware` and the direct-boot flags. The paths are on the libvirt host, so only
+/// their shape can be checked here: absolute, and the initrd and command line only with a
+/// kernel to go with them.
+fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
+    let domain_type = match flags.domain_type.trim() {
+        "" | "kvm" => DomainType::Kvm,
+        "qemu" => DomainType::Qemu,
+        other => {
+            return Err(flag(format!(
+                "--domain-type must be kvm or qemu (got {other:?}); qemu is software \
+                 emulation for hosts where KVM cannot run guests"
+            )));
+        }
+    };
+    let firmware = match flags.firmware.trim() {
+        "" | "bios" => Firmware::Bios,
+        "efi" => Firmware::Efi,
+        other => {
+            return Err(flag(format!(
+                "--firmware must be bios or efi (got {other:?}); efi boots UEFI guests with \
+                 the host's OVMF, which libvirt picks from its firmware descriptors"
+            )));
+        }
+    };
+    let kernel = flags.guest_kernel.trim();
+    let initrd = flags.guest_initrd.trim();
+    let cmdline = flags.guest_cmdline.trim();
+    if kernel.is_empty() {
+        if !initrd.is_empty() || !cmdline.is_empty() {
+            return Err(flag(
+                "--guest-initrd and --guest-cmdline only apply to direct kernel boot: set \
+                 --guest-kernel too, or drop them to boot the image's own boot loader",
+            ));
+        }
+        return Ok(Platform {
+            domain_type,
+            kernel: None,
+            firmware,
+        });
+    }
+    for (name, path) in [("--guest-kernel", kernel), ("--guest-initrd", initrd)] {
+        if !path.is_empty() && !path.starts_with('/') {
+            return Err(flag(format!(
+                "{name} must be an absolute path on the libvirt host (got {path:?})"
+            )));
+        }
+    }
+    Ok(Platform {
+        domain_type,
+        kernel: Some(DirectKernel {
+            kernel: kernel.to_owned(),
+            initrd: (!initrd.is_empty()).then(|| initrd.to_owned()),
+            cmdline: cmdline.to_owned(),
+        }),
+        firmware,
+    })
+}
+
+/// TLS flags must come whole: cert and key together, a CA only with both.
+fn check_tls(flags: &Flags) -> Result<Option<TlsFiles>, LaunchError> {
+    match (&flags.tls_cert, &flags.tls_key, &flags.tls_ca) {
+        (None, None, None) => Ok(None),
+        (None, None, Some(_)) => Err(flag(
+            "--tls-ca set without --tls-cert/--tls-key; mTLS needs the server certificate too",
+        )),
+        (Some(_), None, _) | (None, Some(_), _) => Err(flag(
+            "both --tls-cert and --tls-key are required to enable TLS",
+        )),
+        (Some(cert), Some(key), ca) => Ok(Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: ca.clone(),
+        })),
+    }
+}
+
+/// `--client-identity` only means something under mTLS, where it defaults to `enforce`.
+fn check_client_identity(
+    flags: &Flags,
+    tls: Option<&TlsFiles>,
+) -> Result<IdentityMode, LaunchError> {
+    let mtls = tls.is_some_and(|files| files.client_ca.is_some());
+    let Some(raw) = &flags.client_identity else {
+        return Ok(if mtls {
+            IdentityMode::Enforce
+        } else {
+            IdentityMode::Off
+        });
+    };
+    let mode = match raw.trim().to_ascii_lowercase().as_str() {
+        "enforce" => IdentityMode::Enforce,
+        "off" => IdentityMode::Off,
+        _ => {
+            return Err(flag(format!(
+                "--client-identity must be enforce or off (got {raw:?})"
+            )));
+        }
+    };
+    if !mtls {
+        return Err(flag(
+            "--client-identity needs --tls-ca (with --tls-cert and --tls-key): client identities \
+             come from verified client certificates; remove --client-identity or add --tls-ca",
+        ));
+    }
+    Ok(mode)
+}
+
+/// The per-client bounds, as typed values. Field names are the flag names.
+#[derive(Clone, Copy, Debug)]
+pub struct LimitFlags {
+    pub max_connections: usize,
+    pub max_concurrent_streams: u32,
+    pub handshake_timeout: Duration,
+    pub http2_keepalive_interval: Duration,
+    pub http2_keepalive_timeout: Duration,
+    pub metrics_max_connections: usize,
+    pub http_header_read_timeout: Duration,
+    pub http_idle_timeout: Duration,
+}
+
+/// Validates the per-client bounds: every count and every timeout must be above 0.
+///
+/// # Errors
+/// The first flag set to 0, with its default.
+pub fn net_limits(flags: &LimitFlags) -> Result<NetLimits, LaunchError> {
+    let defaults = NetLimits::default();
+    for (name, value, default) in [
+        (
+            "--max-connections",
+            flags.max_connections,
+            defaults.grpc_max_connections,
+        ),
+        (
+            "--max-concurrent-streams",
+            flags.max_concurrent_streams as usize,
+            defaults.max_concurrent_streams as usize,
+        ),
+        (
+            "--metrics-max-connections",
+            flags.metrics_max_connections,
+            defaults.http.max_connections,
+        ),
+    ] {
+        if value == 0 {
+            return Err(flag(format!(
+                "{name} must be at least 1 (the default is {default})"
+            )));
+        }
+    }
+    for (name, value, default) in [
+        (
+            "--handshake-timeout",
+            flags.handshake_timeout,
+            defaults.handshake_timeout,
+        ),
+        (
+            "--http2-keepalive-interval",
+            flags.http2_keepalive_interval,
+            defaults.http2_keepalive_interval,
+        ),
+        (
+            "--http2-keepalive-timeout",
+            flags.http2_keepalive_timeout,
+            defaults.http2_keepalive_timeout,
+        ),
+        (
+            "--http-header-read-timeout",
+            flags.http_header_read_timeout,
+            defaults.http.header_read_timeout,
+        ),
+        (
+            "--http-idle-timeout",
+            flags.http_idle_timeout,
+            defaults.http.idle_timeout,
+        ),
+    ] {
+        if value.is_zero() {
+            return Err(flag(format!(
+                "{name} must be above 0 (the default is {})",
+                humantime::format_duration(default)
+            )));
+        }
+    }
+    Ok(NetLimits {
+        grpc_max_connections: flags.max_connections,
+        max_concurrent_streams: flags.max_concurrent_streams,
+        handshake_timeout: flags.handshake_timeout,
+        http2_keepalive_interval: flags.http2_keepalive_interval,
+        http2_keepalive_timeout: flags.http2_keepalive_timeout,
+        http: HttpLimits {
+            max_connections: flags.metrics_max_connections,
+            header_read_timeout: flags.http_header_read_timeout,
+            idle_timeout: flags.http_idle_timeout,
+        },
+    })
+}
+
+/// Parses a listen address: `:9000` (all interfaces), `host:port`, or empty (disabled).
+fn listen_addr(name: &str, raw: &str) -> Result<Option<SocketAddr>, LaunchError> {
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let full = if raw.starts_with(':') {
+        format!("0.0.0.0{raw}")
+    } else {
+        raw.to_owned()
+    };
+    let mut addrs = full.to_socket_addrs().map_err(|e| {
+        flag(format!(
+            "{name} {raw:?} is not a listen address ({e}); use :PORT or HOST:PORT"
+        ))
+    })?;
+    addrs.next().map(Some).ok_or_else(|| {
+        flag(format!(
+            "{name} {raw:?} resolves to no address; use :PORT or HOST:PORT"
+        ))
+    })
+}
+
+/// The Speculative inventory a plan would serve.
+#[must_use]
+pub fn slots(plan: &Plan) -> &[Machine] {
+    &plan.inventory.machines
+}
+
+/// One slot as the `offerings` dry run prints it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SlotView {
+    pub id: String,
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity_type: &'static str,
+    pub price_per_hour: f64,
+    pub interruption_probability: f64,
+    pub resources: bigfleet_libvirt_domain::StringMap,
+    pub allocatable: bigfleet_libvirt_domain::StringMap,
+    pub labels: bigfleet_libvirt_domain::StringMap,
+}
+
+/// What the `offerings` subcommand prints: the backend, whether Delete is offered, and
+/// every Speculative slot.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DryRun {
+    pub backend: &'static str,
+    pub delete_supported: bool,
+    pub slots: Vec<SlotView>,
+}
+
+/// The dry-run view of a plan.
+#[must_use]
+pub fn dry_run(plan: &Plan) -> DryRun {
+    let slots = slots(plan)
+        .iter()
+        .map(|m| SlotView {
+            id: m.id.to_string(),
+            instance_type: m.instance_type.clone(),
+            zone: m.zone.clone(),
+            capacity_type: m.capacity_type.token(),
+            price_per_hour: m.price_per_hour,
+            interruption_probability: m.interruption_probability,
+            resources: m.resources.clone(),
+            allocatable: m.allocatable.clone(),
+            labels: m.labels.clone(),
+        })
+        .collect();
+    DryRun {
+        backend: match plan.backend {
+            Backend::Fake => "fake",
+            Backend::Libvirt => "libvirt",
+        },
+        delete_supported: plan.inventory.delete_supported,
+        slots,
+    }
+}

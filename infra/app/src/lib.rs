@@ -1,0 +1,32 @@
+//! The composition root: settings in, a running provider out. It is the one crate that knows
+//! every adapter; the binary, the benchmarks and the simulator all build the provider through
+//! it instead of wiring adapters by hand.
+//!
+//! - `server`: [`assemble`] (the provider over its adapters, transitions wired into the
+//!   metrics), [`capacity_server`] (the generated gRPC server over the real handlers) and
+//!   [`serve`] (both ports until shutdown; compiled out under `--cfg madsim`);
+//! - `launch` (feature `libvirt`): the operator's flags, as plain values, validated into a
+//!   [`launch::Plan`];
+//! - `preflight` (feature `libvirt`): `doctor`'s run over every `--connect` host;
+//! - `inspect` (feature `redb`): the `state inspect` report;
+//! - `wiring` (features `libvirt` and `redb`): [`run`], a [`launch::Plan`] to a serving
+//!   provider: store and backend chosen, the adapter configured and instrumented, restored
+//!   machines handed back to it, both ports bound and served.
+//!
+//! The features `libvirt` and `redb` (both on by default) pull in the adapters that link
+//! libvirt and redb; the simulator depends on this crate without them.
+
+mod server;
+
+#[cfg(feature = "redb")]
+pub mod inspect;
+#[cfg(feature = "libvirt")]
+pub mod launch;
+#[cfg(feature = "libvirt")]
+pub mod preflight;
+#[cfg(all(feature = "libvirt", feature = "redb"))]
+mod wiring;
+
+pub use server::{Banner, NetLimits, ServeConfig, assemble, capacity_server, serve};
+#[cfg(all(feature = "libvirt", feature = "redb"))]
+pub use wiring::{Listeners, OnStart, Running, run};

@@ -1,0 +1,196 @@
+//! `bigfleet-libvirt`: the BigFleet capacity provider for libvirt/QEMU-KVM hosts.
+//!
+//! This file owns clap and the environment; everything else is library code. Every flag
+//! also reads `BIGFLEET_LIBVIRT_<FLAG>`; a flag on the command line wins over its variable.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use bigfleet_libvirt_app as app;
+use bigfleet_libvirt_app::inspect;
+use bigfleet_libvirt_app::launch::{self, Backend, Plan};
+use bigfleet_libvirt_app::preflight;
+use bigfleet_libvirt_grpc::tls::TlsState;
+use bigfleet_libvirt_libvirt::doctor;
+use bigfleet_libvirt_observe::telemetry::{self, LogFormat, TelemetryConfig};
+use bigfleet_libvirt_redb as store;
+use bigfleet_libvirt_system::SystemClock;
+use bigfleet_libvirt_system::accept;
+use clap::Parser;
+
+mod cli;
+
+/// How long `doctor` waits for its threads to finish after printing the report.
+const DOCTOR_JOIN_TIMEOUT: Duration = Duration::from_secs(1);
+
+use cli::{Cli, Command, Format, Output, StateCommand};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("bigfleet-libvirt: start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(Command::Doctor {
+        output,
+        host_timeout,
+        allow_warnings,
+    }) = &cli.command
+    {
+        let code = runtime.block_on(doctor(&cli, *output, *host_timeout, *allow_warnings));
+        // Join the runtime's threads before `exit` runs the C libraries' cleanup: a thread
+        // still freeing its OpenSSL thread state while libcrypto tears down crashes the
+        // process after the report is printed. A host that never answered keeps its
+        // thread blocked, so give up on that one after a second instead of waiting.
+        runtime.shutdown_timeout(DOCTOR_JOIN_TIMEOUT);
+        return code;
+    }
+    match runtime.block_on(run(&cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bigfleet-libvirt: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line, skipping a cause its parent already quotes.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line = format!("{line}: {cause}");
+        }
+    }
+    line
+}
+
+/// `doctor`: the same configuration checks as serving, then every host probed and judged.
+async fn doctor(
+    cli: &Cli,
+    output: Output,
+    host_timeout: Duration,
+    allow_warnings: bool,
+) -> ExitCode {
+    let report = match doctor_plan(cli) {
+        Ok(plan) => preflight::run(&plan, &SystemClock, host_timeout).await,
+        Err(e) => doctor::Report::refused_configuration(&one_line(&e)),
+    };
+    let printed = match output {
+        Output::Json => serde_json::to_string_pretty(&report).map(|json| json + "\n"),
+        Output::Table => Ok(doctor::table(&report)),
+    };
+    match printed {
+        Ok(text) => print!("{text}"),
+        Err(e) => {
+            eprintln!("bigfleet-libvirt: doctor: print the report: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match report.exit_code() {
+        2 if allow_warnings => ExitCode::SUCCESS,
+        code => ExitCode::from(code),
+    }
+}
+
+/// The plan serving would run, refused for the same reasons serving refuses it.
+fn doctor_plan(cli: &Cli) -> anyhow::Result<Plan> {
+    let plan = launch::resolve(&cli.flags())?;
+    launch::net_limits(&cli.limit_flags())?;
+    launch::check_client_programs(&plan, |program| which::which(program).is_ok())?;
+    if let Some(tls) = plan.tls.clone() {
+        TlsState::load(tls)?;
+    }
+    if plan.backend != Backend::Libvirt {
+        anyhow::bail!(
+            "these flags run the in-memory fake hypervisor, so there is no host to check: pass \
+             --connect (a libvirt URI, or zone=uri,...) and --image"
+        );
+    }
+    Ok(plan)
+}
+
+/// `state inspect`: reads the file read-only and prints it; never serves, never writes.
+fn inspect_state(state: &str, machine: Option<&str>, output: Output) -> anyhow::Result<()> {
+    if state.is_empty() {
+        anyhow::bail!(
+            "state inspect needs --state FILE (or BIGFLEET_LIBVIRT_STATE): the file to read"
+        );
+    }
+    let inspected = store::inspect(std::path::Path::new(state))
+        .map_err(|e| anyhow::anyhow!("state inspect: {e}"))?;
+    let report = inspect::report(state, inspected, machine)?;
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Output::Table => print!("{}", inspect::table(&report)),
+    }
+    Ok(())
+}
+
+fn telemetry_config(cli: &Cli) -> TelemetryConfig {
+    // The binary is the one place that reads the environment.
+    let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+    TelemetryConfig {
+        format: match cli.log_format {
+            Format::Text => LogFormat::Text,
+            Format::Json => LogFormat::Json,
+        },
+        level: cli.log_level.clone(),
+        env_filter: env("RUST_LOG"),
+        otlp_endpoint: cli.otlp_endpoint.clone().filter(|e| !e.is_empty()),
+        service_name: env("OTEL_SERVICE_NAME")
+            .is_none()
+            .then(|| "bigfleet-libvirt".to_owned()),
+    }
+}
+
+async fn run(cli: &Cli) -> anyhow::Result<()> {
+    if let Some(Command::State {
+        action: StateCommand::Inspect { machine, output },
+    }) = &cli.command
+    {
+        return inspect_state(&cli.state, machine.as_deref(), *output);
+    }
+    // Installed first, so a SIGTERM or SIGINT that arrives while the provider starts (or in
+    // the instant after it announces itself) is a clean shutdown, not the default action.
+    let shutdown = shutdown_signal()?;
+    let plan = launch::resolve(&cli.flags())?;
+    let limits = launch::net_limits(&cli.limit_flags())?;
+    if let Some(Command::Offerings) = cli.command {
+        println!("{}", serde_json::to_string_pretty(&launch::dry_run(&plan))?);
+        return Ok(());
+    }
+    // A transport that runs a local program (qemu+ssh runs ssh) needs it on PATH.
+    launch::check_client_programs(&plan, |program| which::which(program).is_ok())?;
+    // TLS material is checked before any host or file is touched.
+    let tls = plan.tls.clone().map(TlsState::load).transpose()?;
+    let telemetry = telemetry::init(&telemetry_config(cli))?;
+    accept::raise_nofile_limit();
+    let served = app::run(plan, tls, limits, None, (), shutdown).await;
+    telemetry.shutdown().await;
+    served
+}
+
+/// Installs the SIGTERM and SIGINT handlers now and returns the future that completes on the
+/// first of them. (An `async fn` would install them only when first polled, leaving the
+/// default action — death by the signal — in place until then.)
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            biased;
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}

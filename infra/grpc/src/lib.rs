@@ -1,0 +1,12 @@
+//! The tonic adapter: proto ↔ domain conversion (`convert`), the one place gRPC status
+//! codes are decided (`status`), the `CapacityProvider` service itself (`service`), the
+//! caller's mTLS identity and what it may call (`identity`), and TLS on the gRPC port
+//! (`tls`).
+
+pub mod convert;
+pub mod identity;
+pub mod service;
+pub mod status;
+pub mod tls;
+
+pub use service::CapacityService;

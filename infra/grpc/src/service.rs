@@ -1,0 +1,317 @@
+//! The `bigfleet.v1alpha1.CapacityProvider` service over the Provider.
+//!
+//! Each handler opens one span (`rpc.<method>`), converts the request, calls the provider,
+//! and maps the answer; a panicking handler is caught, counted and answered with INTERNAL
+//! so the process keeps serving. Mutating calls log at info, reads at debug, errors at warn.
+//! The bootstrap blob is never logged: it leaves this module only inside a `BootstrapBlob`.
+//!
+//! With `--client-identity=enforce` (mTLS), each handler first checks the caller's client
+//! identity (read once per connection, see `identity`) against the call: a refused call is
+//! counted, answered with PERMISSION_DENIED and logged once at warn by the rpc line, before
+//! the provider sees it, so nothing is fenced, changed or persisted.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use bigfleet_libvirt_domain::{Ack, EchoField, MAX_ID_BYTES};
+use bigfleet_libvirt_ports::{Clock, Hypervisor, Provider, Spawner, StateStore};
+use bigfleet_libvirt_proto::v1alpha1 as pb;
+use bigfleet_libvirt_proto::wire::EncodedMachineList;
+use futures::FutureExt;
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, Level, debug, error, info, info_span, warn};
+
+use crate::identity::{self, Access, IdentityMode, PeerIdentity, Reason, Seen};
+use crate::{convert, status};
+use bigfleet_libvirt_observe::metrics::{AuthzLabels, GrpcLabels, MethodLabels, Metrics};
+use bigfleet_libvirt_system::Stopwatch;
+
+/// The RPCs the identity check guards, and whether each mutates.
+const METHODS: [(&str, bool); 6] = [
+    ("Create", true),
+    ("Configure", true),
+    ("Drain", true),
+    ("Delete", true),
+    ("Get", false),
+    ("List", false),
+];
+
+/// The tonic service.
+pub struct CapacityService<H, S, C, E> {
+    provider: Provider<H, S, C, E>,
+    metrics: Metrics,
+    fault_hooks: bool,
+    identity: IdentityMode,
+}
+
+/// With fault hooks on, a Get of this id panics inside the handler, so tests can prove a
+/// panic is caught, counted and answered with INTERNAL while the process keeps serving.
+pub const PANIC_HOOK_ID: &str = "conformance.fault/panic";
+
+impl<H, S, C, E> CapacityService<H, S, C, E> {
+    /// Serves `provider`, recording into `metrics`.
+    pub fn new(provider: Provider<H, S, C, E>, metrics: Metrics) -> Self {
+        Self {
+            provider,
+            metrics,
+            fault_hooks: false,
+            identity: IdentityMode::Off,
+        }
+    }
+
+    /// Checks every call against the caller's client identity (mTLS only: the connections
+    /// must carry a [`PeerIdentity`], or every call is refused).
+    #[must_use]
+    /// With enforcement on, every refusal series starts at 0, so the first refusal shows as
+    /// an increase (an alert on `increase()` would miss a series that appears at 1).
+    pub fn with_client_identity(self, identity: IdentityMode) -> Self {
+        if identity == IdentityMode::Enforce {
+            for (method, mutating) in METHODS {
+                for reason in Reason::possible(mutating) {
+                    let labels = AuthzLabels {
+                        method: method.to_owned(),
+                        reason: reason.label().to_owned(),
+                    };
+                    let _ = self.metrics.authz_denied.get_or_create(&labels);
+                }
+            }
+        }
+        Self { identity, ..self }
+    }
+
+    /// Turns on the injected-panic hook (`--fake-fault-hooks` only).
+    #[must_use]
+    pub fn with_fault_hooks(self, fault_hooks: bool) -> Self {
+        Self {
+            fault_hooks,
+            ..self
+        }
+    }
+}
+
+impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C, E> {
+    /// Runs one handler body: span, panic guard, metrics and the rpc log line.
+    async fn observe<T>(
+        &self,
+        method: &'static str,
+        mutating: bool,
+        machine_id: &str,
+        body: impl Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let watch = Stopwatch::start();
+        // The id is the caller's: the span (and so every log line in it) carries it bounded.
+        let span = info_span!(
+            "rpc",
+            method,
+            machine_id = %EchoField(machine_id),
+            operation_id = tracing::field::Empty,
+            identity = tracing::field::Empty,
+            code = tracing::field::Empty
+        );
+        let result = AssertUnwindSafe(body)
+            .catch_unwind()
+            .instrument(span.clone())
+            .await;
+        let result = result.unwrap_or_else(|panic| {
+            self.metrics.panics.inc();
+            let cause = panic_message(panic.as_ref());
+            error!(parent: &span, method, cause, "recovered panic in gRPC handler");
+            Err(status::internal())
+        });
+        let code = status::outcome_name(result.as_ref().err());
+        span.record("code", code.as_str());
+        let labels = GrpcLabels {
+            method: method.to_owned(),
+            code: code.clone(),
+        };
+        self.metrics.grpc_requests.get_or_create(&labels).inc();
+        let seconds = watch.seconds();
+        let method_labels = MethodLabels {
+            method: method.to_owned(),
+        };
+        self.metrics
+            .grpc_duration
+            .get_or_create(&method_labels)
+            .observe(seconds);
+        let dur_ms = seconds * 1000.0;
+        match (&result, mutating) {
+            (Err(e), _) => warn!(parent: &span, code, message = e.message(), dur_ms, "rpc"),
+            (Ok(_), true) => info!(parent: &span, code, dur_ms, "rpc"),
+            (Ok(_), false) => debug!(parent: &span, code, dur_ms, "rpc"),
+        }
+        result
+    }
+
+    /// The caller's identity, when identities are enforced.
+    fn peer<T>(&self, request: &Request<T>) -> Option<PeerIdentity> {
+        match self.identity {
+            IdentityMode::Off => None,
+            IdentityMode::Enforce => request.extensions().get::<PeerIdentity>().cloned(),
+        }
+    }
+
+    /// Runs inside the rpc span: allows the call, or counts it and answers PERMISSION_DENIED.
+    fn authorize(
+        &self,
+        method: &'static str,
+        peer: Option<&PeerIdentity>,
+        access: Access<'_>,
+    ) -> Result<(), Status> {
+        if self.identity == IdentityMode::Off {
+            return Ok(());
+        }
+        // A connection without identity info (not served through mTLS) has no identity.
+        let seen = peer.map_or(&Seen::Missing, PeerIdentity::seen);
+        let span = tracing::Span::current();
+        if let Seen::One { raw, .. } = seen {
+            span.record("identity", identity::escaped(raw).as_str());
+        }
+        identity::authorize(seen, method, access).map_err(|denial| {
+            span.record("identity", denial.identity.as_str());
+            let labels = AuthzLabels {
+                method: method.to_owned(),
+                reason: denial.reason.label().to_owned(),
+            };
+            self.metrics.authz_denied.get_or_create(&labels).inc();
+            status::permission_denied(&denial)
+        })
+    }
+
+    async fn mutate(
+        &self,
+        method: &'static str,
+        peer: Option<PeerIdentity>,
+        mutation: bigfleet_libvirt_domain::Mutation,
+        blob: bigfleet_libvirt_ports::BootstrapBlob,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let access = Access::Mutate {
+            shard_id: &mutation.token.shard_id,
+        };
+        self.authorize(method, peer.as_ref(), access)?;
+        let ack = self.provider.mutate(mutation, blob).await;
+        if let Ok(ack) = &ack {
+            // Runs inside the rpc span (see `observe`), so the span carries the operation id.
+            tracing::Span::current().record("operation_id", ack.operation_id.as_str());
+        }
+        ack.map(|ack| Response::new(transition_ack(&ack)))
+            .map_err(|e| status::for_provider_error(&e))
+    }
+}
+
+fn transition_ack(ack: &Ack) -> pb::TransitionAck {
+    pb::TransitionAck {
+        operation_id: ack.operation_id.to_string(),
+        machine: Some(convert::machine(&ack.machine)),
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
+
+#[tonic::async_trait]
+impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
+    pb::capacity_provider_server::CapacityProvider for CapacityService<H, S, C, E>
+{
+    async fn create(
+        &self,
+        request: Request<pb::CreateRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let peer = self.peer(&request);
+        let mutation = convert::create(request.into_inner());
+        let id = mutation.machine_id.clone();
+        let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
+        let body = self.mutate("Create", peer, mutation, blob);
+        self.observe("Create", true, &id, body).await
+    }
+
+    async fn configure(
+        &self,
+        request: Request<pb::ConfigureRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let peer = self.peer(&request);
+        let (mutation, blob) = convert::configure(request.into_inner());
+        let id = mutation.machine_id.clone();
+        let body = self.mutate("Configure", peer, mutation, blob);
+        self.observe("Configure", true, &id, body).await
+    }
+
+    async fn drain(
+        &self,
+        request: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let peer = self.peer(&request);
+        let mutation = convert::drain(request.into_inner());
+        let id = mutation.machine_id.clone();
+        let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
+        let body = self.mutate("Drain", peer, mutation, blob);
+        self.observe("Drain", true, &id, body).await
+    }
+
+    async fn delete(
+        &self,
+        request: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let peer = self.peer(&request);
+        let mutation = convert::delete(request.into_inner());
+        let id = mutation.machine_id.clone();
+        let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
+        let body = self.mutate("Delete", peer, mutation, blob);
+        self.observe("Delete", true, &id, body).await
+    }
+
+    async fn get(&self, request: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
+        let peer = self.peer(&request);
+        let id = request.into_inner().id;
+        let body = async {
+            self.authorize("Get", peer.as_ref(), Access::Read)?;
+            if id.is_empty() {
+                return Err(status::missing_get_id());
+            }
+            if id.len() > MAX_ID_BYTES {
+                return Err(status::oversized_get_id(id.len()));
+            }
+            assert!(
+                !(self.fault_hooks && id == PANIC_HOOK_ID),
+                "injected handler panic (fault hook)"
+            );
+            let found = self
+                .provider
+                .get(&id)
+                .await
+                .map_err(|e| status::for_store_error(&e))?;
+            let machine = found.ok_or_else(|| status::unknown_machine(&id))?;
+            Ok(Response::new(convert::machine(&machine)))
+        };
+        self.observe("Get", false, &id, body).await
+    }
+
+    async fn list(
+        &self,
+        request: Request<pb::ListFilter>,
+    ) -> Result<Response<EncodedMachineList>, Status> {
+        let peer = self.peer(&request);
+        let query = convert::list_query(&request.into_inner());
+        let body = async {
+            self.authorize("List", peer.as_ref(), Access::Read)?;
+            let page = self
+                .provider
+                .list(&query)
+                .await
+                .map_err(|e| status::for_store_error(&e))?;
+            if tracing::enabled!(Level::DEBUG) {
+                debug!(
+                    machines = page.machines.len(),
+                    revision = page.revision,
+                    "list"
+                );
+            }
+            Ok(Response::new(convert::encoded_list(&page)))
+        };
+        self.observe("List", false, "", body).await
+    }
+}

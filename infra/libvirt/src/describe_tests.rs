@@ -1,0 +1,165 @@
+//! The describe mapping without libvirt: slots against scans, drift, and orphans.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bigfleet_libvirt_domain::MachineState;
+
+use super::*;
+use crate::tests::slots;
+
+const P: &str = "libvirt";
+
+fn tagged(machine_id: &str, running: bool) -> ScannedDomain {
+    ScannedDomain {
+        running,
+        tag: Some(Tag::new(P, machine_id)),
+        shape: Shape {
+            vcpu: 2,
+            memory_mib: 4096,
+        },
+    }
+}
+
+fn view(scan: &Scan, free: Option<Shape>) -> HostView<'_> {
+    HostView { scan, free }
+}
+
+#[test]
+fn slots_map_to_idle_speculative_or_withheld() {
+    let slots = slots(P, "a", "kvm.small", 4);
+    let id = |i: usize| slots[i].id.to_string();
+    let name = |i: usize| domain_name(P, &id(i));
+    let mut scan = Scan::default();
+    scan.domains.insert(name(0), tagged(&id(0), true));
+    scan.domains.insert(name(1), tagged(&id(1), false));
+    // Slot 2's name is squatted by a domain tagged for another provider.
+    let mut foreign = tagged(&id(2), true);
+    foreign.tag = Some(Tag::new("other", &id(2)));
+    scan.domains.insert(name(2), foreign);
+    // Room for one more kvm.small only.
+    let free = Some(Shape {
+        vcpu: 2,
+        memory_mib: 4096,
+    });
+    let views = BTreeMap::from([("a".to_owned(), view(&scan, free))]);
+    let catalog = InstanceCatalog::builtin();
+    let machines = inventory(P, &slots, &catalog, &views);
+    let states: Vec<(String, MachineState, bool)> = machines
+        .iter()
+        .map(|m| (m.id.to_string(), m.state, m.host.is_some()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (id(0), MachineState::Idle, true),
+            (id(1), MachineState::Speculative, false),
+            (id(3), MachineState::Speculative, false),
+        ]
+    );
+    assert_eq!(
+        machines[0].host.as_ref().unwrap().reference,
+        format!("a/{}", name(0))
+    );
+}
+
+#[test]
+fn capacity_withholds_slots_in_offering_order_and_unscanned_zones_vanish() {
+    let mut all = slots(P, "a", "kvm.small", 3);
+    all.extend(slots(P, "b", "kvm.small", 2));
+    let scan = Scan::default();
+    let five_vcpus = Some(Shape {
+        vcpu: 5,
+        memory_mib: 1 << 20,
+    });
+    let views = BTreeMap::from([("a".to_owned(), view(&scan, five_vcpus))]);
+    let machines = inventory(P, &all, &InstanceCatalog::builtin(), &views);
+    let ids: Vec<&str> = machines.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, [all[0].id.as_str(), all[1].id.as_str()]);
+}
+
+#[test]
+fn drift_reports_vanished_and_stopped_known_machines() {
+    let slots = slots(P, "a", "kvm.small", 3);
+    let id = |i: usize| slots[i].id.to_string();
+    let mut scan = Scan::default();
+    scan.domains
+        .insert(domain_name(P, &id(0)), tagged(&id(0), true));
+    scan.domains
+        .insert(domain_name(P, &id(1)), tagged(&id(1), false));
+    let known = BTreeMap::from([
+        (id(0), "a".to_owned()),
+        (id(1), "a".to_owned()),
+        (id(2), "a".to_owned()),
+        ("elsewhere".to_owned(), "b".to_owned()),
+    ]);
+    let views = BTreeMap::from([("a".to_owned(), view(&scan, None))]);
+    let found = drift(P, &known, &views);
+    assert_eq!(found.len(), 1, "unscanned zone b is not judged");
+    assert_eq!(found["a"].stopped, [id(1)]);
+    assert_eq!(found["a"].vanished, [id(2)]);
+}
+
+#[test]
+fn orphans_are_ours_unexplained_and_not_in_flight() {
+    let slots = slots(P, "a", "kvm.small", 2);
+    let slot_ids: BTreeSet<String> = slots.iter().map(|m| m.id.to_string()).collect();
+    let stray = "libvirt/OnDemand/kvm.small/a/999";
+    let known_extra = "libvirt/OnDemand/kvm.large/a/000";
+    let mut scan = Scan::default();
+    let slot0 = slots[0].id.to_string();
+    scan.domains
+        .insert(domain_name(P, &slot0), tagged(&slot0, true));
+    scan.domains
+        .insert(domain_name(P, stray), tagged(stray, true));
+    scan.domains
+        .insert(domain_name(P, known_extra), tagged(known_extra, true));
+    let mut theirs = tagged("x", true);
+    theirs.tag = Some(Tag::new("other", "x"));
+    scan.domains.insert("bigfleet-theirs".to_owned(), theirs);
+    let slot1 = domain_name(P, slots[1].id.as_str());
+    scan.volumes = vec![
+        "base.qcow2".to_owned(),
+        volumes::overlay_name(&domain_name(P, &slot0)),
+        volumes::overlay_name(&slot1),
+        volumes::seed_name(&slot1),
+        volumes::overlay_name("bigfleet-theirs-gone"),
+    ];
+    let known = BTreeMap::from([(known_extra.to_owned(), "a".to_owned())]);
+    let in_flight = |name: &str| name == slot1;
+    let found = orphans(P, "a", &scan, &slot_ids, &known, &|_| false);
+    assert_eq!(
+        found,
+        [
+            Orphan::Domain {
+                zone: "a".into(),
+                name: domain_name(P, stray),
+                machine_id: stray.into(),
+            },
+            Orphan::Volume {
+                zone: "a".into(),
+                name: volumes::overlay_name(&slot1),
+            },
+            Orphan::Volume {
+                zone: "a".into(),
+                name: volumes::seed_name(&slot1),
+            },
+        ]
+    );
+    let found = orphans(P, "a", &scan, &slot_ids, &known, &in_flight);
+    assert_eq!(found.len(), 1, "a Create in flight owns its volumes");
+}
+
+#[test]
+fn committed_counts_active_and_our_stopped_domains() {
+    let mut scan = Scan::default();
+    scan.domains.insert("ours-off".into(), tagged("m", false));
+    let mut foreign_off = tagged("x", false);
+    foreign_off.tag = None;
+    scan.domains.insert("foreign-off".into(), foreign_off);
+    let mut foreign_on = tagged("y", true);
+    foreign_on.tag = None;
+    scan.domains.insert("foreign-on".into(), foreign_on);
+    let committed = scan.committed(P);
+    let names: Vec<&str> = committed.keys().map(String::as_str).collect();
+    assert_eq!(names, ["foreign-on", "ours-off"]);
+}

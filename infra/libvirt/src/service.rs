@@ -1,0 +1,346 @@
+//! The `Hypervisor` port on top of the libvirt building blocks: which host a call goes
+//! to, which blocking sequence it runs there, and what describe reports.
+//!
+//! Machines map to hosts by zone and to domains by name: the name comes from the host ref
+//! when the record has one, else it is derived from the provider label and machine id
+//! (the compensating Delete of a failed Create has no host ref). Every domain touched is
+//! first proven ours by its tag (`domains::owned`). Describe scans all hosts concurrently,
+//! each bounded by a timeout, so an unreachable or slow host only withholds its own slots.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use bigfleet_libvirt_domain::{HostRef, Machine, MachineState};
+use bigfleet_libvirt_ports::{
+    Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
+    HypervisorError,
+};
+use futures::FutureExt;
+use tracing::{info, warn};
+
+use super::agent;
+use super::describe::{self, HostView, Scan};
+use super::error::{maybe_done, nothing_done, refused};
+use super::guest::{self, DomainAgent};
+use super::host::Host;
+use super::lifecycle::{self, CreateSpec};
+use super::orphans::Orphan;
+use super::watch::Busy;
+use super::{Inner, LibvirtHypervisor, volumes};
+use bigfleet_libvirt_config::naming::domain_name;
+use bigfleet_libvirt_observe::metrics::DriftLabels;
+use bigfleet_libvirt_system::Stopwatch;
+
+fn prefixed(what: &str, error: HypervisorError) -> HypervisorError {
+    HypervisorError {
+        message: format!("{what}: {}", error.message),
+        ..error
+    }
+}
+
+impl<C: Clock> LibvirtHypervisor<C> {
+    fn host(&self, zone: &str) -> Result<Arc<Host>, HypervisorError> {
+        self.inner.hosts.get(zone).cloned().ok_or_else(|| {
+            refused(format!(
+                "no libvirt connection is configured for zone {zone:?}; add {zone}=<uri> to \
+                 --connect"
+            ))
+        })
+    }
+
+    /// The host and domain name a machine lives at.
+    fn target(&self, machine: &Machine) -> Result<(Arc<Host>, String), HypervisorError> {
+        let placed = machine
+            .host
+            .as_ref()
+            .filter(|h| h.is_set())
+            .and_then(|h| h.reference.rsplit_once('/'));
+        match placed {
+            Some((zone, name)) => Ok((self.host(zone)?, name.to_owned())),
+            None => Ok((
+                self.host(&machine.zone)?,
+                domain_name(&self.inner.config.provider, machine.id.as_str()),
+            )),
+        }
+    }
+
+    /// Waits for the guest agent and records how long it took (the `agent_ready` phase).
+    async fn agent_ready(&self, what: &str, agent: &DomainAgent) -> Result<(), HypervisorError> {
+        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        let watch = Stopwatch::start();
+        agent::wait_ready(agent, clock, policy)
+            .await
+            .map_err(|e| maybe_done(format!("{what}: {e}")))?;
+        self.inner
+            .metrics
+            .observe_phase("agent_ready", watch.seconds());
+        Ok(())
+    }
+
+    async fn power_on(&self, what: &str, machine: &Machine) -> Result<Arc<Host>, HypervisorError> {
+        let (host, name) = self.target(machine)?;
+        let (settings, id) = (Arc::clone(&self.inner.settings), machine.id.to_string());
+        host.call(move |s| lifecycle::power_on(s, &settings, &name, &id))
+            .await
+            .map_err(|e| prefixed(what, e))?;
+        Ok(host)
+    }
+
+    async fn retag(
+        &self,
+        what: &str,
+        machine: &Machine,
+        cluster: &str,
+    ) -> Result<(), HypervisorError> {
+        let (host, name) = self.target(machine)?;
+        let (settings, id) = (Arc::clone(&self.inner.settings), machine.id.to_string());
+        let cluster = cluster.to_owned();
+        host.call(move |s| lifecycle::retag(s, &settings, &name, &id, &cluster))
+            .await
+            .map_err(|e| prefixed(what, e))
+    }
+
+    /// Scans one host, or `None` when it is unreachable, fails, or is too slow.
+    async fn scan(&self, host: &Arc<Host>) -> Option<Scan> {
+        host.session().ok()?;
+        let settings = Arc::clone(&self.inner.settings);
+        let clock = &self.inner.clock;
+        let deadline = clock
+            .now()
+            .saturating_add(self.inner.config.describe_timeout);
+        // Biased: a scan that completes with the deadline is still used.
+        let scanned = futures::select_biased! {
+            scanned = host.call(move |s| describe::scan(s, &settings)).fuse() => scanned,
+            () = clock.sleep_until(deadline).fuse() => {
+                warn!(zone = %host.zone, "describe: host too slow; its slots are withheld");
+                return None;
+            }
+        };
+        scanned
+            .inspect_err(|e| warn!(zone = %host.zone, error = %e, "describe: scan failed"))
+            .ok()
+    }
+
+    fn report_drift(&self, views: &BTreeMap<String, HostView<'_>>, orphans: &[Orphan]) {
+        let known = self.inner.known().clone();
+        let drift = describe::drift(&self.inner.config.provider, &known, views);
+        for zone in views.keys() {
+            let found = drift.get(zone).cloned().unwrap_or_default();
+            for id in &found.vanished {
+                warn!(zone, machine_id = %id, "managed domain vanished outside the provider");
+            }
+            for id in &found.stopped {
+                warn!(zone, machine_id = %id, "managed domain is not running");
+            }
+            let in_zone = |kind: &str| {
+                orphans
+                    .iter()
+                    .filter(|o| o.zone() == zone && o.kind() == kind)
+                    .count()
+            };
+            let counts = [
+                ("vanished", found.vanished.len()),
+                ("stopped", found.stopped.len()),
+                ("orphan_domain", in_zone("orphan_domain")),
+                ("orphan_volume", in_zone("orphan_volume")),
+            ];
+            for (kind, count) in counts {
+                let labels = DriftLabels {
+                    zone: zone.clone(),
+                    kind: kind.to_owned(),
+                };
+                let count = i64::try_from(count).unwrap_or(i64::MAX);
+                self.inner.metrics.drift.get_or_create(&labels).set(count);
+            }
+        }
+    }
+
+    fn find_orphans(&self, scans: &BTreeMap<String, Scan>) -> Vec<Orphan> {
+        let config = &self.inner.config;
+        let slot_ids: BTreeSet<String> = config.slots.iter().map(|m| m.id.to_string()).collect();
+        let known = self.inner.known().clone();
+        let mut found = Vec::new();
+        for (zone, scan) in scans {
+            let host = &self.inner.hosts[zone];
+            let pending = |name: &str| host.ledger().is_pending(name);
+            found.extend(describe::orphans(
+                &config.provider,
+                zone,
+                scan,
+                &slot_ids,
+                &known,
+                &pending,
+            ));
+        }
+        found
+    }
+
+    async fn handle_orphans(&self, zones: &BTreeSet<String>, found: &[Orphan]) {
+        let gc = self.inner.config.gc;
+        let now = self.inner.clock.now();
+        let verdict = self.inner.book().observe(now, zones, found, gc.grace);
+        for orphan in &verdict.new {
+            warn!(?orphan, grace = ?gc.grace, "orphan found: ours by tag, unknown to the provider");
+        }
+        if !gc.collect {
+            for orphan in &verdict.newly_due {
+                info!(
+                    ?orphan,
+                    "dry run: would collect this orphan (pass --gc-orphans)"
+                );
+            }
+            return;
+        }
+        for orphan in verdict.due {
+            match self.collect(&orphan).await {
+                Ok(()) => {
+                    info!(?orphan, "orphan collected");
+                    self.inner.book().collected(&orphan);
+                }
+                Err(e) => warn!(?orphan, error = %e, "orphan collection failed"),
+            }
+        }
+    }
+
+    async fn collect(&self, orphan: &Orphan) -> Result<(), HypervisorError> {
+        let host = self.host(orphan.zone())?;
+        let settings = Arc::clone(&self.inner.settings);
+        match orphan.clone() {
+            Orphan::Domain {
+                name, machine_id, ..
+            } => {
+                let owner = Arc::clone(&host);
+                host.call(move |s| lifecycle::delete(s, &owner, &settings, &name, &machine_id))
+                    .await
+            }
+            Orphan::Volume { name, .. } => {
+                host.call(move |s| {
+                    let pool = volumes::pool(s, &settings.storage_pool).map_err(nothing_done)?;
+                    volumes::delete(&pool, &name)
+                        .map(|_| ())
+                        .map_err(maybe_done)
+                })
+                .await
+            }
+        }
+    }
+}
+
+impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
+    async fn describe(&self) -> Result<Vec<Machine>, HypervisorError> {
+        let inner: &Inner<C> = &self.inner;
+        let scanned = futures::future::join_all(inner.hosts.iter().map(|(zone, host)| {
+            self.scan(host)
+                .map(move |scan| scan.map(|s| (zone.clone(), s)))
+        }))
+        .await;
+        let scans: BTreeMap<String, Scan> = scanned.into_iter().flatten().collect();
+        let provider = &inner.config.provider;
+        let mut views = BTreeMap::new();
+        for (zone, scan) in &scans {
+            let host = &inner.hosts[zone];
+            let mut ledger = host.ledger();
+            if let Some(node) = scan.node {
+                ledger.refresh(node, scan.committed(provider));
+            }
+            let free = ledger.free(&inner.config.capacity);
+            views.insert(zone.clone(), HostView { scan, free });
+        }
+        let machines =
+            describe::inventory(provider, &inner.config.slots, &inner.config.catalog, &views);
+        let orphans = self.find_orphans(&scans);
+        self.report_drift(&views, &orphans);
+        {
+            let mut known = inner.known();
+            for machine in machines.iter().filter(|m| m.state == MachineState::Idle) {
+                known.insert(machine.id.to_string(), machine.zone.clone());
+            }
+        }
+        let zones: BTreeSet<String> = scans.keys().cloned().collect();
+        self.handle_orphans(&zones, &orphans).await;
+        Ok(machines)
+    }
+
+    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
+        let machine = &request.machine;
+        let config = &self.inner.config;
+        let shape = config.catalog.get(&machine.instance_type).ok_or_else(|| {
+            refused(format!(
+                "create: unknown instance_type {:?}",
+                machine.instance_type
+            ))
+        })?;
+        let host = self.host(&machine.zone)?;
+        let spec = CreateSpec {
+            name: domain_name(&config.provider, machine.id.as_str()),
+            machine_id: machine.id.to_string(),
+            vcpu: shape.vcpu,
+            memory_mib: shape.memory_mib,
+        };
+        let reference = format!("{}/{}", machine.zone, spec.name);
+        let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
+        host.call(move |s| lifecycle::create(s, &owner, &settings, &spec))
+            .await
+            .map_err(|e| prefixed(&format!("create domain {}", machine.instance_type), e))?;
+        self.inner
+            .known()
+            .insert(machine.id.to_string(), machine.zone.clone());
+        Ok(Created {
+            host: HostRef {
+                provider: config.provider.clone(),
+                reference,
+            },
+            resources: None,
+            allocatable: None,
+        })
+    }
+
+    async fn configure(&self, request: ConfigureRequest) -> Result<(), HypervisorError> {
+        let machine = &request.machine;
+        let host = self.power_on("configure", machine).await?;
+        let (_, name) = self.target(machine)?;
+        let agent = DomainAgent { host, name };
+        let blob = request.bootstrap_blob.expose();
+        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        self.agent_ready("configure", &agent).await?;
+        let watch = Stopwatch::start();
+        guest::bootstrap(&agent, clock, policy, &request.cluster_id, blob)
+            .await
+            .map_err(|e| maybe_done(format!("configure: {e}")))?;
+        self.inner
+            .metrics
+            .observe_phase("bootstrap", watch.seconds());
+        // Only a successful bootstrap binds the domain to the cluster.
+        self.retag("configure", machine, &request.cluster_id).await
+    }
+
+    async fn drain(&self, request: DrainRequest) -> Result<(), HypervisorError> {
+        let machine = &request.machine;
+        let host = self.power_on("drain", machine).await?;
+        let (_, name) = self.target(machine)?;
+        let agent = DomainAgent { host, name };
+        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        self.agent_ready("drain", &agent).await?;
+        let watch = Stopwatch::start();
+        guest::drain(&agent, clock, policy, request.grace_period_seconds)
+            .await
+            .map_err(|e| maybe_done(format!("drain: {e}")))?;
+        self.inner.metrics.observe_phase("drain", watch.seconds());
+        self.retag("drain", machine, "").await
+    }
+
+    async fn delete(&self, request: DeleteRequest) -> Result<(), HypervisorError> {
+        let machine = &request.machine;
+        let (host, name) = self.target(machine)?;
+        let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
+        let id = machine.id.to_string();
+        let _busy = Busy::mark(&self.inner, &id);
+        let watch = Stopwatch::start();
+        host.call(move |s| lifecycle::delete(s, &owner, &settings, &name, &id))
+            .await
+            .map_err(|e| prefixed("delete", e))?;
+        self.inner.metrics.observe_phase("delete", watch.seconds());
+        self.inner.known().remove(machine.id.as_str());
+        Ok(())
+    }
+}
