@@ -6,8 +6,8 @@
 //! `CapacityService` (`bigfleet_libvirt_app::capacity_server`: proto conversion, the status module,
 //! the panic guard, metrics) on a madsim-tonic `Server` at [`PROVIDER_ADDR`], on madsim's
 //! simulated network. `app::serve` itself is compiled out of this build: it runs tonic,
-//! health, reflection, TLS and axum on real sockets. Its background reconcile loop is
-//! mirrored here on the simulated clock.
+//! health, reflection, TLS and axum on real sockets. The background reconcile pass is the
+//! binary's own (`app::reconcile_every`), on the simulated clock, tracing each outcome.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -17,7 +17,7 @@ use bigfleet_libvirt_app as app;
 use bigfleet_libvirt_domain::{Policy, Timeouts};
 use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_observe::metrics::Metrics;
-use bigfleet_libvirt_ports::{Clock, Provider, ProviderConfig};
+use bigfleet_libvirt_ports::{Provider, ProviderConfig};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;
 use futures::{FutureExt, StreamExt};
@@ -201,19 +201,16 @@ pub fn decode_list(list: &EncodedMachineList) -> Reply {
         .map_err(|e| Status::internal(format!("List answer does not decode: {e}")))
 }
 
-/// The binary's background reconcile loop (`app::serve`), on the simulated clock.
+/// The background reconcile pass, the same loop the binary runs (`app::reconcile_every`).
 async fn reconcile_loop(world: Arc<World>, provider: SimProvider) {
-    let clock = SimClock;
-    loop {
-        let next = clock.now().saturating_add(world.plan.reconcile_interval);
-        clock.sleep_until(next).await;
-        match provider.reconcile().await {
-            Ok(report) => world.trace(format!(
-                "reconcile added={} refreshed={}",
-                report.added.len(),
-                report.refreshed.len()
-            )),
-            Err(e) => world.trace(format!("reconcile failed: {e}")),
-        }
-    }
+    let interval = world.plan.reconcile_interval;
+    app::reconcile_every(provider, interval, |outcome| match outcome {
+        Ok(report) => world.trace(format!(
+            "reconcile added={} refreshed={}",
+            report.added.len(),
+            report.refreshed.len()
+        )),
+        Err(e) => world.trace(format!("reconcile failed: {e}")),
+    })
+    .await;
 }

@@ -27,6 +27,8 @@ pub mod preflight;
 #[cfg(all(feature = "libvirt", feature = "redb"))]
 mod wiring;
 
-pub use server::{Banner, NetLimits, ServeConfig, assemble, capacity_server, serve};
+pub use server::{
+    Banner, NetLimits, ServeConfig, assemble, capacity_server, reconcile_every, serve,
+};
 #[cfg(all(feature = "libvirt", feature = "redb"))]
 pub use wiring::{Listeners, OnStart, Running, run};

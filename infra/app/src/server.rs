@@ -18,11 +18,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bigfleet_libvirt_domain::MachineState;
-#[cfg(not(madsim))]
-use bigfleet_libvirt_domain::Timestamp;
+use bigfleet_libvirt_domain::{MachineState, ReconcileReport, Timestamp};
 use bigfleet_libvirt_ports::{
-    Clock, Hypervisor, Provider, ProviderConfig, Spawner, StartError, StateStore, TransitionEvent,
+    Clock, Hypervisor, Provider, ProviderConfig, ReconcileError, Spawner, StartError, StateStore,
+    TransitionEvent,
 };
 use bigfleet_libvirt_proto::v1alpha1::capacity_provider_server::CapacityProviderServer;
 use tokio::net::TcpListener;
@@ -445,17 +444,29 @@ fn refresh_gauges<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     }
 }
 
+/// The background reconcile pass: one interval after start-up (as the reference does) and
+/// every interval after that, each outcome handed to `after`. The binary logs and counts
+/// outcomes; the simulator traces them. Both run this same loop on their own clock.
+pub async fn reconcile_every<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    provider: Provider<H, S, C, E>,
+    interval: Duration,
+    mut after: impl FnMut(&Result<ReconcileReport, ReconcileError>),
+) {
+    loop {
+        let next: Timestamp = provider.now().saturating_add(interval);
+        provider.sleep_until(next).await;
+        after(&provider.reconcile().await);
+    }
+}
+
 #[cfg(not(madsim))]
 async fn reconcile_loop<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     provider: Provider<H, S, C, E>,
     metrics: Metrics,
     interval: Duration,
 ) {
-    loop {
-        // The first pass runs one interval after start-up, as the reference does.
-        let next: Timestamp = provider.now().saturating_add(interval);
-        provider.sleep_until(next).await;
-        let outcome = match provider.reconcile().await {
+    reconcile_every(provider, interval, |outcome| {
+        let outcome = match outcome {
             Ok(report) => {
                 if !report.added.is_empty() || !report.refreshed.is_empty() {
                     info!(
@@ -477,5 +488,6 @@ async fn reconcile_loop<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
                 outcome: outcome.to_owned(),
             })
             .inc();
-    }
+    })
+    .await;
 }
