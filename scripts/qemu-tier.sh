@@ -611,9 +611,8 @@ cmd_ci() {
     timed start cmd_start
     eval "$(cmd_env)"
     local test_started=$SECONDS status=0
-    # The tests drive the real binary; build it first (scripts/test.sh does the same).
-    (cd "$repo" && cargo build --locked --bin bigfleet-libvirt &&
-        cargo test --locked -p bigfleet-libvirt-tests --test integration -- \
+    # The tests drive the real binary; cargo test builds it (the tests are its package's).
+    (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration -- \
             --ignored --nocapture --test-threads=1 qemu_e2e:: qemu_faults::) || status=$?
     echo "qemu tier: test: $((SECONDS - test_started))s (exit status $status)"
     exit "$status"
