@@ -16,4 +16,4 @@ if [[ ${1:-} == --quick ]]; then
     exit 0
 fi
 scripts/sim.sh --ci
-scripts/qemu-tier.sh ci
+scripts/qemu-tier/run.sh ci
