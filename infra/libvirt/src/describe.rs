@@ -14,8 +14,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use bigfleet_libvirt_domain::{HostRef, Machine, MachineState};
-use bigfleet_libvirt_ports::HypervisorError;
+use bigfleet_libvirt_domain::{Machine, MachineState};
+use bigfleet_libvirt_ports::{DomainRef, HypervisorError};
 use tracing::warn;
 
 use super::Settings;
@@ -135,10 +135,9 @@ pub fn inventory(
                     let mut machine = slot.clone();
                     if domain.running {
                         machine.state = MachineState::Idle;
-                        machine.host = Some(HostRef {
-                            provider: provider.to_owned(),
-                            reference: format!("{}/{name}", slot.zone),
-                        });
+                        machine.host = Some(
+                            DomainRef::new(slot.zone.as_str(), name.as_str()).host_ref(provider),
+                        );
                     }
                     machines.push(machine);
                 }

@@ -153,10 +153,10 @@ async fn machines_restored_from_state_are_checked_too() {
     // such domain: describe reports it vanished.
     let mut restored = rig.slots[0].clone();
     restored.state = MachineState::Idle;
-    restored.host = Some(bigfleet_libvirt_domain::HostRef {
-        provider: "libvirt".to_owned(),
-        reference: format!("{ZONE}/{}", domain_name("libvirt", restored.id.as_str())),
-    });
+    restored.host = Some(
+        bigfleet_libvirt_ports::DomainRef::new(ZONE, domain_name("libvirt", restored.id.as_str()))
+            .host_ref("libvirt"),
+    );
     rig.hv.track(&[Arc::new(restored)]);
     rig.hv.describe().await.unwrap();
     assert_eq!(drift(&rig.metrics, "vanished"), 1);
