@@ -88,7 +88,7 @@ pub(crate) fn scan(session: &Session, settings: &Settings) -> Result<Scan, Hyper
         };
         domains.insert(name, scanned);
     }
-    let volumes = volumes::list(session, &settings.storage_pool).unwrap_or_else(|e| {
+    let volumes = volumes::list(session, &settings.options.storage_pool).unwrap_or_else(|e| {
         warn!(error = %e, "cannot list the storage pool; orphan volumes are not checked");
         Vec::new()
     });

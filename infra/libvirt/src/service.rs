@@ -176,7 +176,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
     }
 
     async fn handle_orphans(&self, zones: &BTreeSet<String>, found: &[Orphan]) {
-        let gc = self.inner.config.gc;
+        let gc = self.inner.config.options.gc;
         let now = self.inner.clock.now();
         let verdict = self.inner.book().observe(now, zones, found, gc.grace);
         for orphan in &verdict.new {
@@ -215,7 +215,8 @@ impl<C: Clock> LibvirtHypervisor<C> {
             }
             Orphan::Volume { name, .. } => {
                 host.call(move |s| {
-                    let pool = volumes::pool(s, &settings.storage_pool).map_err(nothing_done)?;
+                    let pool =
+                        volumes::pool(s, &settings.options.storage_pool).map_err(nothing_done)?;
                     volumes::delete(&pool, &name)
                         .map(|_| ())
                         .map_err(maybe_done)
@@ -243,7 +244,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             if let Some(node) = scan.node {
                 ledger.refresh(node, scan.committed(provider));
             }
-            let free = ledger.free(&inner.config.capacity);
+            let free = ledger.free(&inner.config.options.capacity);
             views.insert(zone.clone(), HostView { scan, free });
         }
         let machines =

@@ -86,7 +86,7 @@ async fn orphans_are_reported_but_kept_in_a_dry_run() {
     let rig = rig_with(
         &Fixture::default(),
         slots("libvirt", ZONE, "kvm.small", 4),
-        |c| c.gc.grace = Duration::ZERO,
+        |c| c.options.gc.grace = Duration::ZERO,
     )
     .await;
     let machine = create(&rig.hv, &rig.slots[0]).await.unwrap();
@@ -111,8 +111,8 @@ async fn orphans_are_collected_after_the_grace_with_gc_on() {
         &Fixture::default(),
         slots("libvirt", ZONE, "kvm.small", 4),
         |c| {
-            c.gc.collect = true;
-            c.gc.grace = Duration::ZERO;
+            c.options.gc.collect = true;
+            c.options.gc.grace = Duration::ZERO;
         },
     )
     .await;
@@ -135,8 +135,8 @@ async fn orphans_wait_out_the_grace_period() {
         &Fixture::default(),
         slots("libvirt", ZONE, "kvm.small", 4),
         |c| {
-            c.gc.collect = true;
-            c.gc.grace = Duration::from_secs(3600);
+            c.options.gc.collect = true;
+            c.options.gc.grace = Duration::from_secs(3600);
         },
     )
     .await;
