@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: installs what the build needs, builds the binary the black-box
-# tests spawn, runs every unit, property, snapshot and integration test, then the
+# Runs the whole test suite: installs what the build needs, runs every unit, property,
+# snapshot and integration test (Cargo builds the binary the black-box tests spawn), then the
 # deterministic simulation (its own --cfg madsim build: sim tests, determinism check, the
 # fixed seed list) and the real-QEMU tier (a real libvirtd + QEMU guest; it says why and
 # passes where the machine cannot run it).
@@ -11,10 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
-cargo build --locked --workspace --bins
 cargo test --locked --workspace
 if [[ ${1:-} == --quick ]]; then
     exit 0
 fi
 scripts/sim.sh --ci
-scripts/qemu-tier.sh ci
+scripts/qemu-tier/run.sh ci

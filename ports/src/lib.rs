@@ -7,6 +7,7 @@
 
 mod clock;
 mod compensation;
+mod domain_ref;
 mod hypervisor;
 mod provider;
 mod spawn;
@@ -15,6 +16,7 @@ mod store;
 pub mod testkit;
 
 pub use crate::clock::Clock;
+pub use crate::domain_ref::{DomainRef, DomainRefError};
 pub use crate::hypervisor::{
     BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
     Hypervisor, HypervisorError, ReadinessRequest, SideEffects,

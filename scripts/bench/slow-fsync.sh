@@ -13,8 +13,8 @@ out=target/bench-shim
 mkdir -p "$out"
 gcc -O2 -shared -fPIC -o "$out/slow-fsync.so" scripts/bench/slow-fsync.c -ldl
 # Build first, so the shim only ever sees the benchmark, not cargo or the compiler.
-cargo bench --locked -p bigfleet-libvirt-tests --bench durability --no-run
-bench=$(cargo bench --locked -p bigfleet-libvirt-tests --bench durability --no-run \
+cargo bench --locked -p bigfleet-libvirt --bench durability --no-run
+bench=$(cargo bench --locked -p bigfleet-libvirt --bench durability --no-run \
     --message-format=json 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*durability[^"]*\)".*/\1/p' | tail -1)
 [[ -x $bench ]] || { echo "could not find the durability benchmark executable" >&2; exit 1; }

@@ -11,10 +11,7 @@ use std::time::{Duration, Instant};
 use crate::harness::binary;
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .unwrap()
+    crate::harness::repo_root()
 }
 
 /// Runs `bigfleet-libvirt offerings <args>` from the repository root, with none of the

@@ -15,10 +15,7 @@ use crate::harness::tls::{Ca, Leaf, arg, tls_client, write};
 use crate::harness::*;
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .unwrap()
+    crate::harness::repo_root()
 }
 
 /// The first ```sh block after `heading` in the README.

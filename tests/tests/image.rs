@@ -97,7 +97,7 @@ fn nix_is_root() -> bool {
 }
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    crate::harness::repo_root()
 }
 
 /// `/healthz` answers ok and `/readyz` ready, as the seed's smoke test expects.

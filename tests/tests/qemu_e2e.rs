@@ -3,7 +3,7 @@
 //! `/opt/bigfleet/bootstrap` and `/opt/bigfleet/drain` hooks.
 //!
 //! These tests need that tier, so they are `#[ignore]`d in the ordinary suite.
-//! `scripts/qemu-tier.sh ci` prepares it (a Debian chroot with libvirtd + QEMU, a guest
+//! `scripts/qemu-tier/run.sh ci` prepares it (a Debian chroot with libvirtd + QEMU, a guest
 //! kernel and an initramfs holding qemu-ga and recording hooks), exports `BIGFLEET_QEMU_*`
 //! and runs them with `--ignored`; see the README's "Real-QEMU tier" section.
 //!
@@ -43,7 +43,7 @@ struct Tier {
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!(
-            "{name} is not set: these tests run inside the real-QEMU tier (scripts/qemu-tier.sh ci)"
+            "{name} is not set: these tests run inside the real-QEMU tier (scripts/qemu-tier/run.sh ci)"
         )
     })
 }
@@ -229,7 +229,7 @@ async fn settle(
 }
 
 #[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn a_real_guest_goes_create_configure_drain_delete() {
     let tier = Tier::from_env();
     let dir = tempfile::tempdir().unwrap();
@@ -342,7 +342,7 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
 }
 
 #[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn a_failing_hook_fails_configure_with_its_bounded_output() {
     let tier = Tier::from_env();
     let dir = tempfile::tempdir().unwrap();

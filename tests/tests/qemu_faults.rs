@@ -3,7 +3,7 @@
 //! its scenario: `host_loss`, `daemon_restart`, `out_of_band`, `orphan_gc`, `uefi`.
 //!
 //! These need the real-QEMU tier, so they are `#[ignore]`d in the ordinary suite;
-//! `scripts/qemu-tier.sh ci` runs them. Each prints its timings (detection and reconnect
+//! `scripts/qemu-tier/run.sh ci` runs them. Each prints its timings (detection and reconnect
 //! times in particular) and leaves both hosts as it found them.
 
 use std::collections::BTreeSet;
@@ -49,7 +49,7 @@ fn health<'a>(zone: &'a Zone, state: &'a str) -> [(&'a str, &'a str); 2] {
 }
 
 #[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn host_loss() {
     let tier = Tier::from_env();
     let dir = tempfile::tempdir().unwrap();
@@ -172,7 +172,7 @@ async fn settled(c: &mut Client, id: &str) -> pb::Machine {
 }
 
 #[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn daemon_restart() {
     let tier = Tier::from_env();
     let dir = tempfile::tempdir().unwrap();
@@ -296,7 +296,7 @@ async fn daemon_restart() {
 }
 
 #[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn out_of_band() {
     let tier = Tier::from_env();
     let dir = tempfile::tempdir().unwrap();
@@ -377,7 +377,7 @@ async fn out_of_band() {
 }
 
 #[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn orphan_gc() {
     let tier = Tier::from_env();
     let dir = tempfile::tempdir().unwrap();
@@ -477,7 +477,7 @@ async fn orphan_gc() {
 }
 
 #[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn uefi() {
     let tier = Tier::from_env();
     let dir = tempfile::tempdir().unwrap();

@@ -3,8 +3,8 @@
 //! libvirt connection per zone for checks the provider cannot vouch for, and the tier
 //! script's `libvirtd ZONE kill|term|start` to break and mend a daemon.
 //!
-//! Everything comes from the `BIGFLEET_QEMU_*` exports of `scripts/qemu-tier.sh env`; the
-//! tests are `#[ignore]`d outside `scripts/qemu-tier.sh ci`.
+//! Everything comes from the `BIGFLEET_QEMU_*` exports of `scripts/qemu-tier/run.sh env`; the
+//! tests are `#[ignore]`d outside `scripts/qemu-tier/run.sh ci`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,7 +25,7 @@ pub const BOOT: Duration = Duration::from_secs(240);
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!(
-            "{name} is not set: these tests run inside the real-QEMU tier (scripts/qemu-tier.sh ci)"
+            "{name} is not set: these tests run inside the real-QEMU tier (scripts/qemu-tier/run.sh ci)"
         )
     })
 }
@@ -128,7 +128,7 @@ impl Tier {
         Server::start(&args)
     }
 
-    /// `scripts/qemu-tier.sh libvirtd <zone> <action>` (kill, term or start).
+    /// `scripts/qemu-tier/run.sh libvirtd <zone> <action>` (kill, term or start).
     pub fn libvirtd(&self, zone: &Zone, action: &str) {
         let status = Command::new(&self.script)
             .args(["libvirtd", zone.tier, action])

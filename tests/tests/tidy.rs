@@ -12,10 +12,7 @@ mod length;
 mod shell;
 
 fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .unwrap()
+    crate::harness::repo_root()
 }
 
 /// The normal (non-dev, non-build) dependencies each workspace crate declares.

@@ -14,9 +14,9 @@ use bigfleet_libvirt_ports::ProviderConfig;
 use crate::NetLimits;
 use bigfleet_libvirt_grpc::identity::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsFiles;
-use bigfleet_libvirt_libvirt::golden::{self, GoldenImage};
+use bigfleet_libvirt_libvirt::golden;
 use bigfleet_libvirt_libvirt::{
-    CapacityPolicy, DirectKernel, DomainType, Firmware, GcPolicy, Platform,
+    CapacityPolicy, DirectKernel, DomainType, Firmware, GcPolicy, LibvirtOptions, Platform,
 };
 use bigfleet_libvirt_observe::side_server::HttpLimits;
 
@@ -97,27 +97,14 @@ pub struct Plan {
     pub reconcile_interval: Option<Duration>,
     /// Register gRPC reflection (v1 and v1alpha).
     pub reflection: bool,
+    /// The instance-type catalog (`--instance-types`): vCPU and memory per type.
+    pub catalog: InstanceCatalog,
     pub fake: FakeSettings,
-    pub libvirt: LibvirtSettings,
+    /// The libvirt backend's options, in the adapter's own type (ignored by the fake).
+    pub libvirt: LibvirtOptions,
     pub tls: Option<TlsFiles>,
     /// Whether calls are checked against the client certificate's identity.
     pub client_identity: IdentityMode,
-}
-
-/// What the libvirt backend needs beyond the connections (ignored by the fake).
-#[derive(Clone, Debug)]
-pub struct LibvirtSettings {
-    /// The base volume: `--image`, or the content-addressed name of `--image-source`.
-    pub image: String,
-    /// `--image-source`, read and hashed.
-    pub image_source: Option<Arc<GoldenImage>>,
-    pub storage_pool: String,
-    pub network: String,
-    pub platform: Platform,
-    pub base_user_data: Option<PathBuf>,
-    pub catalog: InstanceCatalog,
-    pub capacity: CapacityPolicy,
-    pub gc: GcPolicy,
 }
 
 /// How the fake behaves (ignored by the real backend).
@@ -197,7 +184,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     let backend = select_backend(flags, &connections)?;
     let tls = check_tls(flags)?;
     let client_identity = check_client_identity(flags, tls.as_ref())?;
-    let mut libvirt = libvirt_settings(flags, &catalog)?;
+    let mut libvirt = libvirt_options(flags)?;
     if backend == Backend::Libvirt {
         golden_settings(flags, &mut libvirt)?;
     }
@@ -286,6 +273,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
             delay_max: flags.fake_delay_max,
             seed: flags.fake_seed,
         },
+        catalog,
         libvirt,
     })
 }
@@ -324,11 +312,8 @@ fn select_backend(flags: &Flags, connections: &[HostConnection]) -> Result<Backe
     Ok(backend)
 }
 
-/// The libvirt backend's settings; the allocation ratios must be finite and positive.
-fn libvirt_settings(
-    flags: &Flags,
-    catalog: &InstanceCatalog,
-) -> Result<LibvirtSettings, LaunchError> {
+/// The libvirt backend's options; the allocation ratios must be finite and positive.
+fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
     for (name, value) in [
         ("--cpu-allocation-ratio", flags.cpu_allocation_ratio),
         ("--memory-allocation-ratio", flags.memory_allocation_ratio),
@@ -339,14 +324,13 @@ fn libvirt_settings(
             )));
         }
     }
-    Ok(LibvirtSettings {
+    Ok(LibvirtOptions {
         image: flags.image.clone(),
         image_source: None,
         storage_pool: flags.storage_pool.clone(),
         network: flags.network.trim().to_owned(),
         platform: platform(flags)?,
         base_user_data: flags.base_user_data.clone(),
-        catalog: catalog.clone(),
         capacity: CapacityPolicy {
             reserve_cpu: flags.host_reserve_cpu,
             reserve_memory_mib: flags.host_reserve_memory_mib,
@@ -363,7 +347,7 @@ fn libvirt_settings(
 /// `--image-source`: hashes the file and makes its content-addressed volume the base image.
 /// `--image` may be left empty; when set it must name that same volume, so two flags never
 /// disagree about which base the machines get.
-fn golden_settings(flags: &Flags, libvirt: &mut LibvirtSettings) -> Result<(), LaunchError> {
+fn golden_settings(flags: &Flags, libvirt: &mut LibvirtOptions) -> Result<(), LaunchError> {
     let Some(path) = &flags.image_source else {
         return Ok(());
     };

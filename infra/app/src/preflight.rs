@@ -34,7 +34,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
             let slots = types
                 .into_iter()
                 .map(|(instance_type, count)| {
-                    let shape = settings.catalog.get(&instance_type);
+                    let shape = plan.catalog.get(&instance_type);
                     Slots {
                         count,
                         vcpu: shape.map_or(0, |s| u64::from(s.vcpu)),

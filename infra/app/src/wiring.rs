@@ -154,8 +154,7 @@ async fn serve_libvirt<S: StateStore>(
 }
 
 fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
-    let settings = &plan.libvirt;
-    let user_data = match &settings.base_user_data {
+    let user_data = match &plan.libvirt.base_user_data {
         Some(path) => Some(
             std::fs::read(path)
                 .with_context(|| format!("--base-user-data: read {}", path.display()))?,
@@ -166,16 +165,11 @@ fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
         &plan.provider_label,
         plan.connections.clone(),
         plan.inventory.machines.clone(),
-        settings.catalog.clone(),
-        &settings.image,
+        plan.catalog.clone(),
+        &plan.libvirt.image,
     );
-    config.storage_pool = settings.storage_pool.clone();
-    config.image_source.clone_from(&settings.image_source);
-    config.network = settings.network.clone();
-    config.platform = settings.platform.clone();
+    config.options = plan.libvirt.clone();
     config.user_data = user_data;
-    config.capacity = settings.capacity;
-    config.gc = settings.gc;
     config.seed = plan.fake.seed;
     Ok(config)
 }

@@ -139,7 +139,7 @@ async fn provider_side(uri: &str, slots: &[Machine]) -> Result<(f64, Vec<f64>), 
     let catalog = InstanceCatalog::builtin();
     let mut config =
         LibvirtConfig::new(PROVIDER, connections, slots.to_vec(), catalog, "base.qcow2");
-    config.capacity = CapacityPolicy {
+    config.options.capacity = CapacityPolicy {
         reserve_cpu: 0,
         reserve_memory_mib: 0,
         cpu_ratio: 1.0,

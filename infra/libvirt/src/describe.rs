@@ -14,8 +14,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use bigfleet_libvirt_domain::{HostRef, Machine, MachineState};
-use bigfleet_libvirt_ports::HypervisorError;
+use bigfleet_libvirt_domain::{Machine, MachineState};
+use bigfleet_libvirt_ports::{DomainRef, HypervisorError};
 use tracing::warn;
 
 use super::Settings;
@@ -88,7 +88,7 @@ pub(crate) fn scan(session: &Session, settings: &Settings) -> Result<Scan, Hyper
         };
         domains.insert(name, scanned);
     }
-    let volumes = volumes::list(session, &settings.storage_pool).unwrap_or_else(|e| {
+    let volumes = volumes::list(session, &settings.options.storage_pool).unwrap_or_else(|e| {
         warn!(error = %e, "cannot list the storage pool; orphan volumes are not checked");
         Vec::new()
     });
@@ -135,10 +135,9 @@ pub fn inventory(
                     let mut machine = slot.clone();
                     if domain.running {
                         machine.state = MachineState::Idle;
-                        machine.host = Some(HostRef {
-                            provider: provider.to_owned(),
-                            reference: format!("{}/{name}", slot.zone),
-                        });
+                        machine.host = Some(
+                            DomainRef::new(slot.zone.as_str(), name.as_str()).host_ref(provider),
+                        );
                     }
                     machines.push(machine);
                 }

@@ -49,6 +49,7 @@ pub mod xml;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -68,6 +69,46 @@ use bigfleet_libvirt_observe::metrics::Metrics;
 use host::Host;
 use orphans::OrphanBook;
 
+/// The operator's choices for the libvirt backend: one field per libvirt flag, as the
+/// composition root's launch plan validated it, used here as is. A new libvirt flag is a
+/// field here (with its default), the clap flag in the binary, and its check in the plan.
+#[derive(Clone, Debug)]
+pub struct LibvirtOptions {
+    /// The golden base-image volume (`--image`), in the storage pool.
+    pub image: String,
+    /// `--image-source`: uploaded to every host that lacks it; `image` is its volume name.
+    pub image_source: Option<Arc<golden::GoldenImage>>,
+    /// The storage pool for overlays and seeds (`--storage-pool`).
+    pub storage_pool: String,
+    /// The libvirt network for each domain's NIC (`--network`); empty = no NIC.
+    pub network: String,
+    /// Accelerator and boot method (`--domain-type`, `--guest-kernel`, …).
+    pub platform: Platform,
+    /// `--base-user-data`: the file the composition root reads at start-up into
+    /// [`LibvirtConfig::user_data`].
+    pub base_user_data: Option<PathBuf>,
+    /// Host capacity accounting (`--host-reserve-*`, `--*-allocation-ratio`).
+    pub capacity: CapacityPolicy,
+    /// Orphan collection (`--gc-orphans`, `--orphan-grace`).
+    pub gc: GcPolicy,
+}
+
+impl Default for LibvirtOptions {
+    /// No image, storage pool and network `default`, default platform and policies.
+    fn default() -> Self {
+        Self {
+            image: String::new(),
+            image_source: None,
+            storage_pool: "default".to_owned(),
+            network: "default".to_owned(),
+            platform: Platform::default(),
+            base_user_data: None,
+            capacity: CapacityPolicy::default(),
+            gc: GcPolicy::default(),
+        }
+    }
+}
+
 /// Everything the libvirt backend needs.
 #[derive(Clone, Debug)]
 pub struct LibvirtConfig {
@@ -79,22 +120,11 @@ pub struct LibvirtConfig {
     pub slots: Vec<Machine>,
     /// The instance-type catalog (vCPU and memory per type).
     pub catalog: InstanceCatalog,
-    /// The golden base-image volume (`--image`), in the storage pool.
-    pub image: String,
-    /// `--image-source`: uploaded to every host that lacks it; `image` is its volume name.
-    pub image_source: Option<Arc<golden::GoldenImage>>,
-    /// The storage pool for overlays and seeds (`--storage-pool`).
-    pub storage_pool: String,
-    /// The libvirt network for each domain's NIC (`--network`); empty = no NIC.
-    pub network: String,
-    /// Accelerator and boot method (`--domain-type`, `--guest-kernel`, …).
-    pub platform: Platform,
-    /// The cloud-init user-data (`--base-user-data`); `None` = `#cloud-config {}`.
+    /// The operator's libvirt flags.
+    pub options: LibvirtOptions,
+    /// The cloud-init user-data (the `--base-user-data` file's bytes); `None` =
+    /// `#cloud-config {}`.
     pub user_data: Option<Vec<u8>>,
-    /// Host capacity accounting.
-    pub capacity: CapacityPolicy,
-    /// Orphan collection.
-    pub gc: GcPolicy,
     /// Connection handling.
     pub hosts: HostPolicy,
     /// Guest-agent timing and limits.
@@ -108,7 +138,7 @@ pub struct LibvirtConfig {
 }
 
 impl LibvirtConfig {
-    /// A configuration with default policies, storage pool and network `default`.
+    /// A configuration with default options (storage pool and network `default`) but `image`.
     #[must_use]
     pub fn new(
         provider: &str,
@@ -122,14 +152,11 @@ impl LibvirtConfig {
             connections,
             slots,
             catalog,
-            image: image.to_owned(),
-            image_source: None,
-            storage_pool: "default".to_owned(),
-            network: "default".to_owned(),
-            platform: Platform::default(),
+            options: LibvirtOptions {
+                image: image.to_owned(),
+                ..LibvirtOptions::default()
+            },
             user_data: None,
-            capacity: CapacityPolicy::default(),
-            gc: GcPolicy::default(),
             hosts: HostPolicy::default(),
             agent: AgentPolicy::default(),
             startup_wait: Duration::from_secs(20),
@@ -149,12 +176,8 @@ pub fn allocatable_for(cpus: u32, memory_kib: u64, policy: &CapacityPolicy) -> S
 #[derive(Debug)]
 pub(crate) struct Settings {
     pub(crate) provider: String,
-    pub(crate) image: String,
-    pub(crate) storage_pool: String,
-    pub(crate) network: String,
-    pub(crate) platform: Platform,
+    pub(crate) options: LibvirtOptions,
     pub(crate) user_data: Vec<u8>,
-    pub(crate) capacity: CapacityPolicy,
     /// Where the blocking create path records its define/start phase durations.
     pub(crate) metrics: Metrics,
 }
@@ -217,15 +240,11 @@ impl<C: Clock> LibvirtHypervisor<C> {
     ) -> Self {
         let settings = Arc::new(Settings {
             provider: config.provider.clone(),
-            image: config.image.clone(),
-            storage_pool: config.storage_pool.clone(),
-            network: config.network.clone(),
-            platform: config.platform.clone(),
+            options: config.options.clone(),
             user_data: config
                 .user_data
                 .clone()
                 .unwrap_or_else(|| seed::DEFAULT_USER_DATA.to_vec()),
-            capacity: config.capacity,
             metrics: metrics.clone(),
         });
         let hosts: BTreeMap<String, Arc<Host>> = config
@@ -233,9 +252,10 @@ impl<C: Clock> LibvirtHypervisor<C> {
             .iter()
             .map(|c| {
                 let golden = config
+                    .options
                     .image_source
                     .as_ref()
-                    .map(|g| (Arc::clone(g), config.storage_pool.clone()));
+                    .map(|g| (Arc::clone(g), config.options.storage_pool.clone()));
                 let host = Host::new(
                     &c.zone,
                     &c.uri,

@@ -65,7 +65,7 @@ pub(crate) fn create(
         return ensure_running(&domain, &spec.name);
     }
     host.ledger()
-        .reserve(&spec.name, spec.shape(), &settings.capacity)
+        .reserve(&spec.name, spec.shape(), &settings.options.capacity)
         .map_err(|why| {
             refused(format!(
                 "zone {:?} has no room for machine {}: {why}",
@@ -99,8 +99,9 @@ fn build(
     spec: &CreateSpec,
     made: &mut Made,
 ) -> Result<(), HypervisorError> {
-    let pool = volumes::pool(session, &settings.storage_pool).map_err(nothing_done)?;
-    let base = volumes::base_image(session, &pool, &settings.image).map_err(nothing_done)?;
+    let pool = volumes::pool(session, &settings.options.storage_pool).map_err(nothing_done)?;
+    let base =
+        volumes::base_image(session, &pool, &settings.options.image).map_err(nothing_done)?;
     let overlay_name = overlay_name(&spec.name);
     let overlay_xml = xml::overlay_volume(
         &overlay_name,
@@ -134,8 +135,8 @@ fn build(
         memory_mib: spec.memory_mib,
         overlay_path: &overlay_path,
         seed_path: &seed_path,
-        network: &settings.network,
-        platform: &settings.platform,
+        network: &settings.options.network,
+        platform: &settings.options.platform,
     });
     let watch = Stopwatch::start();
     let domain = session
@@ -168,7 +169,7 @@ fn rollback(session: &Session, settings: &Settings, name: &str, made: Made) -> V
         (made.overlay, overlay_name(name)),
     ];
     if volumes.iter().any(|(created, _)| *created) {
-        match volumes::pool(session, &settings.storage_pool) {
+        match volumes::pool(session, &settings.options.storage_pool) {
             Ok(pool) => {
                 for (_, volume) in volumes.iter().filter(|(created, _)| *created) {
                     if let Err(e) = volumes::delete(&pool, volume) {
@@ -197,7 +198,7 @@ pub(crate) fn delete(
         domains::remove(&domain, name)?;
     }
     host.ledger().forget(name);
-    volumes::delete_domain_volumes(session, &settings.storage_pool, name).map_err(|e| {
+    volumes::delete_domain_volumes(session, &settings.options.storage_pool, name).map_err(|e| {
         partly_done(format!(
             "domain {name} is gone but its volumes were not all deleted: {e}"
         ))

@@ -10,10 +10,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use bigfleet_libvirt_domain::{HostRef, Machine, MachineState};
+use bigfleet_libvirt_domain::{Machine, MachineState};
 use bigfleet_libvirt_ports::{
-    Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
-    HypervisorError,
+    Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DomainRef, DrainRequest,
+    Hypervisor, HypervisorError,
 };
 use futures::FutureExt;
 use tracing::{info, warn};
@@ -54,9 +54,9 @@ impl<C: Clock> LibvirtHypervisor<C> {
             .host
             .as_ref()
             .filter(|h| h.is_set())
-            .and_then(|h| h.reference.rsplit_once('/'));
+            .and_then(|h| h.reference.parse::<DomainRef>().ok());
         match placed {
-            Some((zone, name)) => Ok((self.host(zone)?, name.to_owned())),
+            Some(placed) => Ok((self.host(&placed.zone)?, placed.name)),
             None => Ok((
                 self.host(&machine.zone)?,
                 domain_name(&self.inner.config.provider, machine.id.as_str()),
@@ -176,7 +176,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
     }
 
     async fn handle_orphans(&self, zones: &BTreeSet<String>, found: &[Orphan]) {
-        let gc = self.inner.config.gc;
+        let gc = self.inner.config.options.gc;
         let now = self.inner.clock.now();
         let verdict = self.inner.book().observe(now, zones, found, gc.grace);
         for orphan in &verdict.new {
@@ -215,7 +215,8 @@ impl<C: Clock> LibvirtHypervisor<C> {
             }
             Orphan::Volume { name, .. } => {
                 host.call(move |s| {
-                    let pool = volumes::pool(s, &settings.storage_pool).map_err(nothing_done)?;
+                    let pool =
+                        volumes::pool(s, &settings.options.storage_pool).map_err(nothing_done)?;
                     volumes::delete(&pool, &name)
                         .map(|_| ())
                         .map_err(maybe_done)
@@ -243,7 +244,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             if let Some(node) = scan.node {
                 ledger.refresh(node, scan.committed(provider));
             }
-            let free = ledger.free(&inner.config.capacity);
+            let free = ledger.free(&inner.config.options.capacity);
             views.insert(zone.clone(), HostView { scan, free });
         }
         let machines =
@@ -277,7 +278,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             vcpu: shape.vcpu,
             memory_mib: shape.memory_mib,
         };
-        let reference = format!("{}/{}", machine.zone, spec.name);
+        let placed = DomainRef::new(machine.zone.clone(), spec.name.clone());
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
         host.call(move |s| lifecycle::create(s, &owner, &settings, &spec))
             .await
@@ -286,10 +287,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             .known()
             .insert(machine.id.to_string(), machine.zone.clone());
         Ok(Created {
-            host: HostRef {
-                provider: config.provider.clone(),
-                reference,
-            },
+            host: placed.host_ref(&config.provider),
             resources: None,
             allocatable: None,
         })

@@ -64,10 +64,7 @@ pub(crate) const RELEASE: &str = "bigfleet-libvirt-dc1";
 const NAMESPACE: &str = "bigfleet";
 
 pub(crate) fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .unwrap()
+    crate::harness::repo_root()
 }
 
 /// Where the installed tools live.

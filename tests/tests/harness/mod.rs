@@ -2,8 +2,8 @@
 //! picks itself (`127.0.0.1:0`), learns the bound addresses from its JSON "serving" log
 //! line, and offers the conformance suite's vocabulary (pick, walk, reach, stays-in).
 //!
-//! The binary is found at `$BIGFLEET_LIBVIRT_BIN`, else in the workspace target directory;
-//! the README's test command builds it before running the tests.
+//! The binary is the one Cargo builds for the test run (`CARGO_BIN_EXE_bigfleet-libvirt`):
+//! these tests belong to the binary's package, so a plain `cargo test` is enough.
 
 #![allow(dead_code)]
 
@@ -14,6 +14,14 @@ pub mod profiles;
 pub mod scrape;
 pub mod tls;
 pub mod walk;
+
+/// The repository's root: this package (`infra/bin`) is two levels below it.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the repository root exists")
+}
 
 pub use http::http_get;
 pub use process::{Server, binary, exit_within};

@@ -13,21 +13,10 @@ use tonic::transport::{Channel, Endpoint};
 /// A generated client with generous message limits (big metadata and full lists).
 pub type Client = CapacityProviderClient<Channel>;
 
-/// The provider binary under test.
+/// The provider binary under test: the one Cargo built for this test run (the integration
+/// tests belong to the binary's package, so `cargo test` builds it first and says where).
 pub fn binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("BIGFLEET_LIBVIRT_BIN") {
-        return PathBuf::from(path);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let path = target.join("debug").join("bigfleet-libvirt");
-    assert!(
-        path.exists(),
-        "{} is missing: build it first (cargo build --bin bigfleet-libvirt), as scripts/test.sh does",
-        path.display()
-    );
-    path
+    PathBuf::from(env!("CARGO_BIN_EXE_bigfleet-libvirt"))
 }
 
 /// A running provider process; killed when dropped.

@@ -53,7 +53,7 @@ fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
 }
 
 #[test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 fn doctor_passes_against_the_real_libvirtd() {
     let tier = Tier::from_env();
     let dir = tempfile::tempdir().unwrap();

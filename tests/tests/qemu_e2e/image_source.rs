@@ -147,7 +147,7 @@ async fn an_interrupted_upload_is_not_taken_for_the_image(tier: &Tier, lv: &Libv
 }
 
 #[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn image_source_uploads_once_boots_from_it_and_refuses_a_mismatch() {
     let tier = Tier::from_env();
     let lv = Libvirt::open(Tier::from_env());
@@ -243,7 +243,7 @@ impl Drop for TinyPool {
 }
 
 #[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier.sh ci"]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn image_source_upload_failure_keeps_the_slot_out() {
     let tier = Tier::from_env();
     let lv = Libvirt::open(Tier::from_env());

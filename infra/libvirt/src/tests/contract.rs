@@ -72,7 +72,7 @@ async fn oversized_rig() -> Rig {
     let slots = build_inventory(&[offering], &inventory).unwrap().machines;
     rig_with(&Fixture::default(), slots, |config| {
         config.catalog = catalog.clone();
-        config.capacity.memory_ratio = 1e30;
+        config.options.capacity.memory_ratio = 1e30;
     })
     .await
 }

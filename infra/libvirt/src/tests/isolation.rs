@@ -43,10 +43,10 @@ async fn shared(provider: &str, base: &str) -> LibvirtHypervisor<SystemClock> {
         slots(provider, ZONE, "kvm.small", 3),
         base,
     );
-    config.storage_pool = POOL.to_owned();
+    config.options.storage_pool = POOL.to_owned();
     // The default test host has 3 GiB: let memory overcommit so kvm.small fits.
-    config.capacity.memory_ratio = 1000.0;
-    config.capacity.cpu_ratio = 1000.0;
+    config.options.capacity.memory_ratio = 1000.0;
+    config.options.capacity.cpu_ratio = 1000.0;
     LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, Metrics::new()).await
 }
 

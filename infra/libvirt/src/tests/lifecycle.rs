@@ -77,8 +77,8 @@ async fn the_configured_platform_reaches_the_defined_domain() {
         &Fixture::default(),
         slots("libvirt", ZONE, "kvm.small", 1),
         |config| {
-            config.network = String::new();
-            config.platform = xml::Platform {
+            config.options.network = String::new();
+            config.options.platform = xml::Platform {
                 domain_type: xml::DomainType::Qemu,
                 kernel: Some(xml::DirectKernel {
                     kernel: "/guest/vmlinuz".to_owned(),

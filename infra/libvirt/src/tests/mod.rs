@@ -75,7 +75,7 @@ pub(super) fn config(
         InstanceCatalog::builtin(),
         image,
     );
-    config.capacity = CapacityPolicy {
+    config.options.capacity = CapacityPolicy {
         reserve_cpu: 0,
         reserve_memory_mib: 0,
         cpu_ratio: 1.0,

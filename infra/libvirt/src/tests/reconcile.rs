@@ -86,7 +86,7 @@ async fn orphans_are_reported_but_kept_in_a_dry_run() {
     let rig = rig_with(
         &Fixture::default(),
         slots("libvirt", ZONE, "kvm.small", 4),
-        |c| c.gc.grace = Duration::ZERO,
+        |c| c.options.gc.grace = Duration::ZERO,
     )
     .await;
     let machine = create(&rig.hv, &rig.slots[0]).await.unwrap();
@@ -111,8 +111,8 @@ async fn orphans_are_collected_after_the_grace_with_gc_on() {
         &Fixture::default(),
         slots("libvirt", ZONE, "kvm.small", 4),
         |c| {
-            c.gc.collect = true;
-            c.gc.grace = Duration::ZERO;
+            c.options.gc.collect = true;
+            c.options.gc.grace = Duration::ZERO;
         },
     )
     .await;
@@ -135,8 +135,8 @@ async fn orphans_wait_out_the_grace_period() {
         &Fixture::default(),
         slots("libvirt", ZONE, "kvm.small", 4),
         |c| {
-            c.gc.collect = true;
-            c.gc.grace = Duration::from_secs(3600);
+            c.options.gc.collect = true;
+            c.options.gc.grace = Duration::from_secs(3600);
         },
     )
     .await;
@@ -153,10 +153,10 @@ async fn machines_restored_from_state_are_checked_too() {
     // such domain: describe reports it vanished.
     let mut restored = rig.slots[0].clone();
     restored.state = MachineState::Idle;
-    restored.host = Some(bigfleet_libvirt_domain::HostRef {
-        provider: "libvirt".to_owned(),
-        reference: format!("{ZONE}/{}", domain_name("libvirt", restored.id.as_str())),
-    });
+    restored.host = Some(
+        bigfleet_libvirt_ports::DomainRef::new(ZONE, domain_name("libvirt", restored.id.as_str()))
+            .host_ref("libvirt"),
+    );
     rig.hv.track(&[Arc::new(restored)]);
     rig.hv.describe().await.unwrap();
     assert_eq!(drift(&rig.metrics, "vanished"), 1);

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use bigfleet_libvirt_domain::{HostRef, Machine, MachineId, MachineState};
 use bigfleet_libvirt_ports::{
-    Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
-    HypervisorError, ReadinessRequest,
+    Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DomainRef, DrainRequest,
+    Hypervisor, HypervisorError, ReadinessRequest,
 };
 use rand_core::{RngCore, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -92,16 +92,17 @@ impl<C: Clock> FakeHypervisor<C> {
             let Some(host) = machine.host.as_ref().filter(|h| h.is_set()) else {
                 continue;
             };
-            let (zone, name) = host
+            // A reference of another form (no zone) names the domain alone.
+            let DomainRef { zone, name } = host
                 .reference
-                .rsplit_once('/')
-                .unwrap_or(("", &host.reference));
+                .parse()
+                .unwrap_or_else(|_| DomainRef::new("", host.reference.as_str()));
             state
                 .domains
                 .entry(machine.id.clone())
                 .or_insert_with(|| FakeDomain {
-                    name: name.to_owned(),
-                    zone: zone.to_owned(),
+                    name,
+                    zone,
                     running: true,
                     cluster: machine.cluster.clone(),
                     drain_fault: false,
@@ -148,10 +149,7 @@ impl<C: Clock> FakeHypervisor<C> {
     }
 
     fn host(&self, domain: &FakeDomain) -> HostRef {
-        HostRef {
-            provider: self.config.provider.clone(),
-            reference: format!("{}/{}", domain.zone, domain.name),
-        }
+        DomainRef::new(domain.zone.as_str(), domain.name.as_str()).host_ref(&self.config.provider)
     }
 
     fn with_domain<T>(

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The real-QEMU tier: `ci`, every step in order with timings, then the tests, always stopping.
+# Sourced by scripts/qemu-tier/run.sh (not run on its own), after common.sh.
+# shellcheck disable=SC2154 # the lowercase settings (tier_dir, pool, ...) are set in common.sh
+
+# Runs one step and prints how long it took.
+timed() {
+    local name=$1 started=$SECONDS
+    shift
+    "$@"
+    echo "qemu tier: $name: $((SECONDS - started))s"
+}
+
+# The EXIT trap of ci: stop the tier, keep the exit status.
+ci_cleanup() {
+    local status=$?
+    cmd_stop || say "stop failed"
+    echo "qemu tier: total: $((SECONDS - ci_started))s"
+    exit "$status"
+}
+
+cmd_ci() {
+    if skipped; then
+        return 0
+    fi
+    lock
+    ci_started=$SECONDS
+    # Whatever happens from here on, the daemons are stopped and the mounts undone; the
+    # exit status is the first failure's (the test's, if everything before it worked).
+    trap ci_cleanup EXIT
+    timed stop-leftovers cmd_stop
+    timed prepare cmd_prepare
+    timed start cmd_start
+    eval "$(cmd_env)"
+    local test_started=$SECONDS status=0
+    # The tests drive the real binary; cargo test builds it (the tests are its package's).
+    (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration -- \
+            --ignored --nocapture --test-threads=1 qemu_e2e:: qemu_faults::) || status=$?
+    echo "qemu tier: test: $((SECONDS - test_started))s (exit status $status)"
+    exit "$status"
+}

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The real-QEMU test tier: two real libvirtd + QEMU (TCG) hosts from one Debian 12 chroot,
+# and a tiny guest (Debian cloud kernel + busybox/qemu-ga initramfs) the provider can drive
+# through the guest agent. The chroot is only built and never run in: each zone (a and b)
+# is an overlayfs mount on top of it with its own upper layer, so the two daemons share the
+# packages and the guest but each has its own /etc/libvirt, /run, /var/lib/libvirt (pool
+# and golden image) and /var/log. The chroot keeps the host untouched: installing Debian 12's
+# qemu-system-x86 on the host would remove its newer qemu-utils (qemu-img 10.0.2, from
+# bookworm-backports), which declares Breaks: qemu-system-common (<< 8.0).
+#
+#   scripts/qemu-tier/run.sh check     exit 0 if this machine can run the tier, else print
+#                                      "qemu tier: skipped: <reason>" and exit 3
+#   scripts/qemu-tier/run.sh prepare   build the chroot and the guest (idempotent; fast when done)
+#   scripts/qemu-tier/run.sh start     mount both zones, start virtlogd + libvirtd in each, create
+#                                      each zone's pool and golden image
+#   scripts/qemu-tier/run.sh env       print the BIGFLEET_QEMU_* export lines for the test
+#   scripts/qemu-tier/run.sh stop      remove every domain, stop the daemons, unmount
+#   scripts/qemu-tier/run.sh ci        check (skip = exit 0), prepare, start, run the qemu_e2e
+#                                      and qemu_faults tests (tests/tests/), always stop; exits
+#                                      with the tests' status
+#   scripts/qemu-tier/run.sh libvirtd ZONE kill|term|start
+#                                      SIGKILL / SIGTERM (waiting for it to exit) / start (waiting
+#                                      until it answers) one zone's libvirtd; takes no lock, for
+#                                      the fault tests while ci runs them
+#   scripts/qemu-tier/run.sh virsh ... virsh against zone a's daemon (QEMU_TIER_ZONE=b: zone b's)
+#   scripts/qemu-tier/run.sh shell     a shell inside the chroot (mounts it first)
+#
+# Environment: QEMU_TIER_DIR (default /var/tmp/bigfleet-qemu-tier) holds the chroot in
+# $QEMU_TIER_DIR/bookworm and the zones in $QEMU_TIER_DIR/zone-{a,b} (every socket, pid
+# file, pool and log lives under it); QEMU_TIER_MIRROR overrides the Debian mirror debootstrap uses
+# (default: the host's, from /etc/apt/sources.list.d/debian.sources). Needs root, x86_64,
+# apt and the mirror (only while the chroot is built).
+# Paths inside a zone (/guest/vmlinuz, the pool directory) are what its libvirtd sees; the
+# tests talk to each daemon through its zone's socket from the host.
+#
+# This file holds the commands; its parts sit beside it and the guest's files: common.sh
+# (settings and helpers), check.sh, chroot.sh (kernel mounts, processes, prepare), zones.sh
+# (start, stop, libvirtd, env) and ci.sh.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+# The guest's files (init, hooks, build script) and this script's parts.
+guest_src=$repo/scripts/qemu-tier
+
+# shellcheck source=scripts/qemu-tier/common.sh
+source "$guest_src/common.sh"
+# shellcheck source=scripts/qemu-tier/check.sh
+source "$guest_src/check.sh"
+# shellcheck source=scripts/qemu-tier/chroot.sh
+source "$guest_src/chroot.sh"
+# shellcheck source=scripts/qemu-tier/zones.sh
+source "$guest_src/zones.sh"
+# shellcheck source=scripts/qemu-tier/ci.sh
+source "$guest_src/ci.sh"
+
+# The header comment of this file.
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+
+case "${1:-}" in
+check) cmd_check ;;
+prepare)
+    lock
+    # The mounts prepare needs are undone when it ends (even on failure), unless the tier
+    # is running.
+    trap 'tier_running || unmount_chroot' EXIT
+    cmd_prepare
+    ;;
+start) lock && cmd_start ;;
+stop) lock && cmd_stop ;;
+env) cmd_env ;;
+ci) cmd_ci ;;
+libvirtd)
+    shift
+    cmd_libvirtd "$@"
+    ;;
+virsh)
+    shift
+    zone=${QEMU_TIER_ZONE:-a}
+    valid_zone "$zone"
+    in_zone "$zone" chroot_pid libvirtd >/dev/null || die "zone $zone is not started; run: $0 start"
+    in_zone "$zone" in_chroot virsh -c qemu:///system "$@"
+    ;;
+shell)
+    base_ready || die "not prepared; run: $0 prepare"
+    lock
+    mount_chroot
+    in_chroot TERM="${TERM:-dumb}" /bin/bash -l || true
+    tier_running || unmount_chroot
+    ;;
+"" | -h | --help | help) usage ;;
+*)
+    usage >&2
+    exit 2
+    ;;
+esac

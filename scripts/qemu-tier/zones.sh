@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# The real-QEMU tier: `start`, `stop`, `libvirtd` and `env`: mounting the two zones, their
+# daemons, pools and golden images, and the exports the tests read.
+# Sourced by scripts/qemu-tier/run.sh (not run on its own), after common.sh.
+# shellcheck disable=SC2154 # the lowercase settings (tier_dir, pool, ...) are set in common.sh
+
+# Mounts zone $1 (an overlay of the chroot) unless it is mounted. Its upper layer is thrown
+# away when the chroot was rebuilt since it was made (an overlay on a changed lower layer
+# is not coherent).
+mount_zone() {
+    local dir root stamp
+    dir=$(zone_dir "$1")
+    root=$(zone_root "$1")
+    mountpoint -q "$root" && return 0
+    stamp="$(base_stamp) $(guest_stamp)"
+    if [[ ! -f $dir/.stamp || $(cat "$dir/.stamp") != "$stamp" ]]; then
+        rm -rf --one-file-system "$dir/upper" "$dir/work"
+    fi
+    mkdir -p "$dir/upper" "$dir/work" "$root"
+    mount -t overlay "bigfleet-zone-$1" -o "lowerdir=$R,upperdir=$dir/upper,workdir=$dir/work" "$root" \
+        || die "cannot mount zone $1's overlay on $root"
+    echo "$stamp" >"$dir/.stamp"
+}
+
+# Starts virtlogd and libvirtd in the zone at $R (no waiting). The daemons daemonize
+# themselves and write pid files (no init system in the chroot).
+launch_daemons() {
+    mount_chroot
+    mkdir -p "$R/var/log/libvirt" "$R/run/libvirt" "$R$pool_dir"
+    if ! chroot_pid virtlogd >/dev/null; then
+        rm -f "$R/run/virtlogd.pid"
+        in_chroot virtlogd -d -p /run/virtlogd.pid 9>&-
+    fi
+    launch_libvirtd
+}
+
+launch_libvirtd() {
+    if ! chroot_pid libvirtd >/dev/null; then
+        rm -f "$R/run/libvirtd.pid"
+        in_chroot libvirtd -d -p /run/libvirtd.pid 9>&-
+    fi
+}
+
+# Waits until the libvirtd at $R answers (its first start probes QEMU's capabilities).
+await_libvirtd() {
+    local waited=0
+    until daemon_answers; do
+        ((waited < 120)) || die "libvirtd in $R does not answer after 60s (log: $R/var/log/libvirt/libvirtd.log)"
+        chroot_pid libvirtd >/dev/null || die "libvirtd in $R exited (log: $R/var/log/libvirt/libvirtd.log)"
+        sleep 0.5
+        ((waited += 1))
+    done
+}
+
+# The storage pool and the golden image the provider's overlays are backed by, at $R.
+ensure_pool() {
+    if ! virsh_ pool-info "$pool" >/dev/null 2>&1; then
+        virsh_ pool-define-as "$pool" dir --target "$pool_dir" >/dev/null
+    fi
+    local info
+    info=$(virsh_ pool-info "$pool")
+    if ! grep -Eq '^State:[[:space:]]+running' <<<"$info"; then
+        virsh_ pool-start "$pool" >/dev/null
+    fi
+    virsh_ pool-refresh "$pool" >/dev/null
+    if ! virsh_ vol-info --pool "$pool" "$image" >/dev/null 2>&1; then
+        virsh_ vol-create-as "$pool" "$image" "$image_size" --format qcow2 >/dev/null
+    fi
+}
+
+cmd_start() {
+    local started=$SECONDS z
+    if ! base_ready || ! guest_ready; then die "not prepared; run: $0 prepare"; fi
+    # Both daemons probe QEMU at once, then each gets its pool.
+    for z in "${zones[@]}"; do
+        mount_zone "$z"
+        in_zone "$z" launch_daemons
+    done
+    for z in "${zones[@]}"; do
+        in_zone "$z" await_libvirtd
+        in_zone "$z" ensure_pool
+        say "zone $z: libvirtd pid $(in_zone "$z" chroot_pid libvirtd), virtlogd pid $(in_zone "$z" chroot_pid virtlogd)"
+    done
+    say "started zones ${zones[*]} with pool $pool and image $image ($((SECONDS - started))s)"
+}
+
+# Removes every domain and every volume but the golden image at $R, stops its daemons and
+# whatever else runs there, and undoes its mounts.
+stop_root() {
+    if chroot_pid libvirtd >/dev/null && daemon_answers; then
+        local domain volume
+        while read -r domain; do
+            [[ -n $domain ]] || continue
+            virsh_ destroy "$domain" >/dev/null 2>&1 || true
+            virsh_ undefine --managed-save --snapshots-metadata --nvram "$domain" >/dev/null 2>&1 \
+                || virsh_ undefine "$domain" >/dev/null 2>&1 || true
+            say "removed domain $domain"
+        done < <(virsh_ list --all --name 2>/dev/null)
+        if virsh_ pool-refresh "$pool" >/dev/null 2>&1; then
+            while read -r volume _; do
+                [[ -n $volume && $volume != "$image" ]] || continue
+                virsh_ vol-delete --pool "$pool" "$volume" >/dev/null 2>&1 || true
+            done < <(virsh_ vol-list "$pool" 2>/dev/null)
+        fi
+    fi
+    # The daemons, by the PIDs in their pid files.
+    local pid
+    if pid=$(chroot_pid libvirtd); then terminate 15 "$pid"; fi
+    if pid=$(chroot_pid virtlogd); then terminate 10 "$pid"; fi
+    rm -f "$R/run/libvirtd.pid" "$R/run/virtlogd.pid"
+    # Anything else still running inside (a QEMU orphaned by a killed daemon).
+    local left
+    mapfile -t left < <(chroot_pids)
+    if ((${#left[@]} > 0)); then
+        say "stopping leftover processes in $R: ${left[*]}"
+        terminate 10 "${left[@]}"
+    fi
+    unmount_chroot
+}
+
+# Undoes each zone's mounts (its kernel filesystems, then the overlay itself).
+unmount_zones() {
+    local z root
+    for z in "${zones[@]}"; do
+        root=$(zone_root "$z")
+        mountpoint -q "$root" || continue
+        in_zone "$z" unmount_chroot
+        umount "$root" 2>/dev/null || umount -l "$root"
+    done
+}
+
+cmd_stop() {
+    [[ -d $R ]] || return 0
+    local z
+    for z in "${zones[@]}"; do
+        mountpoint -q "$(zone_root "$z")" || continue
+        in_zone "$z" stop_root
+    done
+    unmount_zones
+    # The chroot itself: mounts left by prepare (and daemons of an older, single-zone tier).
+    stop_root
+    say "stopped"
+}
+
+# `libvirtd ZONE kill|term|start`: fault injection for the tests. No lock (ci holds it
+# while the tests run); the zone must be mounted (the tier started).
+cmd_libvirtd() {
+    local z=${1:-} action=${2:-} pid
+    valid_zone "$z"
+    mountpoint -q "$(zone_root "$z")" || die "zone $z is not mounted; run: $0 start"
+    case $action in
+    kill)
+        pid=$(in_zone "$z" chroot_pid libvirtd) || die "zone $z's libvirtd is not running"
+        kill -KILL "$pid"
+        while [[ -d /proc/$pid ]]; do sleep 0.05; done
+        ;;
+    term)
+        pid=$(in_zone "$z" chroot_pid libvirtd) || die "zone $z's libvirtd is not running"
+        in_zone "$z" terminate 15 "$pid"
+        ;;
+    start)
+        in_zone "$z" launch_libvirtd
+        in_zone "$z" await_libvirtd
+        ;;
+    *) die "usage: $0 libvirtd ZONE kill|term|start" ;;
+    esac
+}
+
+cmd_env() {
+    local z root upper
+    for z in "${zones[@]}"; do
+        root=$(zone_root "$z")
+        # Zone a keeps the unsuffixed names (the single-host tests use it).
+        upper=${z^^}
+        [[ $z == a ]] && upper=
+        echo "export BIGFLEET_QEMU_URI${upper:+_$upper}='qemu+unix:///system?socket=$root/run/libvirt/libvirt-sock'"
+        # Where that libvirtd's file system is on the host (the tests read golden images there).
+        echo "export BIGFLEET_QEMU_ROOT${upper:+_$upper}='$root'"
+    done
+    echo "export BIGFLEET_QEMU_POOL='$pool'"
+    echo "export BIGFLEET_QEMU_IMAGE='$image'"
+    echo "export BIGFLEET_QEMU_KERNEL='$kernel'"
+    echo "export BIGFLEET_QEMU_INITRD='$initrd'"
+    echo "export BIGFLEET_QEMU_CMDLINE='$cmdline'"
+    # The fault tests stop and start daemons through this script, in this tier.
+    echo "export BIGFLEET_QEMU_TIER_SCRIPT='$repo/scripts/qemu-tier/run.sh'"
+    echo "export QEMU_TIER_DIR='$tier_dir'"
+}

@@ -1,1 +1,0 @@
-//! Black-box integration tests live in `tests/`; this library is empty.
