@@ -197,7 +197,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
 
 async fn serve<S: StateStore>(
     cli: &Cli,
-    plan: Plan,
+    mut plan: Plan,
     store: S,
     tls: Option<TlsState>,
     limits: NetLimits,
@@ -210,7 +210,7 @@ async fn serve<S: StateStore>(
                 "using the IN-MEMORY fake hypervisor: no real domains will be created \
                  (pass --connect for real hosts)"
             );
-            let fake = FakeHypervisor::new(fake_config(&plan), SystemClock);
+            let fake = FakeHypervisor::new(fake_config(&mut plan), SystemClock);
             let hypervisor = InstrumentedHypervisor::new(fake.clone(), metrics.clone());
             let provider = start(&plan, hypervisor, store, &metrics).await?;
             // The fake keeps no state of its own: give it back the restored machines' domains.
@@ -242,14 +242,14 @@ async fn start<H: Hypervisor, S: StateStore>(
 
 async fn serve_libvirt<S: StateStore>(
     cli: &Cli,
-    plan: Plan,
+    mut plan: Plan,
     store: S,
     tls: Option<TlsState>,
     metrics: Metrics,
     limits: NetLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let config = libvirt_config(&plan)?;
+    let config = libvirt_config(&mut plan)?;
     let libvirt =
         LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone()).await;
     let hypervisor = InstrumentedHypervisor::new(libvirt.clone(), metrics.clone());
@@ -259,7 +259,9 @@ async fn serve_libvirt<S: StateStore>(
     run_servers(cli, &plan, provider, metrics, tls, limits, shutdown).await
 }
 
-fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
+/// Moves the plan's slots into the adapter's configuration: the plan needs them no longer,
+/// and a second copy of every record would double the inventory's memory.
+fn libvirt_config(plan: &mut Plan) -> anyhow::Result<LibvirtConfig> {
     let settings = &plan.libvirt;
     let user_data = match &settings.base_user_data {
         Some(path) => Some(
@@ -271,7 +273,7 @@ fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
     let mut config = LibvirtConfig::new(
         &plan.provider_label,
         plan.connections.clone(),
-        plan.inventory.machines.clone(),
+        std::mem::take(&mut plan.inventory.machines),
         settings.catalog.clone(),
         &settings.image,
     );
@@ -286,10 +288,11 @@ fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
     Ok(config)
 }
 
-fn fake_config(plan: &Plan) -> FakeConfig {
+/// As [`libvirt_config`], the plan's slots move into the fake.
+fn fake_config(plan: &mut Plan) -> FakeConfig {
     FakeConfig {
         provider: plan.provider_label.clone(),
-        slots: plan.inventory.machines.clone(),
+        slots: std::mem::take(&mut plan.inventory.machines),
         delay_min: plan.fake.delay_min,
         delay_max: plan.fake.delay_max,
         seed: plan.fake.seed,
