@@ -13,6 +13,7 @@
 
 mod choreography;
 mod cursors;
+mod exit;
 mod load;
 mod mid_traffic;
 mod restored;

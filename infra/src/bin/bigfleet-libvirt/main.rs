@@ -59,12 +59,52 @@ fn main() -> ExitCode {
         runtime.shutdown_timeout(DOCTOR_JOIN_TIMEOUT);
         return code;
     }
-    match runtime.block_on(run(&cli)) {
+    let exit = Exit::default();
+    let served = runtime.block_on(run(&cli, &exit));
+    // Every runtime thread is joined before anything else happens at exit (see doctor).
+    drop(runtime);
+    exit.finish();
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bigfleet-libvirt: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// What serving hands back to `main` for the exit. Freeing a large inventory (the records,
+/// their List encodings, the indexes, the fake's slots) one allocation at a time took most
+/// of the time from SIGTERM to exit, and the process is about to give all of its memory
+/// back anyway: so once the runtime has stopped, the state file is closed cleanly and
+/// those structures are left for the exit to reclaim.
+#[derive(Default)]
+struct Exit {
+    store: std::sync::Mutex<Option<RedbStateStore>>,
+    keep: std::sync::Mutex<Vec<Box<dyn Send>>>,
+}
+
+impl Exit {
+    /// Keeps `value` alive until the process exits, never freeing it.
+    fn keep(&self, value: impl Send + 'static) {
+        let mut keep = self.keep.lock().unwrap_or_else(|e| e.into_inner());
+        keep.push(Box::new(value));
+    }
+
+    /// Closes `store` at exit, before whatever holds it is left unfreed.
+    fn close_at_exit(&self, store: &RedbStateStore) {
+        let mut slot = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = Some(store.clone());
+    }
+
+    /// After the runtime has stopped: writes what is queued and closes the state file, then
+    /// lets the kept structures go without freeing them.
+    fn finish(self) {
+        let store = self.store.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Some(store) = store {
+            store.close();
+        }
+        std::mem::forget(self.keep);
     }
 }
 
@@ -159,7 +199,7 @@ fn telemetry_config(cli: &Cli) -> TelemetryConfig {
     }
 }
 
-async fn run(cli: &Cli) -> anyhow::Result<()> {
+async fn run(cli: &Cli, exit: &Exit) -> anyhow::Result<()> {
     if let Some(Command::State {
         action: StateCommand::Inspect { machine, output },
     }) = &cli.command
@@ -183,12 +223,16 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     accept::raise_nofile_limit();
     let served = match &plan.state {
         Some(path) => match RedbStateStore::open(path) {
-            Ok(store) => serve(cli, plan, store, tls, limits, shutdown).await,
+            Ok(store) => {
+                exit.close_at_exit(&store);
+                serve(cli, plan, store, tls, limits, shutdown, exit).await
+            }
             Err(e) => Err(anyhow::anyhow!("--state: {e}")),
         },
         None => {
             warn!("no --state: bindings, fence marks and operation ids will not survive a restart");
-            serve(cli, plan, MemoryStateStore::new(), tls, limits, shutdown).await
+            let store = MemoryStateStore::new();
+            serve(cli, plan, store, tls, limits, shutdown, exit).await
         }
     };
     telemetry.shutdown().await;
@@ -202,6 +246,7 @@ async fn serve<S: StateStore>(
     tls: Option<TlsState>,
     limits: NetLimits,
     shutdown: impl Future<Output = ()> + Send,
+    exit: &Exit,
 ) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     match plan.backend {
@@ -215,6 +260,9 @@ async fn serve<S: StateStore>(
             let provider = start(&plan, hypervisor, store, &metrics).await?;
             // The fake keeps no state of its own: give it back the restored machines' domains.
             fake.adopt(&provider.peek(&Default::default()).machines);
+            // Nothing in either needs to run when they go: they are not freed at exit.
+            exit.keep(provider.clone());
+            exit.keep(fake.clone());
             run_servers(cli, &plan, provider, metrics, tls, limits, shutdown).await
         }
         Backend::Libvirt => serve_libvirt(cli, plan, store, tls, metrics, limits, shutdown).await,

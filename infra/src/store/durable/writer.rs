@@ -75,10 +75,10 @@ impl Writer {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         queue.as_ref().ok_or(())?.send(message).map_err(|_| ())
     }
-}
 
-impl Drop for Writer {
-    fn drop(&mut self) {
+    /// Closes the queue and waits for the thread: every change set queued so far is written,
+    /// then the database closes. Later messages are refused, as after a stop.
+    pub fn close(&self) {
         if let Ok(mut queue) = self.queue.lock() {
             queue.take();
         }
@@ -86,6 +86,12 @@ impl Drop for Writer {
         if let Some(thread) = thread {
             let _ = thread.join();
         }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
