@@ -16,6 +16,7 @@ mod cursors;
 mod exit;
 mod load;
 mod mid_traffic;
+mod migrate;
 mod restored;
 mod strong_b1006;
 

@@ -170,6 +170,7 @@ impl State {
     fn database(&mut self) -> Result<&Database, StoreError> {
         if self.database.is_none() {
             let reopened = Database::builder()
+                .set_cache_size(super::CACHE_BYTES)
                 .open(&self.path)
                 .map_err(|e| self.failure("reopen", &e))?;
             tracing::info!(path = %self.path.display(), "reopened the state file");
