@@ -166,7 +166,7 @@ fn read_all(path: &Path, database: &impl ReadableDatabase) -> Result<Snapshot, S
     let mut interner = Interner::default();
     for entry in table.iter().map_err(|e| read(&e))? {
         let (key, value) = entry.map_err(|e| read(&e))?;
-        let mut machine = machines::decode(value.value())
+        let mut machine = machines::decode(key.value(), value.value())
             .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
         interner.intern_machine(&mut machine);
         snapshot.machines.push(machine);
@@ -255,7 +255,7 @@ fn migrate(path: &Path, database: &mut Database) -> Result<(), StoreError> {
         let mut rewritten = Vec::new();
         for entry in table.iter().map_err(|e| fail(&e))? {
             let (key, value) = entry.map_err(|e| fail(&e))?;
-            let machine = machines::decode(value.value())
+            let machine = machines::decode(key.value(), value.value())
                 .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
             rewritten.push((key.value().to_owned(), machines::encode(&machine)));
         }

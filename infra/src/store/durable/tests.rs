@@ -254,7 +254,7 @@ fn downgrade_to_schema_1(path: &Path) {
             .unwrap()
             .map(|entry| {
                 let (key, value) = entry.unwrap();
-                let machine = machines::decode(value.value()).unwrap();
+                let machine = machines::decode(key.value(), value.value()).unwrap();
                 (key.value().to_owned(), machines::encode_v1(&machine))
             })
             .collect();
@@ -332,4 +332,34 @@ async fn a_newer_schema_is_refused_naming_the_file_and_both_versions() {
         &path,
         "schema version is 3 but this build reads only 2 and 1",
     );
+}
+
+/// The seed of the default inventory, whose slot ids (`.../99`, `.../100`) are not in key
+/// order, packs the file as tightly as keys in order would: about 180 bytes per machine,
+/// where writing them in the order given left the pages half empty (about 360).
+#[tokio::test]
+async fn a_seed_in_any_order_is_packed_tightly() {
+    const SLOTS: usize = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let store = RedbStateStore::open(&path).unwrap();
+    let catalog = crate::config::InstanceCatalog::builtin();
+    let prices = crate::config::PriceTable::default();
+    let offerings = crate::config::default_offerings(100_000, &[], "local", "on_demand", &catalog);
+    let cfg = crate::config::InventoryConfig {
+        provider: "libvirt",
+        catalog: &catalog,
+        prices: &prices,
+        require_zones: None,
+    };
+    let machines = crate::config::build_inventory(&offerings, &cfg)
+        .unwrap()
+        .machines;
+    assert_eq!(machines.len(), SLOTS);
+    let (_, seed) = bigfleet_libvirt_domain::Core::seed(Default::default(), machines).unwrap();
+    store.commit(seed).await.unwrap();
+    drop(store);
+    let per_machine = std::fs::metadata(&path).unwrap().len() as usize / SLOTS;
+    println!("state file: {per_machine} bytes per machine");
+    assert!(per_machine <= 250, "{per_machine} bytes per machine");
 }

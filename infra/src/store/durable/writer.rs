@@ -204,11 +204,17 @@ fn write(database: &Database, batch: &[Job]) -> Result<(), redb::Error> {
         let mut machine_table = txn.open_table(machines::TABLE)?;
         let mut fence_table = txn.open_table(fences::TABLE)?;
         let mut op_table = txn.open_table(operations::TABLE)?;
+        // Records go in in key order (a stable sort: when several change sets of the batch
+        // hold one machine, the last one's record is still written last). In the order they
+        // come, a seed of slot ids like `.../99`, `.../100` lands all over the tree and
+        // leaves its pages half empty: the state file was nearly half as large again.
+        let mut records: Vec<_> = batch.iter().flat_map(|j| &j.changes.machines).collect();
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        for machine in records {
+            machine_table.insert(machine.id.as_str(), machines::encode(machine).as_slice())?;
+        }
         for job in batch {
             let changes = &job.changes;
-            for machine in &changes.machines {
-                machine_table.insert(machine.id.as_str(), machines::encode(machine).as_slice())?;
-            }
             for (key, mark) in &changes.fences {
                 let k = (key.shard_id.as_str(), key.machine_id.as_str());
                 fence_table.insert(k, (mark.epoch, mark.sequence))?;

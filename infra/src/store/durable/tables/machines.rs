@@ -3,7 +3,7 @@
 //! Key: `&str` machine id. Value: one version byte, then the record.
 //! - Version 2 (written since schema 2): the record as a protobuf message of its own
 //!   ([`Stored`]), states and capacity types by their wire numbers, which the contract fixes
-//!   forever. About a quarter of version 1's size.
+//!   forever, and without the id (it is the key). About a quarter of version 1's size.
 //! - Version 1 (schema 1 files): the JSON form of the domain `Machine`, states and capacity
 //!   types by name. Still read, so an older file migrates (see `super::super::migrate`).
 //!
@@ -36,11 +36,10 @@ pub enum DecodeError {
     Malformed(String),
 }
 
-/// A version 2 record. Field numbers are the format: never reuse or renumber one.
+/// A version 2 record. Field numbers are the format: never reuse or renumber one. (Field 1
+/// is not used: the id is the record's key.)
 #[derive(Clone, PartialEq, Message)]
 struct Stored {
-    #[prost(string, tag = "1")]
-    id: String,
     /// `MachineState` wire number.
     #[prost(int32, tag = "2")]
     state: i32,
@@ -84,7 +83,6 @@ struct StoredHost {
 #[must_use]
 pub fn encode(machine: &Machine) -> Vec<u8> {
     let stored = Stored {
-        id: machine.id.as_str().to_owned(),
         state: machine.state as i32,
         host: machine.host.as_ref().map(|h| StoredHost {
             provider: h.provider.clone(),
@@ -122,25 +120,34 @@ pub fn encode_v1(machine: &Machine) -> Vec<u8> {
     out
 }
 
-/// Decodes a record of any version this build reads.
+/// Decodes the record stored under the key `id`, of any version this build reads.
 ///
 /// # Errors
-/// When the value is empty, of an unknown version, or malformed.
-pub fn decode(bytes: &[u8]) -> Result<Machine, DecodeError> {
+/// When the value is empty, of an unknown version, or malformed, or a version 1 record
+/// names another id than its key.
+pub fn decode(id: &str, bytes: &[u8]) -> Result<Machine, DecodeError> {
     let (&version, body) = bytes.split_first().ok_or(DecodeError::Empty)?;
     match version {
-        VERSION_2 => decode_v2(body),
+        VERSION_2 => decode_v2(id, body),
         VERSION_1 => {
-            serde_json::from_slice(body).map_err(|e| DecodeError::Malformed(e.to_string()))
+            let machine: Machine =
+                serde_json::from_slice(body).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+            if machine.id.as_str() != id {
+                return Err(DecodeError::Malformed(format!(
+                    "the record names machine {:?}",
+                    machine.id.as_str()
+                )));
+            }
+            Ok(machine)
         }
         other => Err(DecodeError::UnknownVersion(other)),
     }
 }
 
-fn decode_v2(body: &[u8]) -> Result<Machine, DecodeError> {
+fn decode_v2(id: &str, body: &[u8]) -> Result<Machine, DecodeError> {
     let stored = Stored::decode(body).map_err(|e| DecodeError::Malformed(e.to_string()))?;
-    let id = MachineId::new(stored.id)
-        .map_err(|_| DecodeError::Malformed("the machine id is empty".to_owned()))?;
+    let id = MachineId::new(id)
+        .map_err(|_| DecodeError::Malformed("the machine id (its key) is empty".to_owned()))?;
     let state = MachineState::from_wire(stored.state)
         .ok_or_else(|| DecodeError::Malformed(format!("unknown machine state {}", stored.state)))?;
     Ok(Machine {
@@ -214,24 +221,31 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(128))]
         #[test]
         fn machine_records_round_trip_exactly(m in machine()) {
-            prop_assert_eq!(decode(&encode(&m)).unwrap(), m.clone());
-            prop_assert_eq!(decode(&encode_v1(&m)).unwrap(), m);
+            let id = m.id.as_str();
+            prop_assert_eq!(decode(id, &encode(&m)).unwrap(), m.clone());
+            prop_assert_eq!(decode(id, &encode_v1(&m)).unwrap(), m.clone());
+            prop_assert!(decode("another", &encode_v1(&m)).is_err() || id == "another");
         }
     }
 
     #[test]
     fn unknown_versions_and_garbage_are_refused() {
-        assert_eq!(decode(&[]), Err(DecodeError::Empty));
+        assert_eq!(decode("m", &[]), Err(DecodeError::Empty));
         assert_eq!(
-            decode(&[9, b'{', b'}']),
+            decode("m", &[9, b'{', b'}']),
             Err(DecodeError::UnknownVersion(9))
         );
-        assert!(matches!(decode(&[1, b'x']), Err(DecodeError::Malformed(_))));
-        assert!(matches!(decode(&[2, 0xff]), Err(DecodeError::Malformed(_))));
+        assert!(matches!(
+            decode("m", &[1, b'x']),
+            Err(DecodeError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode("m", &[2, 0xff]),
+            Err(DecodeError::Malformed(_))
+        ));
         // A state number the contract does not define is refused, never guessed.
-        let unknown_state = decode(&[2, 0x0a, 1, b'a', 0x10, 42]);
         assert_eq!(
-            unknown_state,
+            decode("m", &[2, 0x10, 42]),
             Err(DecodeError::Malformed(
                 "unknown machine state 42".to_owned()
             ))
