@@ -121,6 +121,116 @@ async fn core_and_store(table: &mut Table, slots: Vec<Machine>) -> Result<(), Bo
     Ok(())
 }
 
+type Served = (
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), String>>,
+);
+
+type BenchProvider = bigfleet_libvirt_ports::Provider<
+    InstrumentedHypervisor<FakeHypervisor<SystemClock>>,
+    MemoryStateStore,
+    SystemClock,
+    TokioSpawner,
+>;
+
+/// Serves `provider` on a loopback port as the binary does (`app::serve`).
+async fn serve(provider: BenchProvider, metrics: Metrics) -> Result<Served, BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = ServeConfig {
+        reflection: false,
+        reconcile_interval: None,
+        drain_period: Duration::from_secs(1),
+        banner: Banner::default(),
+        tls: None,
+        fault_hooks: false,
+        client_identity: IdentityMode::Off,
+        limits: app::NetLimits::default(),
+    };
+    let server = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        app::serve(provider, metrics, listener, None, config, shutdown)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    Ok((addr, stop, server))
+}
+
+/// The List memo (and what a second full List leaves behind).
+async fn lists(table: &mut Table, c: &mut CapacityProviderClient<Channel>) -> Result<(), BoxError> {
+    let before = live();
+    let listed = c.list(pb::ListFilter::default()).await?.into_inner();
+    let count = listed.machines.len();
+    let wire = prost::Message::encoded_len(&listed);
+    drop(listed);
+    settle().await;
+    table.row(
+        &format!(
+            "List memo after one full List ({count} machines, {} B each on the wire)",
+            wire / count.max(1)
+        ),
+        live() - before,
+        true,
+    );
+    let before = live();
+    let again = c.list(pb::ListFilter::default()).await?.into_inner();
+    drop(again);
+    settle().await;
+    table.row(
+        "  left behind by a second full List (both ends in this process)",
+        live() - before,
+        false,
+    );
+    Ok(())
+}
+
+/// What Creates on `ids` (from eight shards) add.
+async fn creates(c: &mut CapacityProviderClient<Channel>, ids: &[String]) -> Result<(), BoxError> {
+    let before = live();
+    for (n, id) in ids.iter().enumerate() {
+        c.create(pb::CreateRequest {
+            machine_id: id.clone(),
+            shard_id: format!("shard-{}", n % 8),
+            shard_epoch: 1,
+            sequence_number: 1,
+        })
+        .await?;
+    }
+    let filter = pb::ListFilter {
+        states: vec![pb::MachineState::Creating as i32],
+        max_results: 0,
+        since_revision: vec![],
+    };
+    let t = std::time::Instant::now();
+    while !c
+        .list(filter.clone())
+        .await?
+        .into_inner()
+        .machines
+        .is_empty()
+    {
+        if t.elapsed() > Duration::from_secs(60) {
+            return Err("the benchmark's Creates did not finish within 60 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let bytes = live() - before;
+    println!(
+        "{:<58} {:>10.2} MiB {:>9.0} B/mutated machine",
+        format!(
+            "{} Creates: fence marks, op ids, new versions, domains",
+            ids.len()
+        ),
+        bytes as f64 / (1024.0 * 1024.0),
+        bytes as f64 / ids.len() as f64
+    );
+    Ok(())
+}
+
 /// Every component at `machines`, as the binary builds them.
 pub async fn run(machines: usize) -> Result<(), BoxError> {
     println!("\n== heap by component, {machines} machines (counting allocator, in process) ==");
@@ -131,7 +241,7 @@ pub async fn run(machines: usize) -> Result<(), BoxError> {
     let before = live();
     let plan_inventory = inventory(machines);
     let inventory_bytes = live() - before;
-    // Creates below go to a tenth of the slots (at most 2,000), from eight shards.
+    // Creates below go to a tenth of the slots (at most 2,000).
     let mutated = (machines / 10).clamp(1, 2_000);
     let ids: Vec<String> = plan_inventory
         .iter()
@@ -166,88 +276,11 @@ pub async fn run(machines: usize) -> Result<(), BoxError> {
         true,
     );
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let config = ServeConfig {
-        reflection: false,
-        reconcile_interval: None,
-        drain_period: Duration::from_secs(1),
-        banner: Banner::default(),
-        tls: None,
-        fault_hooks: false,
-        client_identity: IdentityMode::Off,
-        limits: app::NetLimits::default(),
-    };
-    let server = tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = stopped.await;
-        };
-        app::serve(provider, metrics, listener, None, config, shutdown)
-            .await
-            .map_err(|e| e.to_string())
-    });
+    let (addr, stop, server) = serve(provider, metrics).await?;
     let mut c = client(addr).await?;
     c.get(pb::MachineRef { id: ids[0].clone() }).await?;
-    let before = live();
-    let listed = c.list(pb::ListFilter::default()).await?.into_inner();
-    let count = listed.machines.len();
-    let wire = prost::Message::encoded_len(&listed);
-    drop(listed);
-    settle().await;
-    table.row(
-        &format!(
-            "List memo after one full List ({count} machines, {} B each on the wire)",
-            wire / count.max(1)
-        ),
-        live() - before,
-        true,
-    );
-    let before = live();
-    let again = c.list(pb::ListFilter::default()).await?.into_inner();
-    drop(again);
-    settle().await;
-    table.row(
-        "  left behind by a second full List (both ends in this process)",
-        live() - before,
-        false,
-    );
-
-    let before = live();
-    for (n, id) in ids.iter().enumerate() {
-        c.create(pb::CreateRequest {
-            machine_id: id.clone(),
-            shard_id: format!("shard-{}", n % 8),
-            shard_epoch: 1,
-            sequence_number: 1,
-        })
-        .await?;
-    }
-    let filter = pb::ListFilter {
-        states: vec![pb::MachineState::Creating as i32],
-        max_results: 0,
-        since_revision: vec![],
-    };
-    let t = std::time::Instant::now();
-    while !c
-        .list(filter.clone())
-        .await?
-        .into_inner()
-        .machines
-        .is_empty()
-    {
-        if t.elapsed() > Duration::from_secs(60) {
-            return Err("the benchmark's Creates did not finish within 60 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let bytes = live() - before;
-    println!(
-        "{:<58} {:>10.2} MiB {:>9.0} B/mutated machine",
-        format!("{mutated} Creates: fence marks, op ids, new versions, domains"),
-        bytes as f64 / (1024.0 * 1024.0),
-        bytes as f64 / mutated as f64
-    );
+    lists(&mut table, &mut c).await?;
+    creates(&mut c, &ids).await?;
     let total = table.total;
     table.row(
         "total of the counted rows (before the Creates)",

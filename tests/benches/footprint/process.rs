@@ -388,8 +388,16 @@ async fn one_size(
         size as f64 / machines as f64,
         goal::STATE_MB
     );
-    // Restart on the file, then one Create and one Configure to see what a mutation writes.
-    let (proc, _, rss_listed, listed) = boot(binary, machines, Some(&path)).await?;
+    restart_and_configure(binary, &path, machines).await
+}
+
+/// Restarts on the file, then one Create and one Configure to see what a mutation writes.
+async fn restart_and_configure(
+    binary: &Path,
+    path: &Path,
+    machines: usize,
+) -> Result<(), BoxError> {
+    let (proc, _, rss_listed, listed) = boot(binary, machines, Some(path)).await?;
     println!(
         "restart on the state file to first full List: {:.0} ms (goal ≤ {} ms), RSS {rss_listed:.1} MiB",
         ms(listed),
@@ -405,7 +413,7 @@ async fn one_size(
     })
     .await?;
     reach(proc.addr, &id, pb::MachineState::Idle).await?;
-    let (before, written) = (file_bytes(&path), written_bytes(proc.child.id()));
+    let (before, written) = (file_bytes(path), written_bytes(proc.child.id()));
     c.configure(pb::ConfigureRequest {
         machine_id: id.clone(),
         cluster_id: "bench-cluster".to_owned(),
@@ -416,7 +424,7 @@ async fn one_size(
     })
     .await?;
     reach(proc.addr, &id, pb::MachineState::Configured).await?;
-    let after = file_bytes(&path);
+    let after = file_bytes(path);
     let written = written_bytes(proc.child.id()) - written;
     println!(
         "one Configure (two commits): {written} bytes written to storage ({:.1} per machine \
@@ -426,6 +434,100 @@ async fn one_size(
     );
     let exit = proc.terminate()?;
     println!("SIGTERM to exit after the restart: {:.1} ms", ms(exit));
+    Ok(())
+}
+
+/// Waits until no machine is in `states` (polls a capped List).
+async fn settled(addr: SocketAddr, states: &[pb::MachineState]) -> Result<(), BoxError> {
+    let mut c = client(&channel(addr).await?);
+    let filter = pb::ListFilter {
+        states: states.iter().map(|s| *s as i32).collect(),
+        max_results: 1,
+        since_revision: vec![],
+    };
+    let t = Instant::now();
+    while !c
+        .list(filter.clone())
+        .await?
+        .into_inner()
+        .machines
+        .is_empty()
+    {
+        if t.elapsed() > Duration::from_secs(300) {
+            return Err(format!("machines still {states:?} after 300 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Sends `call` for every id from `CLIENTS` clients, each with a share of the ids.
+async fn for_all<F, Fut>(addr: SocketAddr, ids: &[String], call: F) -> Result<(), BoxError>
+where
+    F: Fn(CapacityProviderClient<Channel>, String) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<CapacityProviderClient<Channel>, tonic::Status>> + Send,
+{
+    let mut workers = Vec::new();
+    for chunk in ids.chunks(ids.len().div_ceil(CLIENTS).max(1)) {
+        let chunk = chunk.to_vec();
+        let mut c = client(&channel(addr).await?);
+        let call = call.clone();
+        workers.push(tokio::spawn(async move {
+            for id in chunk {
+                c = call(c, id).await.map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    for worker in workers {
+        worker.await??;
+    }
+    Ok(())
+}
+
+/// The worst case for sizing: every machine Created and Configured (a fence mark, two
+/// operation ids, a host, a cluster and metadata each), then one full List; in memory.
+async fn all_in_use(binary: &Path, machines: usize) -> Result<(), BoxError> {
+    let (proc, _, rss_listed, _) = boot(binary, machines, None).await?;
+    let ids = some_ids(proc.addr, machines).await?;
+    let t = Instant::now();
+    for_all(proc.addr, &ids, |mut c, id| async move {
+        c.create(pb::CreateRequest {
+            machine_id: id,
+            shard_id: "bench".to_owned(),
+            shard_epoch: 1,
+            sequence_number: 1,
+        })
+        .await?;
+        Ok(c)
+    })
+    .await?;
+    settled(proc.addr, &[pb::MachineState::Creating]).await?;
+    for_all(proc.addr, &ids, |mut c, id| async move {
+        c.configure(pb::ConfigureRequest {
+            machine_id: id,
+            cluster_id: "bench-cluster".to_owned(),
+            shard_id: "bench".to_owned(),
+            shard_epoch: 1,
+            sequence_number: 2,
+            shard_metadata: [("bigfleet.io/node-pool".to_owned(), "pool-a".to_owned())].into(),
+            ..Default::default()
+        })
+        .await?;
+        Ok(c)
+    })
+    .await?;
+    settled(proc.addr, &[pb::MachineState::Configuring]).await?;
+    full_list(proc.addr).await?;
+    let rss = proc.rss_mib();
+    println!(
+        "\nevery one of {machines} machines Created and Configured ({:.1} s), then a full List: \
+         RSS {rss:.1} MiB ({rss_listed:.1} MiB with all Speculative; {:.2} KiB more per machine \
+         in use)",
+        t.elapsed().as_secs_f64(),
+        (rss - rss_listed) * 1024.0 / machines as f64
+    );
+    proc.terminate()?;
     Ok(())
 }
 
@@ -493,6 +595,8 @@ pub async fn run(sizes: &[usize], quick: bool) -> Result<(), BoxError> {
     } else {
         Duration::from_secs(2)
     };
-    replay_vs_get(&binary, sizes.last().copied().unwrap_or(8_000), window).await?;
+    let largest = sizes.iter().copied().max().unwrap_or(8_000);
+    replay_vs_get(&binary, largest, window).await?;
+    all_in_use(&binary, largest).await?;
     Ok(())
 }
