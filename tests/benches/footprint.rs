@@ -25,7 +25,8 @@
 //! `BENCH_QUICK=1` (or a start without `--bench`, as `cargo test --benches` does) runs only
 //! 8,000 machines and shorter throughput windows; `BENCH_FOOTPRINT_SIZES=8000,100000` picks
 //! the sizes; `BENCH_FOOTPRINT_PARTS=heap` (or `process`) runs one part only (the heap part
-//! needs no release binary). Numbers are printed, never asserted.
+//! needs no release binary); `BENCH_FOOTPRINT_ARGS` adds flags to every provider started
+//! (e.g. `--log-level=warn`). Numbers are printed, never asserted.
 
 #[path = "footprint/heap.rs"]
 mod heap;

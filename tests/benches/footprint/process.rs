@@ -69,6 +69,9 @@ impl Proc {
             "--reconcile-interval=0s",
         ]);
         command.arg(format!("--seed-count={machines}"));
+        if let Ok(extra) = std::env::var("BENCH_FOOTPRINT_ARGS") {
+            command.args(extra.split_whitespace());
+        }
         if let Some(path) = state {
             command.arg(format!("--state={}", path.display()));
         }
@@ -82,13 +85,17 @@ impl Proc {
         let stderr = child.stderr.take().ok_or("no stderr pipe")?;
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = serving_addr(&line)
-                    && let Some(tx) = tx.take()
-                {
+            let mut reader = BufReader::new(stderr);
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                if let Some(addr) = serving_addr(&line) {
                     let _ = tx.send((addr, started.elapsed()));
+                    // The rest of the log is drained unread: parsing every line (one per
+                    // mutating call) would take CPU from the process measured.
+                    let _ = std::io::copy(&mut reader, &mut std::io::sink());
+                    return;
                 }
+                line.clear();
             }
         });
         match rx.recv_timeout(START_TIMEOUT) {
