@@ -251,14 +251,19 @@ fn migrate(path: &Path, database: &mut Database) -> Result<(), StoreError> {
     let fail = |e: &dyn std::fmt::Display| unwritable(path, "migrate the", e);
     let txn = database.begin_write().map_err(|e| fail(&e))?;
     let migrated = {
-        let mut table = txn.open_table(machines::TABLE).map_err(|e| fail(&e))?;
         let mut rewritten = Vec::new();
+        let table = txn.open_table(machines::TABLE).map_err(|e| fail(&e))?;
         for entry in table.iter().map_err(|e| fail(&e))? {
             let (key, value) = entry.map_err(|e| fail(&e))?;
             let machine = machines::decode(key.value(), value.value())
                 .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
             rewritten.push((key.value().to_owned(), machines::encode(&machine)));
         }
+        drop(table);
+        // A new table filled in key order packs its pages full; rewriting the records in
+        // place would keep the old tree's half-empty pages.
+        txn.delete_table(machines::TABLE).map_err(|e| fail(&e))?;
+        let mut table = txn.open_table(machines::TABLE).map_err(|e| fail(&e))?;
         for (key, value) in &rewritten {
             table
                 .insert(key.as_str(), value.as_slice())
