@@ -12,6 +12,7 @@ use crate::fence::{FenceKey, FenceMark};
 use crate::machine::{Machine, MachineId, MachineState, Timestamp};
 use crate::operation::{Kind, OperationId};
 use crate::savepoint::Savepoint;
+use crate::shared::Interner;
 use crate::validate::{InvalidMachine, validate_instance};
 
 pub use crate::list::{ListPage, ListQuery, ListRotation};
@@ -153,23 +154,28 @@ impl Core {
     /// The first invalid or duplicate record; nothing is seeded then.
     pub fn seed(policy: Policy, described: Vec<Machine>) -> Result<(Self, ChangeSet), SeedError> {
         let mut core = Self::empty(policy);
-        for machine in &described {
-            validate_instance(machine, core.policy.require_zone)?;
+        // The described records move into the core (no copy of the inventory is made), and
+        // equal maps share one allocation.
+        let mut ids = Vec::with_capacity(described.len());
+        let mut interner = Interner::default();
+        for mut machine in described {
+            interner.intern_machine(&mut machine);
+            validate_instance(&machine, core.policy.require_zone)?;
             if core.records.contains_key(&machine.id) {
                 let id = machine.id.to_string();
                 return Err(InvalidMachine::Duplicate { id }.into());
             }
+            ids.push(machine.id.clone());
             core.records.insert(
                 machine.id.clone(),
                 Record {
-                    machine: Arc::new(machine.clone()),
+                    machine: Arc::new(machine),
                     modified: 0,
                     in_flight: None,
                 },
             );
         }
         let mut changes = ChangeSet::default();
-        let ids: Vec<MachineId> = described.into_iter().map(|m| m.id).collect();
         for id in ids {
             let machine = core.touch(&id);
             changes.machines.push(machine);
@@ -192,7 +198,9 @@ impl Core {
         let mut core = Self::empty(policy);
         core.revision = snapshot.revision;
         core.next_operation = snapshot.next_operation;
-        for machine in snapshot.machines {
+        let mut interner = Interner::default();
+        for mut machine in snapshot.machines {
+            interner.intern_machine(&mut machine);
             if let Some(problem) = machine.shape_violation() {
                 return Err(SeedError::Corrupt(problem));
             }

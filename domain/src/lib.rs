@@ -19,6 +19,7 @@ mod mutate;
 mod operation;
 mod reconcile;
 mod savepoint;
+mod shared;
 mod transitions;
 mod validate;
 
@@ -37,4 +38,5 @@ pub use crate::machine::{
 pub use crate::mutate::{Ack, Dispatch, MutateDecision, MutateError, MutateRequest, Mutation};
 pub use crate::operation::{Kind, OperationId};
 pub use crate::savepoint::Savepoint;
+pub use crate::shared::{Interner, SharedMap};
 pub use crate::validate::{InvalidMachine, validate_instance};

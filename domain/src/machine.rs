@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::shared::SharedMap;
+
 /// A string-to-string map with deterministic iteration order (labels, resources, metadata).
 pub type StringMap = BTreeMap<String, String>;
 
@@ -37,9 +39,12 @@ impl Timestamp {
 }
 
 /// A machine identifier: any non-empty string, opaque to the core.
+///
+/// Shared, not copied: the inventory's maps, the revision index and the stores all key by
+/// the id, so a clone costs a reference count, not another string.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct MachineId(String);
+pub struct MachineId(Arc<str>);
 
 /// The only way a machine id can be malformed: it is empty.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -56,7 +61,7 @@ impl MachineId {
         if id.is_empty() {
             Err(MachineIdError)
         } else {
-            Ok(Self(id))
+            Ok(Self(Arc::from(id)))
         }
     }
 
@@ -68,7 +73,7 @@ impl MachineId {
 
     /// The smallest id in sort order, used only as a range bound.
     pub(crate) fn lowest() -> Self {
-        Self(String::new())
+        Self(Arc::from(""))
     }
 }
 
@@ -227,12 +232,12 @@ pub struct Machine {
     pub price_per_hour: f64,
     /// Hourly interruption probability in [0, 1].
     pub interruption_probability: f64,
-    /// Per-replica request shape the machine serves.
-    pub resources: StringMap,
-    /// Hardware capacity.
-    pub allocatable: StringMap,
-    /// Extra matching labels.
-    pub labels: StringMap,
+    /// Per-replica request shape the machine serves (shared with equal records).
+    pub resources: SharedMap,
+    /// Hardware capacity (shared with equal records).
+    pub allocatable: SharedMap,
+    /// Extra matching labels (shared with equal records).
+    pub labels: SharedMap,
     /// Why the machine is Failed; empty otherwise.
     pub last_error: String,
     /// The bound cluster while Configuring, Configured or Draining.

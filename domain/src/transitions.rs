@@ -309,10 +309,10 @@ fn settle(machine: &mut Machine, kind: Kind, result: TransitionResult, timeout: 
             machine.state = MachineState::Idle;
             machine.host = Some(host);
             if let Some(resources) = resources {
-                machine.resources = resources;
+                machine.resources = resources.into();
             }
             if let Some(allocatable) = allocatable {
-                machine.allocatable = allocatable;
+                machine.allocatable = allocatable.into();
             }
         }
         (Kind::Configure, TransitionResult::Configured) => machine.state = MachineState::Configured,

@@ -51,11 +51,11 @@ fn create_attaches_the_host_and_replaces_maps_only_when_given() {
         assert_eq!(machine.host, Some(host(i)));
         assert_eq!(
             machine.resources,
-            resources.unwrap_or_else(|| speculative(i).resources)
+            resources.unwrap_or_else(|| speculative(i).resources.into())
         );
         assert_eq!(
             machine.allocatable,
-            allocatable.unwrap_or_else(|| speculative(i).allocatable)
+            allocatable.unwrap_or_else(|| speculative(i).allocatable.into())
         );
     }
 }

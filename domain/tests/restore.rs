@@ -5,7 +5,7 @@ mod common;
 
 use bigfleet_libvirt_domain::{
     ChangeSet, CompletionOutcome, Core, FenceMark, Kind, Machine, MachineState, MutateError,
-    OperationId, SeedError, Snapshot,
+    OperationId, SeedError, Snapshot, TransitionResult,
 };
 use common::*;
 
@@ -236,4 +236,33 @@ fn applying_every_change_set_in_order_reproduces_the_snapshot() {
     let mut store = stored;
     store.apply(&recovery.expect("m-002 was Creating"));
     assert_eq!(normalized(store), normalized(core.snapshot()));
+}
+
+#[test]
+fn equal_maps_of_restored_records_share_one_allocation_and_edits_stay_private() {
+    // A store hands back each record with maps of its own (deserialised apart).
+    let snapshot = Snapshot {
+        machines: (0..3).map(speculative).collect(),
+        ..Snapshot::default()
+    };
+    assert!(
+        !snapshot.machines[0]
+            .resources
+            .shares(&snapshot.machines[1].resources)
+    );
+    let (mut core, _) = restore(snapshot);
+    let (a, b) = (get(&core, &id(0)), get(&core, &id(1)));
+    assert!(a.resources.shares(&b.resources));
+    assert!(a.allocatable.shares(&b.allocatable));
+    // A Create whose hypervisor reports other resources changes that record alone.
+    let ack = accept(&mut core, mutation(&id(0), Kind::Create, token("s", 1, 1)));
+    let result = TransitionResult::Created {
+        host: host(0),
+        resources: Some(map(&[("cpu", "64")])),
+        allocatable: None,
+    };
+    settle(&mut core, &ack, result);
+    assert_eq!(get(&core, &id(0)).resources, map(&[("cpu", "64")]));
+    assert_eq!(get(&core, &id(1)).resources, speculative(1).resources);
+    assert_eq!(get(&core, &id(2)).resources, speculative(2).resources);
 }

@@ -214,9 +214,9 @@ fn substrate_drift(i: usize) -> Machine {
         capacity_type: CapacityType::Spot,
         price_per_hour: 0.9,
         interruption_probability: 0.2,
-        resources: map(&[("cpu", "16")]),
-        allocatable: map(&[("cpu", "32")]),
-        labels: map(&[("rack", "r7")]),
+        resources: map(&[("cpu", "16")]).into(),
+        allocatable: map(&[("cpu", "32")]).into(),
+        labels: map(&[("rack", "r7")]).into(),
         ..idle(i)
     }
 }
@@ -337,9 +337,9 @@ fn each_refreshable_fact_alone_triggers_a_refresh() {
     let edits: [fn(&mut Machine); 5] = [
         |m| m.price_per_hour = 0.25,
         |m| m.interruption_probability = 0.5,
-        |m| m.resources = map(&[("cpu", "1")]),
-        |m| m.allocatable = StringMap::new(),
-        |m| m.labels = map(&[("rack", "r1")]),
+        |m| m.resources = map(&[("cpu", "1")]).into(),
+        |m| m.allocatable = StringMap::new().into(),
+        |m| m.labels = map(&[("rack", "r1")]).into(),
     ];
     for (n, edit) in edits.into_iter().enumerate() {
         let mut core = seeded(1);

@@ -75,6 +75,8 @@ async fn start(plan: Plan) -> Result<Running, BoxError> {
         let shutdown = async move {
             let _ = stopped.await;
         };
+        // Dropped when serving ends: the benchmark frees what the binary leaves at exit.
+        let exit = app::Exit::default();
         app::run(
             plan,
             None,
@@ -82,6 +84,7 @@ async fn start(plan: Plan) -> Result<Running, BoxError> {
             Some(listeners),
             (),
             shutdown,
+            &exit,
         )
         .await
         .map_err(|e| e.to_string())

@@ -182,7 +182,7 @@ async fn inspect_shows_what_get_served_and_leaves_the_file_untouched() {
     );
 
     assert_eq!(report["file"], STATE);
-    assert_eq!(report["schema_version"], 1);
+    assert_eq!(report["schema_version"], 2);
     assert_eq!(report["closed_cleanly"], true);
     assert!(report["revision"].as_i64().unwrap() > 0, "{report}");
     assert_eq!(report["next_operation"], 3, "three operations were minted");

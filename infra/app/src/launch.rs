@@ -628,9 +628,9 @@ pub fn dry_run(plan: &Plan) -> DryRun {
             capacity_type: m.capacity_type.token(),
             price_per_hour: m.price_per_hour,
             interruption_probability: m.interruption_probability,
-            resources: m.resources.clone(),
-            allocatable: m.allocatable.clone(),
-            labels: m.labels.clone(),
+            resources: m.resources.to_map(),
+            allocatable: m.allocatable.to_map(),
+            labels: m.labels.to_map(),
         })
         .collect();
     DryRun {

@@ -11,13 +11,17 @@
 //! - `inspect` (feature `redb`): the `state inspect` report;
 //! - `wiring` (features `libvirt` and `redb`): [`run`], a [`launch::Plan`] to a serving
 //!   provider: store and backend chosen, the adapter configured and instrumented, restored
-//!   machines handed back to it, both ports bound and served.
+//!   machines handed back to it, both ports bound and served;
+//! - `exit` (feature `redb`): [`Exit`], what `run` leaves for a fast process exit (the
+//!   state file closed, the inventory left unfreed).
 //!
 //! The features `libvirt` and `redb` (both on by default) pull in the adapters that link
 //! libvirt and redb; the simulator depends on this crate without them.
 
 mod server;
 
+#[cfg(feature = "redb")]
+mod exit;
 #[cfg(feature = "redb")]
 pub mod inspect;
 #[cfg(feature = "libvirt")]
@@ -27,6 +31,8 @@ pub mod preflight;
 #[cfg(all(feature = "libvirt", feature = "redb"))]
 mod wiring;
 
+#[cfg(feature = "redb")]
+pub use exit::Exit;
 pub use server::{
     Banner, NetLimits, ServeConfig, assemble, capacity_server, reconcile_every, serve,
 };

@@ -23,6 +23,7 @@ use bigfleet_libvirt_system::{SystemClock, TokioSpawner};
 use tokio::net::TcpListener;
 use tracing::warn;
 
+use crate::exit::Exit;
 use crate::launch::{Backend, Plan};
 use crate::{Banner, NetLimits, ServeConfig};
 
@@ -64,6 +65,7 @@ pub async fn run(
     listeners: Option<Listeners>,
     on_start: impl OnStart,
     shutdown: impl Future<Output = ()> + Send,
+    exit: &Exit,
 ) -> anyhow::Result<()> {
     let ports = Ports {
         tls,
@@ -72,12 +74,16 @@ pub async fn run(
     };
     match &plan.state {
         Some(path) => match RedbStateStore::open(path) {
-            Ok(store) => serve(plan, store, ports, on_start, shutdown).await,
+            Ok(store) => {
+                exit.close_at_exit(&store);
+                serve(plan, store, ports, on_start, shutdown, exit).await
+            }
             Err(e) => Err(anyhow::anyhow!("--state: {e}")),
         },
         None => {
             warn!("no --state: bindings, fence marks and operation ids will not survive a restart");
-            serve(plan, MemoryStateStore::new(), ports, on_start, shutdown).await
+            let store = MemoryStateStore::new();
+            serve(plan, store, ports, on_start, shutdown, exit).await
         }
     }
 }
@@ -90,11 +96,12 @@ struct Ports {
 }
 
 async fn serve<S: StateStore>(
-    plan: Plan,
+    mut plan: Plan,
     store: S,
     ports: Ports,
     on_start: impl OnStart,
     shutdown: impl Future<Output = ()> + Send,
+    exit: &Exit,
 ) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     match plan.backend {
@@ -103,11 +110,14 @@ async fn serve<S: StateStore>(
                 "using the IN-MEMORY fake hypervisor: no real domains will be created \
                  (pass --connect for real hosts)"
             );
-            let fake = FakeHypervisor::new(fake_config(&plan), SystemClock);
+            let fake = FakeHypervisor::new(fake_config(&mut plan), SystemClock);
             let hypervisor = InstrumentedHypervisor::new(fake.clone(), metrics.clone());
             let provider = start(&plan, hypervisor, store, &metrics).await?;
             // The fake keeps no state of its own: give it back the restored machines' domains.
             fake.adopt(&provider.peek(&Default::default()).machines);
+            // Nothing in either needs to run when they go: they are not freed at exit.
+            exit.keep(provider.clone());
+            exit.keep(fake.clone());
             on_start.started(&provider);
             run_servers(&plan, provider, metrics, ports, shutdown).await
         }
@@ -135,14 +145,14 @@ async fn start<H: Hypervisor, S: StateStore>(
 }
 
 async fn serve_libvirt<S: StateStore>(
-    plan: Plan,
+    mut plan: Plan,
     store: S,
     metrics: Metrics,
     ports: Ports,
     on_start: impl OnStart,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let config = libvirt_config(&plan)?;
+    let config = libvirt_config(&mut plan)?;
     let libvirt =
         LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone()).await;
     let hypervisor = InstrumentedHypervisor::new(libvirt.clone(), metrics.clone());
@@ -153,7 +163,9 @@ async fn serve_libvirt<S: StateStore>(
     run_servers(&plan, provider, metrics, ports, shutdown).await
 }
 
-fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
+/// Moves the plan's slots into the adapter's configuration: the plan needs them no longer,
+/// and a second copy of every record would double the inventory's memory.
+fn libvirt_config(plan: &mut Plan) -> anyhow::Result<LibvirtConfig> {
     let user_data = match &plan.libvirt.base_user_data {
         Some(path) => Some(
             std::fs::read(path)
@@ -164,7 +176,7 @@ fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
     let mut config = LibvirtConfig::new(
         &plan.provider_label,
         plan.connections.clone(),
-        plan.inventory.machines.clone(),
+        std::mem::take(&mut plan.inventory.machines),
         plan.catalog.clone(),
         &plan.libvirt.image,
     );
@@ -174,10 +186,11 @@ fn libvirt_config(plan: &Plan) -> anyhow::Result<LibvirtConfig> {
     Ok(config)
 }
 
-fn fake_config(plan: &Plan) -> FakeConfig {
+/// As [`libvirt_config`], the plan's slots move into the fake.
+fn fake_config(plan: &mut Plan) -> FakeConfig {
     FakeConfig {
         provider: plan.provider_label.clone(),
-        slots: plan.inventory.machines.clone(),
+        slots: std::mem::take(&mut plan.inventory.machines),
         delay_min: plan.fake.delay_min,
         delay_max: plan.fake.delay_max,
         seed: plan.fake.seed,

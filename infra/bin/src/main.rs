@@ -52,7 +52,12 @@ fn main() -> ExitCode {
         runtime.shutdown_timeout(DOCTOR_JOIN_TIMEOUT);
         return code;
     }
-    match runtime.block_on(run(&cli)) {
+    let exit = app::Exit::default();
+    let served = runtime.block_on(run(&cli, &exit));
+    // Every runtime thread is joined before anything else happens at exit (see doctor).
+    drop(runtime);
+    exit.finish();
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bigfleet-libvirt: {}", one_line(&e));
@@ -152,7 +157,7 @@ fn telemetry_config(cli: &Cli) -> TelemetryConfig {
     }
 }
 
-async fn run(cli: &Cli) -> anyhow::Result<()> {
+async fn run(cli: &Cli, exit: &app::Exit) -> anyhow::Result<()> {
     if let Some(Command::State {
         action: StateCommand::Inspect { machine, output },
     }) = &cli.command
@@ -174,7 +179,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     let tls = plan.tls.clone().map(TlsState::load).transpose()?;
     let telemetry = telemetry::init(&telemetry_config(cli))?;
     accept::raise_nofile_limit();
-    let served = app::run(plan, tls, limits, None, (), shutdown).await;
+    let served = app::run(plan, tls, limits, None, (), shutdown, exit).await;
     telemetry.shutdown().await;
     served
 }

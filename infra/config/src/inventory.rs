@@ -9,7 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use bigfleet_libvirt_domain::{CapacityType, Machine, MachineId, MachineState, StringMap};
+use bigfleet_libvirt_domain::{
+    CapacityType, Machine, MachineId, MachineState, SharedMap, StringMap,
+};
 use serde::Serialize;
 
 use super::{
@@ -92,7 +94,8 @@ pub fn build_inventory(
         return Err(ConfigError::TooManySlots);
     }
     let mut next_index: BTreeMap<(CapacityType, &str, &str), u64> = BTreeMap::new();
-    let mut machines = Vec::new();
+    let slots = total.and_then(|t| usize::try_from(t).ok()).unwrap_or(0);
+    let mut machines = Vec::with_capacity(slots);
     for (offering, capacity) in offerings.iter().zip(capacities) {
         let key = (
             capacity,
@@ -100,8 +103,18 @@ pub fn build_inventory(
             offering.zone.as_str(),
         );
         let next = next_index.entry(key).or_insert(0);
+        // Every slot of the offering shares one copy of each map.
+        let maps = SlotMaps {
+            resources: offering.resources.clone().into(),
+            allocatable: cfg
+                .catalog
+                .allocatable(&offering.instance_type)
+                .unwrap_or_default()
+                .into(),
+            labels: offering.labels.clone().into(),
+        };
         for _ in 0..offering.count {
-            machines.push(slot(offering, capacity, *next, cfg));
+            machines.push(slot(offering, capacity, *next, cfg, &maps));
             *next += 1;
         }
     }
@@ -192,12 +205,20 @@ fn validate_placement(offering: &Offering, cfg: &InventoryConfig<'_>) -> Result<
     Ok(())
 }
 
+/// The maps every slot of one offering carries.
+struct SlotMaps {
+    resources: SharedMap,
+    allocatable: SharedMap,
+    labels: SharedMap,
+}
+
 /// One Speculative slot of a validated offering.
 fn slot(
     offering: &Offering,
     capacity: CapacityType,
     index: u64,
     cfg: &InventoryConfig<'_>,
+    maps: &SlotMaps,
 ) -> Machine {
     let (instance_type, zone) = (&offering.instance_type, &offering.zone);
     let id = format_machine_id(cfg.provider, capacity, instance_type, zone, index);
@@ -211,9 +232,9 @@ fn slot(
         capacity_type: capacity,
         price_per_hour: cfg.prices.price(instance_type, capacity, cfg.catalog),
         interruption_probability: 0.0,
-        resources: offering.resources.clone(),
-        allocatable: cfg.catalog.allocatable(instance_type).unwrap_or_default(),
-        labels: offering.labels.clone(),
+        resources: maps.resources.clone(),
+        allocatable: maps.allocatable.clone(),
+        labels: maps.labels.clone(),
         last_error: String::new(),
         cluster: String::new(),
         shard_metadata: StringMap::new(),

@@ -253,3 +253,22 @@ fn offerings_file_to_inventory() {
     assert_ne!(machine.resources, machine.allocatable);
     assert!((machine.price_per_hour - 0.0184).abs() < 1e-12);
 }
+
+#[test]
+fn slots_of_one_offering_share_their_maps_and_other_offerings_do_not() {
+    let mut other = offering("kvm.large", "z", "on_demand", 2);
+    other.resources = StringMap::from([("cpu".into(), "4".into())]);
+    let inventory = build(&[offering("kvm.small", "z", "on_demand", 3), other], None).unwrap();
+    let [a, b, c, d, e] = inventory.machines.as_slice() else {
+        panic!("five slots");
+    };
+    for slot in [b, c] {
+        assert!(slot.resources.shares(&a.resources));
+        assert!(slot.allocatable.shares(&a.allocatable));
+        assert!(slot.labels.shares(&a.labels));
+    }
+    assert!(e.resources.shares(&d.resources));
+    assert!(!d.resources.shares(&a.resources));
+    assert_eq!(d.resources, StringMap::from([("cpu".into(), "4".into())]));
+    assert_eq!(a.resources, StringMap::from([("cpu".into(), "1".into())]));
+}

@@ -22,11 +22,22 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bigfleet_libvirt_domain::{ChangeSet, FenceKey, FenceMark, MachineId, OperationId, Snapshot};
+use bigfleet_libvirt_domain::{
+    ChangeSet, FenceKey, FenceMark, Interner, MachineId, OperationId, Snapshot,
+};
 use bigfleet_libvirt_ports::{StateStore, StoreError};
-use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, StorageError};
+use redb::{
+    Database, DatabaseError, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageError,
+};
 
 use tables::{fences, machines, meta, operations};
+
+/// redb's page cache. Its default (1 GiB) kept every page of the file written at seeding or
+/// read at start-up resident for the life of the process, about as much memory again as the
+/// inventory itself; the provider reads the file once, at start-up, and each commit touches
+/// a few pages per record, so a small cache holds what commits reuse (the upper levels of
+/// the trees) and the OS page cache has the rest.
+const CACHE_BYTES: usize = 8 * 1024 * 1024;
 
 /// redb-backed durable state. Clones share one database; dropping the last clone stops the
 /// writer thread and closes the file cleanly.
@@ -95,6 +106,7 @@ impl RedbStateStore {
         }
         let mut builder = Database::builder();
         builder.set_check_integrity_on_open(true);
+        builder.set_cache_size(CACHE_BYTES);
         // redb may panic on some corrupt layouts even with the check; treat that as corrupt.
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             if fresh {
@@ -103,21 +115,29 @@ impl RedbStateStore {
                 builder.open(path)
             }
         }));
-        let database = match opened {
+        let mut database = match opened {
             Ok(Ok(database)) => database,
             Ok(Err(e)) => return Err(open_error(path, e)),
             Err(_) => return Err(unusable(path, "redb found it corrupt")),
         };
         if fresh {
             initialise(&database).map_err(|e| unwritable(path, "initialise the", e))?;
-        } else {
-            check_schema(path, &database)?;
+        } else if check_schema(path, &database)? == meta::MIGRATES_FROM {
+            migrate(path, &mut database)?;
         }
         let writer = Arc::new(writer::Writer::start(path.to_owned(), database));
         Ok(Self {
             path: path.to_owned(),
             writer,
         })
+    }
+
+    /// Writes every change set queued so far, stops the writer and closes the file cleanly,
+    /// for every clone at once. Commits after it fail as they do once the writer has stopped.
+    /// (Dropping the last clone does the same; this is for a process that exits without
+    /// dropping what holds the store.)
+    pub fn close(&self) {
+        self.writer.close();
     }
 }
 
@@ -136,15 +156,19 @@ fn read_all(path: &Path, database: &impl ReadableDatabase) -> Result<Snapshot, S
     snapshot.revision = counter(meta::REVISION_KEY)?;
     snapshot.next_operation = u64::try_from(counter(meta::NEXT_OPERATION_KEY)?)
         .map_err(|_| unusable(path, "the operation counter is negative"))?;
-    for entry in txn
-        .open_table(machines::TABLE)
-        .map_err(|e| read(&e))?
-        .iter()
-        .map_err(|e| read(&e))?
-    {
+    let table = txn.open_table(machines::TABLE).map_err(|e| read(&e))?;
+    let count = table.len().map_err(|e| read(&e))?;
+    snapshot
+        .machines
+        .reserve(usize::try_from(count).unwrap_or(0));
+    // Equal maps share one allocation from the start, so a large file does not hold every
+    // record's own copy (even briefly) before the core interns them.
+    let mut interner = Interner::default();
+    for entry in table.iter().map_err(|e| read(&e))? {
         let (key, value) = entry.map_err(|e| read(&e))?;
-        let machine = machines::decode(value.value())
+        let mut machine = machines::decode(key.value(), value.value())
             .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
+        interner.intern_machine(&mut machine);
         snapshot.machines.push(machine);
     }
     for entry in txn
@@ -219,21 +243,72 @@ fn initialise(database: &Database) -> Result<(), redb::Error> {
     Ok(())
 }
 
+/// Rewrites a schema-1 file as schema 2: every JSON machine record re-encoded in the compact
+/// form and the schema version raised, in one transaction, so a crash midway leaves the
+/// file as it was (and it migrates on the next start). Then the space the larger records
+/// held is given back to the filesystem.
+fn migrate(path: &Path, database: &mut Database) -> Result<(), StoreError> {
+    let fail = |e: &dyn std::fmt::Display| unwritable(path, "migrate the", e);
+    let txn = database.begin_write().map_err(|e| fail(&e))?;
+    let migrated = {
+        let mut rewritten = Vec::new();
+        let table = txn.open_table(machines::TABLE).map_err(|e| fail(&e))?;
+        for entry in table.iter().map_err(|e| fail(&e))? {
+            let (key, value) = entry.map_err(|e| fail(&e))?;
+            let machine = machines::decode(key.value(), value.value())
+                .map_err(|e| unusable(path, format!("machine {:?}: {e}", key.value())))?;
+            rewritten.push((key.value().to_owned(), machines::encode(&machine)));
+        }
+        drop(table);
+        // A new table filled in key order packs its pages full; rewriting the records in
+        // place would keep the old tree's half-empty pages.
+        txn.delete_table(machines::TABLE).map_err(|e| fail(&e))?;
+        let mut table = txn.open_table(machines::TABLE).map_err(|e| fail(&e))?;
+        for (key, value) in &rewritten {
+            table
+                .insert(key.as_str(), value.as_slice())
+                .map_err(|e| fail(&e))?;
+        }
+        let mut meta_table = txn.open_table(meta::TABLE).map_err(|e| fail(&e))?;
+        meta_table
+            .insert(meta::SCHEMA_VERSION_KEY, meta::SCHEMA_VERSION)
+            .map_err(|e| fail(&e))?;
+        rewritten.len()
+    };
+    txn.commit().map_err(|e| fail(&e))?;
+    let before = std::fs::metadata(path).map_or(0, |m| m.len());
+    if let Err(e) = database.compact() {
+        // The file is migrated and correct; it only keeps its old size.
+        tracing::warn!(path = %path.display(), error = %e, "could not compact the state file after migrating it");
+    }
+    let after = std::fs::metadata(path).map_or(0, |m| m.len());
+    tracing::info!(
+        path = %path.display(),
+        records = migrated,
+        from = meta::MIGRATES_FROM,
+        to = meta::SCHEMA_VERSION,
+        bytes_before = before,
+        bytes_after = after,
+        "migrated the state file to the current schema"
+    );
+    Ok(())
+}
+
 /// Opens the file read-only and checks its schema. A file that was not closed cleanly (the
 /// provider was killed) cannot be read without repair; that case passes on to the
 /// read-write open, which repairs it and checks the schema afterwards.
 fn precheck(path: &Path) -> Result<(), StoreError> {
     let opened = std::panic::catch_unwind(|| Database::builder().open_read_only(path));
     match opened {
-        Ok(Ok(database)) => check_schema(path, &database),
+        Ok(Ok(database)) => check_schema(path, &database).map(|_| ()),
         Ok(Err(DatabaseError::RepairAborted)) => Ok(()),
         Ok(Err(e)) => Err(open_error(path, e)),
         Err(_) => Err(unusable(path, "redb found it corrupt")),
     }
 }
 
-/// Refuses files without this build's schema version.
-fn check_schema(path: &Path, database: &impl ReadableDatabase) -> Result<(), StoreError> {
+/// Refuses files without a schema version this build reads; returns the version.
+fn check_schema(path: &Path, database: &impl ReadableDatabase) -> Result<i64, StoreError> {
     let not_ours = || {
         unusable(
             path,
@@ -253,17 +328,18 @@ fn check_schema(path: &Path, database: &impl ReadableDatabase) -> Result<(), Sto
         .map_err(|e| io("read the schema version", e))?
         .ok_or_else(not_ours)?
         .value();
-    if version != meta::SCHEMA_VERSION {
+    if version != meta::SCHEMA_VERSION && version != meta::MIGRATES_FROM {
         return Err(unusable(
             path,
             format!(
-                "its schema version is {version} but this build reads only {}; run the \
-                 bigfleet-libvirt release that wrote it",
-                meta::SCHEMA_VERSION
+                "its schema version is {version} but this build reads only {} and {} \
+                 (which it migrates); run the bigfleet-libvirt release that wrote it",
+                meta::SCHEMA_VERSION,
+                meta::MIGRATES_FROM
             ),
         ));
     }
-    Ok(())
+    Ok(version)
 }
 
 impl StateStore for RedbStateStore {

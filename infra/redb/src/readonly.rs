@@ -14,7 +14,6 @@ use bigfleet_libvirt_domain::Snapshot;
 use bigfleet_libvirt_ports::StoreError;
 use redb::{Database, DatabaseError};
 
-use super::tables::meta;
 use super::{check_schema, io, open_error, read_all, unusable};
 
 /// What a state file holds.
@@ -56,9 +55,9 @@ pub fn inspect(path: &Path) -> Result<Inspected, StoreError> {
     let opened = std::panic::catch_unwind(|| Database::builder().open_read_only(path));
     match opened {
         Ok(Ok(database)) => {
-            check_schema(path, &database)?;
+            let schema_version = check_schema(path, &database)?;
             Ok(Inspected {
-                schema_version: meta::SCHEMA_VERSION,
+                schema_version,
                 closed_cleanly: true,
                 snapshot: read_all(path, &database)?,
             })
@@ -87,13 +86,13 @@ fn read_repaired_copy(path: &Path) -> Result<Inspected, StoreError> {
         Ok(Err(e)) => return Err(open_error(path, e)),
         Err(_) => return Err(unusable(path, "redb found it corrupt")),
     };
-    check_schema(path, &database)?;
+    let schema_version = check_schema(path, &database)?;
     let snapshot = read_all(path, &database)?;
     drop(database);
     copy.close()
         .map_err(|e| io("remove the temporary copy of the state file", e))?;
     Ok(Inspected {
-        schema_version: meta::SCHEMA_VERSION,
+        schema_version,
         closed_cleanly: false,
         snapshot,
     })

@@ -170,7 +170,7 @@ where
     };
     let record = expected.machines.first().expect("a machine").clone();
     later.machines.push(Arc::new(Machine {
-        labels: StringMap::from([("after".to_owned(), "reopen".to_owned())]),
+        labels: StringMap::from([("after".to_owned(), "reopen".to_owned())]).into(),
         ..record
     }));
     store
@@ -311,7 +311,7 @@ where
         ..ChangeSet::default()
     };
     fresh.machines.push(Arc::new(Machine {
-        labels: StringMap::from([("after".to_owned(), "resume".to_owned())]),
+        labels: StringMap::from([("after".to_owned(), "resume".to_owned())]).into(),
         ..record.clone()
     }));
     let resumed = store.commit(fresh.clone()).await;

@@ -181,8 +181,8 @@ pub fn from_wire(m: &pb::Machine) -> Option<Machine> {
         capacity_type: CapacityType::from_wire(m.capacity_type),
         price_per_hour: m.price_per_hour,
         interruption_probability: m.interruption_probability,
-        resources: map(&m.resources),
-        allocatable: map(&m.allocatable),
+        resources: map(&m.resources).into(),
+        allocatable: map(&m.allocatable).into(),
         labels: m
             .labels
             .iter()

@@ -85,6 +85,8 @@ pub(crate) async fn start_provider(seed_count: usize) -> Result<(Running, StepsP
         let shutdown = async move {
             let _ = stopped.await;
         };
+        // Dropped when serving ends: the benchmark frees what the binary leaves at exit.
+        let exit = app::Exit::default();
         app::run(
             plan,
             None,
@@ -92,6 +94,7 @@ pub(crate) async fn start_provider(seed_count: usize) -> Result<(Running, StepsP
             Some(listeners),
             KeepProbe(probe_tx),
             shutdown,
+            &exit,
         )
         .await
         .map_err(|e| format!("{e:#}"))

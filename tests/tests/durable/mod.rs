@@ -13,8 +13,10 @@
 
 mod choreography;
 mod cursors;
+mod exit;
 mod load;
 mod mid_traffic;
+mod migrate;
 mod restored;
 mod strong_b1006;
 

@@ -15,8 +15,13 @@ pub type Client = CapacityProviderClient<Channel>;
 
 /// The provider binary under test: the one Cargo built for this test run (the integration
 /// tests belong to the binary's package, so `cargo test` builds it first and says where).
+/// `BIGFLEET_LIBVIRT_BIN` names another build instead, for the ignored test that writes the
+/// old-format state file fixture with an older release.
 pub fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_bigfleet-libvirt"))
+    std::env::var_os("BIGFLEET_LIBVIRT_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_bigfleet-libvirt")),
+        PathBuf::from,
+    )
 }
 
 /// A running provider process; killed when dropped.
