@@ -577,7 +577,7 @@ async fn the_refusal_counter_moves_by_exactly_one_per_refusal_and_each_is_logged
     );
     let first = &warns[0];
     assert!(
-        first["fields"]["message"].as_str().unwrap().contains(ALPHA),
+        first["fields"]["error"].as_str().unwrap().contains(ALPHA),
         "{first}"
     );
     assert_eq!(first["span"]["identity"], ALPHA, "{first}");

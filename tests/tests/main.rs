@@ -31,6 +31,7 @@ mod libvirt;
 mod lifecycle;
 mod limits;
 mod list;
+mod logs;
 mod metadata;
 mod observe;
 mod observe_live;

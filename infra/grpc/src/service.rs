@@ -90,11 +90,15 @@ impl<H, S, C, E> CapacityService<H, S, C, E> {
 }
 
 impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C, E> {
-    /// Runs one handler body: span, panic guard, metrics and the rpc log line.
+    /// Runs one handler body: span, panic guard, metrics and the rpc log line. The line is
+    /// at info for an answer for which `changed` is true (a mutation that started a
+    /// transition), at warn for a refusal, and at debug otherwise: reads, and idempotent
+    /// replays that only repeat an earlier answer (a retrying caller must not cost a log
+    /// write per retry).
     async fn observe<T>(
         &self,
         method: &'static str,
-        mutating: bool,
+        changed: fn(&T) -> bool,
         machine_id: &str,
         body: impl Future<Output = Result<T, Status>>,
     ) -> Result<T, Status> {
@@ -134,10 +138,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
             .get_or_create(&method_labels)
             .observe(seconds);
         let dur_ms = seconds * 1000.0;
-        match (&result, mutating) {
-            (Err(e), _) => warn!(parent: &span, code, message = e.message(), dur_ms, "rpc"),
-            (Ok(_), true) => info!(parent: &span, code, dur_ms, "rpc"),
-            (Ok(_), false) => debug!(parent: &span, code, dur_ms, "rpc"),
+        match &result {
+            Err(e) => warn!(parent: &span, code, error = e.message(), dur_ms, "rpc"),
+            Ok(answer) if changed(answer) => info!(parent: &span, code, dur_ms, "rpc"),
+            Ok(_) => debug!(parent: &span, code, dur_ms, "rpc"),
         }
         result
     }
@@ -183,7 +187,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         peer: Option<PeerIdentity>,
         mutation: bigfleet_libvirt_domain::Mutation,
         blob: bigfleet_libvirt_ports::BootstrapBlob,
-    ) -> Result<Response<pb::TransitionAck>, Status> {
+    ) -> Result<Mutated, Status> {
         let access = Access::Mutate {
             shard_id: &mutation.token.shard_id,
         };
@@ -193,9 +197,32 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
             // Runs inside the rpc span (see `observe`), so the span carries the operation id.
             tracing::Span::current().record("operation_id", ack.operation_id.as_str());
         }
-        ack.map(|ack| Response::new(transition_ack(&ack)))
-            .map_err(|e| status::for_provider_error(&e))
+        ack.map(|ack| Mutated {
+            started: ack.dispatch.is_some(),
+            response: Response::new(transition_ack(&ack)),
+        })
+        .map_err(|e| status::for_provider_error(&e))
     }
+
+    /// A mutating call through [`Self::observe`]: logged at info only when it started a
+    /// transition.
+    async fn observe_mutation(
+        &self,
+        method: &'static str,
+        machine_id: &str,
+        body: impl Future<Output = Result<Mutated, Status>>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        let started = |m: &Mutated| m.started;
+        let mutated = self.observe(method, started, machine_id, body).await?;
+        Ok(mutated.response)
+    }
+}
+
+/// A mutating call's answer, and whether it started a transition (`false` for an
+/// idempotent replay of an earlier call).
+struct Mutated {
+    response: Response<pb::TransitionAck>,
+    started: bool,
 }
 
 fn transition_ack(ack: &Ack) -> pb::TransitionAck {
@@ -226,7 +253,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
         let body = self.mutate("Create", peer, mutation, blob);
-        self.observe("Create", true, &id, body).await
+        self.observe_mutation("Create", &id, body).await
     }
 
     async fn configure(
@@ -237,7 +264,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         let (mutation, blob) = convert::configure(request.into_inner());
         let id = mutation.machine_id.clone();
         let body = self.mutate("Configure", peer, mutation, blob);
-        self.observe("Configure", true, &id, body).await
+        self.observe_mutation("Configure", &id, body).await
     }
 
     async fn drain(
@@ -249,7 +276,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
         let body = self.mutate("Drain", peer, mutation, blob);
-        self.observe("Drain", true, &id, body).await
+        self.observe_mutation("Drain", &id, body).await
     }
 
     async fn delete(
@@ -261,7 +288,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
         let body = self.mutate("Delete", peer, mutation, blob);
-        self.observe("Delete", true, &id, body).await
+        self.observe_mutation("Delete", &id, body).await
     }
 
     async fn get(&self, request: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
@@ -287,7 +314,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
             let machine = found.ok_or_else(|| status::unknown_machine(&id))?;
             Ok(Response::new(convert::machine(&machine)))
         };
-        self.observe("Get", false, &id, body).await
+        self.observe("Get", |_| false, &id, body).await
     }
 
     async fn list(
@@ -312,6 +339,6 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
             }
             Ok(Response::new(convert::encoded_list(&page)))
         };
-        self.observe("List", false, "", body).await
+        self.observe("List", |_| false, "", body).await
     }
 }
