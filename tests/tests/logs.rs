@@ -27,7 +27,10 @@ async fn replays_and_reads_are_not_logged_at_info_and_changes_are() {
     let first = create(&mut c, &id, None).await.expect("Create accepted");
     for _ in 0..20 {
         let again = create(&mut c, &id, None).await.expect("replay accepted");
-        assert_eq!(again.operation_id, first.operation_id, "an idempotent replay");
+        assert_eq!(
+            again.operation_id, first.operation_id,
+            "an idempotent replay"
+        );
     }
     for _ in 0..5 {
         get(&mut c, &id).await.expect("Get");
@@ -60,7 +63,10 @@ async fn replays_and_reads_are_not_logged_at_info_and_changes_are() {
     assert_eq!(warned.matches("\"message\":").count(), 1, "{warned}");
     let warned: serde_json::Value = serde_json::from_str(warned).unwrap();
     assert!(
-        warned["fields"]["error"].as_str().unwrap().contains("not found"),
+        warned["fields"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("not found"),
         "{warned}"
     );
 }

@@ -7,6 +7,9 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
 mod harness;
+// The benchmarks' flag set, for the tests that run the composition root in process.
+#[path = "../benches/common/flags.rs"]
+mod bench_flags;
 
 mod bare_metal;
 mod baseline;
@@ -18,6 +21,7 @@ mod doctor;
 mod dry_run;
 mod durable;
 mod echo;
+mod embedding;
 mod errors;
 mod fault;
 mod fencing;

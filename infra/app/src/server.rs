@@ -233,10 +233,14 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let stopped = async move {
         let _ = grpc_stopped.await;
     };
+    // The background loops hold the provider: they stop when serving ends (dropping the set
+    // aborts them on an early return), so a caller that keeps its process, like the
+    // benchmarks, gets the state file closed and can open it again.
+    let mut background = tokio::task::JoinSet::new();
     let acceptor = Acceptor::new(grpc, "--addr", limits.grpc_max_connections);
     let grpc_task = match &config.tls {
         Some(tls) => {
-            tokio::spawn(tls.clone().watch(Duration::from_secs(2)));
+            background.spawn(tls.clone().watch(Duration::from_secs(2)));
             // Each connection's client identity is read once, here, and handed to its calls.
             let incoming =
                 bigfleet_libvirt_grpc::tls::incoming(acceptor, tls, limits.handshake_timeout).map(
@@ -275,7 +279,7 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         tokio::spawn(side_server::serve(listener, app, limits.http, stopped))
     });
     if let Some(interval) = config.reconcile_interval {
-        tokio::spawn(reconcile_loop(provider.clone(), metrics.clone(), interval));
+        background.spawn(reconcile_loop(provider.clone(), metrics.clone(), interval));
     }
     health_reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -284,7 +288,7 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         .set_serving::<CapacityProviderServer<CapacityService<H, S, C, E>>>()
         .await;
     readiness.set(true);
-    tokio::spawn(watch_store(
+    background.spawn(watch_store(
         provider.clone(),
         readiness.clone(),
         health_reporter.clone(),
@@ -314,6 +318,7 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
             joined?;
         }
     }
+    background.shutdown().await;
     Ok(())
 }
 
