@@ -7,7 +7,12 @@
 //! time arrives as a [`Timestamp`] argument and every decision returns the [`ChangeSet`] the
 //! caller must persist before it acknowledges. That shape is what lets the same core run
 //! under the real runtime, under deterministic simulation and in plain unit tests.
+//!
+//! The [`catalog`] module holds the other pure half: what the provider offers (instance
+//! types, prices, capacity type, offerings) and the slot ids of the Speculative inventory
+//! built from them.
 
+pub mod catalog;
 mod changes;
 mod core;
 mod cursor;

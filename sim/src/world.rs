@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use bigfleet_libvirt_config::format_machine_id;
+use bigfleet_libvirt_domain::catalog::format_machine_id;
 use bigfleet_libvirt_domain::{CapacityType, Machine, MachineId, MachineState, StringMap};
 use futures::channel::mpsc::UnboundedSender;
 use madsim::runtime::NodeHandle;

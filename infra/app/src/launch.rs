@@ -20,9 +20,9 @@ use bigfleet_libvirt_libvirt::{
 };
 use bigfleet_libvirt_observe::side_server::HttpLimits;
 
-use bigfleet_libvirt_config::{
-    self as config, ConfigError, HostConnection, InstanceCatalog, Inventory, InventoryConfig,
-    Offering, PriceTable,
+use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
+use bigfleet_libvirt_domain::catalog::{
+    self, CatalogError, InstanceCatalog, Inventory, InventoryConfig, Offering, PriceTable,
 };
 
 /// Every flag, as typed values. Field names are the flag names.
@@ -122,6 +122,9 @@ pub enum LaunchError {
     /// A configuration value or file was refused.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A catalog value (instance types, prices, capacity type, offerings) was refused.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
     /// Some other flag was refused.
     #[error("{0}")]
     Flag(String),
@@ -171,10 +174,10 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     config::validate_default_zone(&flags.default_zone)?;
     let connections = config::parse_connect(&flags.connect, &flags.default_zone)?;
     let catalog = match &flags.instance_types {
-        Some(path) => InstanceCatalog::load(path)?,
+        Some(path) => config::load_instance_types(path)?,
         None => InstanceCatalog::builtin(),
     };
-    let overrides = config::parse_prices(&flags.prices)?;
+    let overrides = catalog::parse_prices(&flags.prices)?;
     let prices = PriceTable::new(
         overrides,
         flags.price_per_vcpu_hour,
@@ -204,7 +207,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     let zones: Vec<String> = connections.iter().map(|c| c.zone.clone()).collect();
     let mut offerings = match &flags.offerings {
         Some(path) => config::load_offerings(path)?,
-        None => config::default_offerings(
+        None => catalog::default_offerings(
             flags.seed_count,
             &zones,
             &flags.default_zone,
@@ -216,7 +219,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         let capacity = offerings
             .first()
             .map_or(flags.capacity_type.clone(), |o| o.capacity_type.clone());
-        offerings.push(config::fault_offering(
+        offerings.push(catalog::fault_offering(
             &catalog,
             &zones,
             &flags.default_zone,
@@ -238,7 +241,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         prices: &prices,
         require_zones,
     };
-    let inventory = config::build_inventory(&offerings, &inventory_config)?;
+    let inventory = catalog::build_inventory(&offerings, &inventory_config)?;
     let timeouts = flags
         .transition_timeout
         .map_or_else(Timeouts::default, Timeouts::uniform);

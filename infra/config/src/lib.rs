@@ -1,42 +1,28 @@
-//! Configuration loading: turns the operator's flags and files into validated values.
+//! Configuration loading: turns the operator's `--connect` list and catalog files into
+//! validated values.
 //!
-//! Everything the binary reads before it can build the provider lives here: the `--connect`
-//! host list and its transport security gate, the capacity class, the instance-type catalog,
-//! prices, and the offerings that become the Speculative inventory. It is kept apart from clap
-//! and from the environment (the binary owns both) so the simulator and the tests can build the
-//! same values in code, and so every rule that decides whether the process may start sits in
-//! one place with one error type whose messages tell the operator which flag to fix and how.
-//!
-//! Where the reference provider is lax (docs/libvirt.md §6) these loaders are strict on
-//! purpose: zones are checked wherever they come from, prices must be finite, overrides must
-//! name a catalog type, and slot numbering never produces two machines with the same id.
+//! What the binary reads before it can build the provider and that is not a pure catalog
+//! rule lives here: the `--connect` host list and its transport security gate, reading and
+//! decoding the `--instance-types` and `--offerings` files (whose contents the domain's
+//! catalog then checks), and the names the provider gives the things it creates on a host. It
+//! is kept apart from clap and from the environment (the binary owns both) so the simulator
+//! and the tests can build the same values in code, and every refusal carries a message that
+//! tells the operator which flag to fix and how.
 
-mod capacity;
+mod catalog_files;
 mod connect;
-mod instance_types;
-mod inventory;
-mod machine_id;
-mod offerings;
-mod pricing;
 mod uri;
 
 pub mod naming;
 
-#[cfg(test)]
-mod inventory_snapshots;
-
-pub use capacity::parse_capacity_type;
-pub use connect::{HostConnection, parse_connect, validate_default_zone};
-pub use instance_types::{InstanceCatalog, InstanceType};
-pub use inventory::{Inventory, InventoryConfig, MAX_SLOTS, RESERVED_LABEL_KEYS, build_inventory};
-pub use machine_id::{ParsedId, format_machine_id, parse_machine_id};
-pub use offerings::{
-    DEFAULT_SEED_COUNT, FAULT_CREATE_LABEL, FAULT_CREATE_VALUE, FAULT_SLOT_COUNT, Offering,
-    default_offerings, fault_offering, load_offerings, offerings_from_json,
+pub use catalog_files::{
+    instance_types_from_json, load_instance_types, load_offerings, offerings_from_json,
 };
-pub use pricing::{DEFAULT_PER_GIB_HOUR, DEFAULT_PER_VCPU_HOUR, PriceTable, parse_prices};
+pub use connect::{HostConnection, parse_connect, validate_default_zone};
 
 use std::path::PathBuf;
+
+use bigfleet_libvirt_domain::catalog::CatalogError;
 
 /// Why a configuration value was refused. Each message names the flag or file at fault and
 /// says what to change; the binary prints it as the fatal startup error.
@@ -96,17 +82,6 @@ pub enum ConfigError {
         /// The rule it breaks and how to fix it.
         problem: &'static str,
     },
-    /// A capacity type the libvirt provider cannot honour, or does not know.
-    #[error(
-        "capacity_type {raw:?} {problem}; use on_demand or bare_metal \
-         (in --capacity-type or the offering's capacity_type)"
-    )]
-    Capacity {
-        /// The value given.
-        raw: String,
-        /// Why it is refused.
-        problem: &'static str,
-    },
     /// A configuration file could not be read.
     #[error("read {flag} {}: {source}", path.display())]
     Read {
@@ -129,166 +104,7 @@ pub enum ConfigError {
         /// A short description of the expected shape.
         expected: &'static str,
     },
-    /// A configuration file parsed to nothing.
-    #[error("{flag} {source_name} is empty; {fix}")]
-    Empty {
-        /// The flag naming the file.
-        flag: &'static str,
-        /// The file (or other source) name.
-        source_name: String,
-        /// What to put in it.
-        fix: &'static str,
-    },
-    /// An instance type with a zero, negative or oversized shape.
-    #[error(
-        "--instance-types {source_name}: {name:?} must have positive vcpu and memory_mib \
-         (vcpu at most {max_vcpu}); fix the entry",
-        max_vcpu = u32::MAX
-    )]
-    InstanceTypeShape {
-        /// The file name.
-        source_name: String,
-        /// The instance type.
-        name: String,
-    },
-    /// An instance type name that cannot appear inside a machine id.
-    #[error(
-        "--instance-types {source_name}: name {name:?} must be non-empty and must not \
-         contain '/' (it is a machine id component); rename the type"
-    )]
-    InstanceTypeName {
-        /// The file name.
-        source_name: String,
-        /// The instance type.
-        name: String,
-    },
-    /// A `--prices` entry without `=`.
-    #[error("--prices entry {part:?} must be type=usd, e.g. kvm.small=0.01")]
-    PriceEntry {
-        /// The offending entry.
-        part: String,
-    },
-    /// A `--prices` entry whose value is not a usable price.
-    #[error("--prices entry {part:?}: bad price, {problem}")]
-    PriceValue {
-        /// The offending entry.
-        part: String,
-        /// What is wrong and how to fix it.
-        problem: &'static str,
-    },
-    /// A `--prices` override for a type the catalog does not have.
-    #[error(
-        "--prices names instance type {name:?}, which is not in the instance-type catalog \
-         (known types: {known}); fix the name or add the type to --instance-types"
-    )]
-    PriceUnknownType {
-        /// The unknown name.
-        name: String,
-        /// The catalog's names, sorted and ", "-joined.
-        known: String,
-    },
-    /// A synthetic price rate that is negative or not finite.
-    #[error("{flag} must be a finite number >= 0 (got {value}); 0 makes that part free")]
-    PriceRate {
-        /// The rate flag.
-        flag: &'static str,
-        /// The value given.
-        value: f64,
-    },
-    /// An offering's capacity type is refused.
-    #[error("offering {instance_type}/{zone}: {source}")]
-    OfferingCapacity {
-        /// The offering's instance type.
-        instance_type: String,
-        /// The offering's zone.
-        zone: String,
-        /// The capacity error.
-        source: Box<ConfigError>,
-    },
-    /// An offering without an instance type.
-    #[error("offering with empty instance_type; set it to a catalog name (known types: {known})")]
-    OfferingEmptyType {
-        /// The catalog's names.
-        known: String,
-    },
-    /// An offering whose instance type is not in the catalog.
-    #[error(
-        "offering instance_type {instance_type:?} is not in the instance-type catalog \
-         (known types: {known}); fix the offering or add the type to --instance-types"
-    )]
-    OfferingUnknownType {
-        /// The unknown type.
-        instance_type: String,
-        /// The catalog's names.
-        known: String,
-    },
-    /// An offering without a zone.
-    #[error("offering {instance_type} with empty zone (libvirt host); set zone")]
-    OfferingEmptyZone {
-        /// The offering's instance type.
-        instance_type: String,
-    },
-    /// An offering whose zone would break machine ids or host refs.
-    #[error("offering {instance_type} zone {zone:?} must not contain ':' or '/'; rename it")]
-    OfferingZoneChars {
-        /// The offering's instance type.
-        instance_type: String,
-        /// The zone.
-        zone: String,
-    },
-    /// With the real backend, an offering on a zone that has no `--connect` host.
-    #[error(
-        "offering {instance_type} is placed on zone {zone:?}, which has no --connect host \
-         (configured zones: {configured}); add {zone}=<uri> to --connect or move the offering"
-    )]
-    OfferingZoneNotConnected {
-        /// The offering's instance type.
-        instance_type: String,
-        /// The zone.
-        zone: String,
-        /// The configured zones, sorted and ", "-joined.
-        configured: String,
-    },
-    /// An offering with `count <= 0`.
-    #[error(
-        "offering {instance_type}/{zone} has non-positive count {count}; set count to 1 or \
-         more, or remove the offering"
-    )]
-    OfferingCount {
-        /// The offering's instance type.
-        instance_type: String,
-        /// The offering's zone.
-        zone: String,
-        /// The count given.
-        count: i64,
-    },
-    /// An offering label that duplicates a top-level machine field.
-    #[error(
-        "offering {instance_type}/{zone}: label {key:?} is reserved; instance type, zone and \
-         capacity type are top-level fields (instance_type, zone, capacity_type), so remove \
-         the label"
-    )]
-    OfferingReservedLabel {
-        /// The offering's instance type.
-        instance_type: String,
-        /// The offering's zone.
-        zone: String,
-        /// The reserved key.
-        key: String,
-    },
-    /// Bare-metal and deletable offerings in one provider.
-    #[error(
-        "offerings mix bare_metal with deletable (on_demand/reserved) capacity; run one \
-         provider instance per capacity class"
-    )]
-    MixedCapacity,
-    /// The offerings add up to more slots than one provider will hold.
-    #[error(
-        "offerings ask for more than {max} slots in total; lower the counts or --seed-count",
-        max = MAX_SLOTS
-    )]
-    TooManySlots,
-    /// No offerings at all.
-    #[error("no offerings configured; pass --offerings or a positive --seed-count")]
-    NoOfferings,
+    /// A catalog value (instance types, prices, capacity type, offerings) was refused.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
 }

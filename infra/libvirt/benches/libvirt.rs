@@ -17,9 +17,10 @@ use std::collections::BTreeMap;
 use std::error::Error;
 use std::sync::{Arc, Mutex};
 
+use bigfleet_libvirt_config::HostConnection;
 use bigfleet_libvirt_config::naming::domain_name;
-use bigfleet_libvirt_config::{
-    HostConnection, InstanceCatalog, InventoryConfig, Offering, PriceTable, build_inventory,
+use bigfleet_libvirt_domain::catalog::{
+    InstanceCatalog, InventoryConfig, Offering, PriceTable, build_inventory,
 };
 use bigfleet_libvirt_domain::{
     FenceToken, Kind, Machine, MachineState, MutateRequest, Mutation, StringMap,

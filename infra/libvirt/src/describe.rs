@@ -26,8 +26,8 @@ use super::host::Session;
 use super::orphans::Orphan;
 use super::ownership::Tag;
 use super::volumes;
-use bigfleet_libvirt_config::InstanceCatalog;
 use bigfleet_libvirt_config::naming::domain_name;
+use bigfleet_libvirt_domain::catalog::InstanceCatalog;
 
 /// One domain as a scan saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]

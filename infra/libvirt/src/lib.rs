@@ -64,7 +64,8 @@ pub use ownership::{NAMESPACE, Tag};
 pub use probe::{ProbeTarget, probe};
 pub use xml::{DirectKernel, DomainType, Firmware, Platform};
 
-use bigfleet_libvirt_config::{HostConnection, InstanceCatalog};
+use bigfleet_libvirt_config::HostConnection;
+use bigfleet_libvirt_domain::catalog::InstanceCatalog;
 use bigfleet_libvirt_observe::metrics::Metrics;
 use host::Host;
 use orphans::OrphanBook;

@@ -343,17 +343,22 @@ async fn a_seed_in_any_order_is_packed_tightly() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
     let store = RedbStateStore::open(&path).unwrap();
-    let catalog = bigfleet_libvirt_config::InstanceCatalog::builtin();
-    let prices = bigfleet_libvirt_config::PriceTable::default();
-    let offerings =
-        bigfleet_libvirt_config::default_offerings(100_000, &[], "local", "on_demand", &catalog);
-    let cfg = bigfleet_libvirt_config::InventoryConfig {
+    let catalog = bigfleet_libvirt_domain::catalog::InstanceCatalog::builtin();
+    let prices = bigfleet_libvirt_domain::catalog::PriceTable::default();
+    let offerings = bigfleet_libvirt_domain::catalog::default_offerings(
+        100_000,
+        &[],
+        "local",
+        "on_demand",
+        &catalog,
+    );
+    let cfg = bigfleet_libvirt_domain::catalog::InventoryConfig {
         provider: "libvirt",
         catalog: &catalog,
         prices: &prices,
         require_zones: None,
     };
-    let machines = bigfleet_libvirt_config::build_inventory(&offerings, &cfg)
+    let machines = bigfleet_libvirt_domain::catalog::build_inventory(&offerings, &cfg)
         .unwrap()
         .machines;
     assert_eq!(machines.len(), SLOTS);

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bigfleet_libvirt_app::launch::Flags;
-use bigfleet_libvirt_config::{DEFAULT_PER_GIB_HOUR, DEFAULT_PER_VCPU_HOUR};
+use bigfleet_libvirt_domain::catalog::{DEFAULT_PER_GIB_HOUR, DEFAULT_PER_VCPU_HOUR};
 
 /// The binary's flags for the zero-latency fake with `seed_count` Speculative slots on
 /// `127.0.0.1:0`, no `--state`, no HTTP side server and no reconcile loop.

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bigfleet_libvirt_app::{self as app, Banner, ServeConfig};
-use bigfleet_libvirt_config::{
+use bigfleet_libvirt_domain::catalog::{
     InstanceCatalog, InventoryConfig, PriceTable, build_inventory, default_offerings,
 };
 use bigfleet_libvirt_domain::{Core, Machine, Policy};

@@ -49,7 +49,7 @@ async fn the_libvirt_adapter_passes_the_hypervisor_contract() {
 /// host whose allocation ratio lets the capacity check pass: the volumes are made, then the
 /// define is refused, so the rollback has two fresh volumes to remove.
 async fn oversized_rig() -> Rig {
-    let catalog = InstanceCatalog::from_json(
+    let catalog = bigfleet_libvirt_config::instance_types_from_json(
         r#"{"contract.huge": {"vcpu": 1, "memory_mib": 17592186044416}}"#,
         "contract",
     )

@@ -24,8 +24,9 @@ use super::capacity::CapacityPolicy;
 use super::fixture::Fixture;
 use super::host::{HostPolicy, Session};
 use super::{LibvirtConfig, LibvirtHypervisor};
-use bigfleet_libvirt_config::{
-    HostConnection, InstanceCatalog, InventoryConfig, Offering, PriceTable, build_inventory,
+use bigfleet_libvirt_config::HostConnection;
+use bigfleet_libvirt_domain::catalog::{
+    InstanceCatalog, InventoryConfig, Offering, PriceTable, build_inventory,
 };
 use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_system::{SystemClock, TokioSpawner};

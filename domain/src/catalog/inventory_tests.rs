@@ -1,12 +1,11 @@
 //! Unit tests for `inventory`: validation order and messages, slot shape, and the numbering
 //! that keeps ids distinct when offerings share (type, zone).
 
-use bigfleet_libvirt_domain::validate_instance;
-
 use super::*;
-use crate::{default_offerings, fault_offering, offerings_from_json};
+use crate::catalog::{default_offerings, fault_offering, offerings_from_raw};
+use crate::validate_instance;
 
-fn build(offerings: &[Offering], zones: Option<&[String]>) -> Result<Inventory, ConfigError> {
+fn build(offerings: &[Offering], zones: Option<&[String]>) -> Result<Inventory, CatalogError> {
     let (catalog, prices) = (InstanceCatalog::builtin(), PriceTable::default());
     let cfg = InventoryConfig {
         provider: "p",
@@ -107,7 +106,8 @@ fn single_zone_and_single_type_defaults_get_distinct_ids() {
     assert_distinct(&inventory);
     assert_eq!(ids(&inventory)[16], "p/OnDemand/kvm.large/rack1/008");
 
-    let single = InstanceCatalog::from_json(r#"{"one": {"vcpu": 1, "memory_mib": 512}}"#, "t");
+    let raw = serde_json::from_str(r#"{"one": {"vcpu": 1, "memory_mib": 512}}"#).unwrap();
+    let single = InstanceCatalog::from_raw(raw, "t");
     let single = single.unwrap();
     let prices = PriceTable::default();
     let cfg = InventoryConfig {
@@ -247,7 +247,11 @@ fn oversized_totals_are_refused() {
 fn offerings_file_to_inventory() {
     let text = r#"[{"instance_type": "kvm.medium", "zone": "rack1", "count": 1,
                     "resources": {"cpu": "2", "memory": "4Gi"}}]"#;
-    let inventory = build(&offerings_from_json(text, "o.json").unwrap(), None).unwrap();
+    let inventory = build(
+        &offerings_from_raw(serde_json::from_str(text).unwrap(), "o.json").unwrap(),
+        None,
+    )
+    .unwrap();
     let machine = &inventory.machines[0];
     assert_eq!(machine.id.as_str(), "p/OnDemand/kvm.medium/rack1/000");
     assert_ne!(machine.resources, machine.allocatable);

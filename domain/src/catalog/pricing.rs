@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use bigfleet_libvirt_domain::CapacityType;
+use crate::CapacityType;
 
-use super::{ConfigError, InstanceCatalog};
+use super::{CatalogError, InstanceCatalog};
 
 /// Default USD per vCPU-hour (`--price-per-vcpu-hour`).
 pub const DEFAULT_PER_VCPU_HOUR: f64 = 0.0030;
@@ -22,9 +22,9 @@ pub const DEFAULT_PER_GIB_HOUR: f64 = 0.0008;
 /// for the same type wins.
 ///
 /// # Errors
-/// [`ConfigError::PriceEntry`] for an entry without `=`, [`ConfigError::PriceValue`] for an
+/// [`CatalogError::PriceEntry`] for an entry without `=`, [`CatalogError::PriceValue`] for an
 /// empty type name or a value that is not a finite, non-negative number.
-pub fn parse_prices(raw: &str) -> Result<BTreeMap<String, f64>, ConfigError> {
+pub fn parse_prices(raw: &str) -> Result<BTreeMap<String, f64>, CatalogError> {
     let mut prices = BTreeMap::new();
     for part in raw
         .split(',')
@@ -32,11 +32,11 @@ pub fn parse_prices(raw: &str) -> Result<BTreeMap<String, f64>, ConfigError> {
         .filter(|part| !part.is_empty())
     {
         let Some((name, value)) = part.split_once('=') else {
-            return Err(ConfigError::PriceEntry {
+            return Err(CatalogError::PriceEntry {
                 part: part.to_owned(),
             });
         };
-        let bad = |problem| ConfigError::PriceValue {
+        let bad = |problem| CatalogError::PriceValue {
             part: part.to_owned(),
             problem,
         };
@@ -87,7 +87,7 @@ impl PriceTable {
     /// in `catalog`.
     ///
     /// # Errors
-    /// [`ConfigError::PriceRate`] naming the rate flag, or [`ConfigError::PriceUnknownType`]
+    /// [`CatalogError::PriceRate`] naming the rate flag, or [`CatalogError::PriceUnknownType`]
     /// naming `--prices` and listing the known types. Override values are re-checked too, so
     /// a table built from any map holds only finite, non-negative prices.
     pub fn new(
@@ -95,19 +95,19 @@ impl PriceTable {
         per_vcpu_hour: f64,
         per_gib_hour: f64,
         catalog: &InstanceCatalog,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, CatalogError> {
         for (flag, value) in [
             ("--price-per-vcpu-hour", per_vcpu_hour),
             ("--price-per-gib-hour", per_gib_hour),
         ] {
             if !value.is_finite() || value < 0.0 {
-                return Err(ConfigError::PriceRate { flag, value });
+                return Err(CatalogError::PriceRate { flag, value });
             }
         }
         for (name, price) in &overrides {
             if catalog.get(name).is_none() {
                 let known = catalog.known();
-                return Err(ConfigError::PriceUnknownType {
+                return Err(CatalogError::PriceUnknownType {
                     name: name.clone(),
                     known,
                 });
@@ -115,7 +115,7 @@ impl PriceTable {
             if !price.is_finite() || *price < 0.0 {
                 let part = format!("{name}={price}");
                 let problem = "not a finite, non-negative USD per hour";
-                return Err(ConfigError::PriceValue { part, problem });
+                return Err(CatalogError::PriceValue { part, problem });
             }
         }
         Ok(Self {

@@ -1,17 +1,17 @@
 //! The instance-type catalog (docs/libvirt.md §3.5): the VM shapes offerings may name.
 //!
 //! The built-in `kvm.*` catalog covers a first run; `--instance-types` replaces it (no merge)
-//! with a JSON object `name -> {"vcpu": N, "memory_mib": N}`. The catalog is the only source of
-//! a machine's `allocatable`, so a shape is refused unless both numbers are positive, and a
-//! name is refused if it could not sit inside a machine id.
+//! with a JSON object `name -> {"vcpu": N, "memory_mib": N}`, which the configuration loader
+//! decodes into [`RawInstanceType`] entries and hands to [`InstanceCatalog::from_raw`]. The
+//! catalog is the only source of a machine's `allocatable`, so a shape is refused unless both
+//! numbers are positive, and a name is refused if it could not sit inside a machine id.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use bigfleet_libvirt_domain::StringMap;
 use serde::Deserialize;
 
-use super::ConfigError;
+use super::CatalogError;
+use crate::StringMap;
 
 const FLAG: &str = "--instance-types";
 
@@ -30,14 +30,17 @@ pub struct InstanceCatalog {
     types: BTreeMap<String, InstanceType>,
 }
 
-/// The file's per-type entry. Missing numbers default to 0 so they fail the positivity check
-/// with the operator-facing message rather than a bare serde error.
-#[derive(Deserialize)]
-struct RawType {
+/// The file's per-type entry, as decoded and not yet checked. Missing numbers default to 0 so
+/// they fail the positivity check with the operator-facing message rather than a bare serde
+/// error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct RawInstanceType {
+    /// Virtual CPUs as written.
     #[serde(default)]
-    vcpu: i64,
+    pub vcpu: i64,
+    /// Memory in MiB as written.
     #[serde(default)]
-    memory_mib: i64,
+    pub memory_mib: i64,
 }
 
 impl InstanceCatalog {
@@ -58,38 +61,20 @@ impl InstanceCatalog {
         Self { types }
     }
 
-    /// Reads and parses an `--instance-types` file.
+    /// Checks a decoded catalog (`None` for a JSON `null`); `source_name` names the file in
+    /// errors.
     ///
     /// # Errors
-    /// [`ConfigError::Read`] when the file cannot be read, otherwise as [`Self::from_json`].
-    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            flag: FLAG,
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::from_json(&text, &path.display().to_string())
-    }
-
-    /// Parses catalog JSON; `source_name` names the file in errors. Unknown keys are ignored.
-    ///
-    /// # Errors
-    /// [`ConfigError::Parse`] for malformed JSON or non-integer numbers,
-    /// [`ConfigError::Empty`] for `{}` or `null`, [`ConfigError::InstanceTypeName`] for an
-    /// empty name or one containing `/`, [`ConfigError::InstanceTypeShape`] for a
+    /// [`CatalogError::Empty`] for `{}` or `null`, [`CatalogError::InstanceTypeName`] for an
+    /// empty name or one containing `/`, [`CatalogError::InstanceTypeShape`] for a
     /// non-positive (or, for vCPU, oversized) shape.
-    pub fn from_json(text: &str, source_name: &str) -> Result<Self, ConfigError> {
-        let raw: Option<BTreeMap<String, RawType>> =
-            serde_json::from_str(text).map_err(|source| ConfigError::Parse {
-                flag: FLAG,
-                source_name: source_name.to_owned(),
-                source,
-                expected: "a JSON object name -> {\"vcpu\": N, \"memory_mib\": N}",
-            })?;
+    pub fn from_raw(
+        raw: Option<BTreeMap<String, RawInstanceType>>,
+        source_name: &str,
+    ) -> Result<Self, CatalogError> {
         let raw = raw.unwrap_or_default();
         if raw.is_empty() {
-            return Err(ConfigError::Empty {
+            return Err(CatalogError::Empty {
                 flag: FLAG,
                 source_name: source_name.to_owned(),
                 fix: "define at least one type, or drop the flag for the built-in kvm.* catalog",
@@ -97,7 +82,7 @@ impl InstanceCatalog {
         }
         let mut types = BTreeMap::new();
         for (name, shape) in raw {
-            let name_error = || ConfigError::InstanceTypeName {
+            let name_error = || CatalogError::InstanceTypeName {
                 source_name: source_name.to_owned(),
                 name: name.clone(),
             };
@@ -107,7 +92,7 @@ impl InstanceCatalog {
             let vcpu = u32::try_from(shape.vcpu).ok().filter(|v| *v > 0);
             let memory_mib = u64::try_from(shape.memory_mib).ok().filter(|m| *m > 0);
             let (Some(vcpu), Some(memory_mib)) = (vcpu, memory_mib) else {
-                return Err(ConfigError::InstanceTypeShape {
+                return Err(CatalogError::InstanceTypeShape {
                     source_name: source_name.to_owned(),
                     name,
                 });
@@ -154,14 +139,15 @@ impl InstanceCatalog {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write as _;
-
     use super::*;
 
+    /// Decodes `text` as the configuration loader does, then checks it.
+    fn from_json(text: &str, source_name: &str) -> Result<InstanceCatalog, CatalogError> {
+        InstanceCatalog::from_raw(serde_json::from_str(text).unwrap(), source_name)
+    }
+
     fn err(text: &str) -> String {
-        InstanceCatalog::from_json(text, "types.json")
-            .unwrap_err()
-            .to_string()
+        from_json(text, "types.json").unwrap_err().to_string()
     }
 
     #[test]
@@ -213,8 +199,7 @@ mod tests {
         assert_eq!(catalog.allocatable("kvm.small"), map("2", "4Gi"));
         assert_eq!(catalog.allocatable("kvm.xlarge"), map("16", "32Gi"));
         assert_eq!(catalog.allocatable("nope"), None);
-        let odd =
-            InstanceCatalog::from_json(r#"{"odd": {"vcpu": 3, "memory_mib": 1536}}"#, "t").unwrap();
+        let odd = from_json(r#"{"odd": {"vcpu": 3, "memory_mib": 1536}}"#, "t").unwrap();
         assert_eq!(odd.allocatable("odd"), map("3", "1536Mi"));
     }
 
@@ -222,35 +207,9 @@ mod tests {
     fn file_replaces_the_catalog_and_ignores_unknown_keys() {
         let text = r#"{"b.big": {"vcpu": 32, "memory_mib": 65536, "gpu": "none"},
                        "a.tiny": {"vcpu": 1, "memory_mib": 512}}"#;
-        let catalog = InstanceCatalog::from_json(text, "t").unwrap();
+        let catalog = from_json(text, "t").unwrap();
         assert_eq!(catalog.names(), ["a.tiny", "b.big"]);
         assert_eq!(catalog.get("kvm.small"), None);
-    }
-
-    #[test]
-    fn load_reads_a_file_and_names_the_flag_when_it_cannot() {
-        let mut file = tempfile::NamedTempFile::new().unwrap();
-        write!(file, r#"{{"x.one": {{"vcpu": 1, "memory_mib": 1024}}}}"#).unwrap();
-        let catalog = InstanceCatalog::load(file.path()).unwrap();
-        assert_eq!(catalog.names(), ["x.one"]);
-        let missing = Path::new("/nonexistent/types.json");
-        let msg = InstanceCatalog::load(missing).unwrap_err().to_string();
-        assert!(
-            msg.starts_with("read --instance-types /nonexistent/types.json: "),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn parse_errors_name_the_flag() {
-        for text in ["", "[1]", "{", r#"{"a": {"vcpu": 1.5, "memory_mib": 1}}"#] {
-            let msg = err(text);
-            assert!(
-                msg.starts_with("parse --instance-types types.json: "),
-                "{msg}"
-            );
-        }
-        assert!(err(r#"{"a": {"vcpu": "2", "memory_mib": 1}}"#).starts_with("parse "));
     }
 
     #[test]

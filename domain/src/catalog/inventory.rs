@@ -9,14 +9,12 @@
 
 use std::collections::BTreeMap;
 
-use bigfleet_libvirt_domain::{
-    CapacityType, Machine, MachineId, MachineState, SharedMap, StringMap,
-};
 use serde::Serialize;
 
 use super::{
-    ConfigError, InstanceCatalog, Offering, PriceTable, format_machine_id, parse_capacity_type,
+    CatalogError, InstanceCatalog, Offering, PriceTable, format_machine_id, parse_capacity_type,
 };
+use crate::{CapacityType, Machine, MachineId, MachineState, SharedMap, StringMap};
 
 /// Most slots one provider will hold, so a typo in a count fails loudly instead of exhausting
 /// memory.
@@ -68,11 +66,11 @@ pub struct Inventory {
 /// mixed with deletable capacity, no offerings, more than [`MAX_SLOTS`] slots.
 ///
 /// # Errors
-/// The first [`ConfigError`] found, in the order above.
+/// The first [`CatalogError`] found, in the order above.
 pub fn build_inventory(
     offerings: &[Offering],
     cfg: &InventoryConfig<'_>,
-) -> Result<Inventory, ConfigError> {
+) -> Result<Inventory, CatalogError> {
     let capacities = offerings
         .iter()
         .map(|offering| validate_offering(offering, cfg))
@@ -82,16 +80,16 @@ pub fn build_inventory(
         .filter(|c| **c == CapacityType::BareMetal)
         .count();
     if bare_metal > 0 && bare_metal < capacities.len() {
-        return Err(ConfigError::MixedCapacity);
+        return Err(CatalogError::MixedCapacity);
     }
     if offerings.is_empty() {
-        return Err(ConfigError::NoOfferings);
+        return Err(CatalogError::NoOfferings);
     }
     let total = offerings
         .iter()
         .try_fold(0i64, |sum, o| sum.checked_add(o.count));
     if total.is_none_or(|total| total > MAX_SLOTS) {
-        return Err(ConfigError::TooManySlots);
+        return Err(CatalogError::TooManySlots);
     }
     let mut next_index: BTreeMap<(CapacityType, &str, &str), u64> = BTreeMap::new();
     let slots = total.and_then(|t| usize::try_from(t).ok()).unwrap_or(0);
@@ -134,23 +132,23 @@ pub fn build_inventory(
 fn validate_offering(
     offering: &Offering,
     cfg: &InventoryConfig<'_>,
-) -> Result<CapacityType, ConfigError> {
+) -> Result<CapacityType, CatalogError> {
     let (instance_type, zone) = (&offering.instance_type, &offering.zone);
     let capacity = parse_capacity_type(&offering.capacity_type).map_err(|source| {
-        ConfigError::OfferingCapacity {
+        CatalogError::OfferingCapacity {
             instance_type: instance_type.clone(),
             zone: zone.clone(),
             source: Box::new(source),
         }
     })?;
     if instance_type.is_empty() {
-        return Err(ConfigError::OfferingEmptyType {
+        return Err(CatalogError::OfferingEmptyType {
             known: cfg.catalog.known(),
         });
     }
     if cfg.catalog.get(instance_type).is_none() {
         let known = cfg.catalog.known();
-        return Err(ConfigError::OfferingUnknownType {
+        return Err(CatalogError::OfferingUnknownType {
             instance_type: instance_type.clone(),
             known,
         });
@@ -160,16 +158,16 @@ fn validate_offering(
 }
 
 /// Checks an offering's zone, count and labels.
-fn validate_placement(offering: &Offering, cfg: &InventoryConfig<'_>) -> Result<(), ConfigError> {
+fn validate_placement(offering: &Offering, cfg: &InventoryConfig<'_>) -> Result<(), CatalogError> {
     let (instance_type, zone) = (&offering.instance_type, &offering.zone);
     if zone.is_empty() {
-        return Err(ConfigError::OfferingEmptyZone {
+        return Err(CatalogError::OfferingEmptyZone {
             instance_type: instance_type.clone(),
         });
     }
     if zone.contains(['/', ':']) {
         let (instance_type, zone) = (instance_type.clone(), zone.clone());
-        return Err(ConfigError::OfferingZoneChars {
+        return Err(CatalogError::OfferingZoneChars {
             instance_type,
             zone,
         });
@@ -177,7 +175,7 @@ fn validate_placement(offering: &Offering, cfg: &InventoryConfig<'_>) -> Result<
     if let Some(zones) = cfg.require_zones.filter(|zones| !zones.contains(zone)) {
         let mut configured: Vec<&str> = zones.iter().map(String::as_str).collect();
         configured.sort_unstable();
-        return Err(ConfigError::OfferingZoneNotConnected {
+        return Err(CatalogError::OfferingZoneNotConnected {
             instance_type: instance_type.clone(),
             zone: zone.clone(),
             configured: configured.join(", "),
@@ -185,7 +183,7 @@ fn validate_placement(offering: &Offering, cfg: &InventoryConfig<'_>) -> Result<
     }
     if offering.count <= 0 {
         let (instance_type, zone) = (instance_type.clone(), zone.clone());
-        return Err(ConfigError::OfferingCount {
+        return Err(CatalogError::OfferingCount {
             instance_type,
             zone,
             count: offering.count,
@@ -196,7 +194,7 @@ fn validate_placement(offering: &Offering, cfg: &InventoryConfig<'_>) -> Result<
         .find(|key| offering.labels.contains_key(**key))
     {
         let (instance_type, zone) = (instance_type.clone(), zone.clone());
-        return Err(ConfigError::OfferingReservedLabel {
+        return Err(CatalogError::OfferingReservedLabel {
             instance_type,
             zone,
             key: (*key).into(),

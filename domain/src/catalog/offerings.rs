@@ -2,14 +2,13 @@
 //!
 //! They come from an `--offerings` JSON file, or, without one, from a built-in set sized by
 //! `--seed-count` that spreads slots over two zones and the catalog's first and last type
-//! names. Offerings are only read here; `inventory` validates them and turns them into slots.
+//! names. The configuration loader decodes the file into [`Offering`]s; here they are only
+//! checked for being there at all, and `inventory` validates them and turns them into slots.
 
-use std::path::Path;
-
-use bigfleet_libvirt_domain::StringMap;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::{ConfigError, InstanceCatalog};
+use super::{CatalogError, InstanceCatalog};
+use crate::StringMap;
 
 const FLAG: &str = "--offerings";
 
@@ -51,37 +50,17 @@ where
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
-/// Reads and parses an `--offerings` file.
+/// Checks decoded offerings (`None` for a JSON `null`); `source` names them in errors.
 ///
 /// # Errors
-/// [`ConfigError::Read`] when the file cannot be read, otherwise as [`offerings_from_json`].
-pub fn load_offerings(path: impl AsRef<Path>) -> Result<Vec<Offering>, ConfigError> {
-    let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        flag: FLAG,
-        path: path.to_owned(),
-        source,
-    })?;
-    offerings_from_json(&text, &path.display().to_string())
-}
-
-/// Parses offerings JSON (an array of objects; unknown keys ignored); `source` names it in
-/// errors.
-///
-/// # Errors
-/// [`ConfigError::Parse`] for malformed JSON, a missing required key or a wrong JSON type;
-/// [`ConfigError::Empty`] for `[]` or `null`.
-pub fn offerings_from_json(text: &str, source: &str) -> Result<Vec<Offering>, ConfigError> {
-    let parsed: Option<Vec<Offering>> =
-        serde_json::from_str(text).map_err(|error| ConfigError::Parse {
-            flag: FLAG,
-            source_name: source.to_owned(),
-            source: error,
-            expected: "a JSON array of {\"instance_type\", \"zone\", \"count\", ...} objects",
-        })?;
+/// [`CatalogError::Empty`] for `[]` or `null`.
+pub fn offerings_from_raw(
+    parsed: Option<Vec<Offering>>,
+    source: &str,
+) -> Result<Vec<Offering>, CatalogError> {
     match parsed {
         Some(offerings) if !offerings.is_empty() => Ok(offerings),
-        _ => Err(ConfigError::Empty {
+        _ => Err(CatalogError::Empty {
             flag: FLAG,
             source_name: source.to_owned(),
             fix: "list at least one offering, or drop the flag for the --seed-count defaults",
@@ -179,9 +158,12 @@ pub fn fault_offering(
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write as _;
-
     use super::*;
+
+    /// Decodes `text` as the configuration loader does, then checks it.
+    fn offerings_from_json(text: &str, source: &str) -> Result<Vec<Offering>, CatalogError> {
+        offerings_from_raw(serde_json::from_str(text).unwrap(), source)
+    }
 
     fn counts(seed: i64, zones: &[String], catalog: &InstanceCatalog) -> Vec<(String, i64)> {
         default_offerings(seed, zones, "local", "on_demand", catalog)
@@ -257,9 +239,11 @@ mod tests {
 
     #[test]
     fn single_type_catalog_uses_it_for_both_sizes() {
-        let catalog =
-            InstanceCatalog::from_json(r#"{"only": {"vcpu": 1, "memory_mib": 1024}}"#, "t")
-                .unwrap();
+        let catalog = InstanceCatalog::from_raw(
+            serde_json::from_str(r#"{"only": {"vcpu": 1, "memory_mib": 1024}}"#).unwrap(),
+            "t",
+        )
+        .unwrap();
         let got = counts(4, &[], &catalog);
         assert_eq!(
             got,
@@ -303,45 +287,5 @@ mod tests {
         assert_eq!(got[1].resources["cpu"], "2");
         assert_eq!(got[1].labels["pool"], "gpu");
         assert!(got[2].labels.is_empty());
-    }
-
-    #[test]
-    fn offerings_json_errors_name_the_flag() {
-        for text in [
-            "{",
-            "{}",
-            r#"[{"zone": "z", "count": 1}]"#,
-            r#"[{"instance_type": "t", "zone": "z", "count": "1"}]"#,
-            r#"[{"instance_type": "t", "zone": "z", "count": 1.5}]"#,
-            r#"[{"instance_type": "t", "zone": "z", "count": 1, "labels": {"a": 1}}]"#,
-        ] {
-            let msg = offerings_from_json(text, "o.json").unwrap_err().to_string();
-            assert!(
-                msg.starts_with("parse --offerings o.json: "),
-                "{text}: {msg}"
-            );
-        }
-        for text in ["[]", "null"] {
-            let msg = offerings_from_json(text, "o.json").unwrap_err().to_string();
-            assert!(msg.starts_with("--offerings o.json is empty; "), "{msg}");
-        }
-    }
-
-    #[test]
-    fn load_offerings_reads_files_and_reports_missing_ones() {
-        let mut file = tempfile::NamedTempFile::new().unwrap();
-        write!(
-            file,
-            r#"[{{"instance_type": "kvm.small", "zone": "z", "count": 2}}]"#
-        )
-        .unwrap();
-        assert_eq!(load_offerings(file.path()).unwrap()[0].count, 2);
-        let msg = load_offerings(Path::new("/nonexistent/o.json"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            msg.starts_with("read --offerings /nonexistent/o.json: "),
-            "{msg}"
-        );
     }
 }

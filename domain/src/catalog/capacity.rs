@@ -5,16 +5,16 @@
 //! bare-metal free pool (held forever, no Delete). Spot and reserved are refused with the
 //! reason, since neither a preemption market nor commitment billing exists on one's own hosts.
 
-use bigfleet_libvirt_domain::CapacityType;
+use crate::CapacityType;
 
-use super::ConfigError;
+use super::CatalogError;
 
 /// Parses a capacity string, case-insensitively and ignoring surrounding blanks; empty means
 /// on-demand.
 ///
 /// # Errors
-/// [`ConfigError::Capacity`] for `spot`, `reserved` and anything unknown.
-pub fn parse_capacity_type(raw: &str) -> Result<CapacityType, ConfigError> {
+/// [`CatalogError::Capacity`] for `spot`, `reserved` and anything unknown.
+pub fn parse_capacity_type(raw: &str) -> Result<CapacityType, CatalogError> {
     let problem = match raw.trim().to_ascii_lowercase().as_str() {
         "" | "on_demand" | "on-demand" | "ondemand" => return Ok(CapacityType::OnDemand),
         "bare_metal" | "bare-metal" | "metal" => return Ok(CapacityType::BareMetal),
@@ -22,7 +22,7 @@ pub fn parse_capacity_type(raw: &str) -> Result<CapacityType, ConfigError> {
         "reserved" => "is not meaningful for libvirt (no reservation/commitment billing)",
         _ => "is unknown",
     };
-    Err(ConfigError::Capacity {
+    Err(CatalogError::Capacity {
         raw: raw.to_owned(),
         problem,
     })

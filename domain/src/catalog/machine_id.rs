@@ -5,7 +5,7 @@
 //! components from the right so a provider label may itself contain `/`. Instance types and
 //! zones never contain `/` (the loaders refuse them), which is what makes the parse unambiguous.
 
-use bigfleet_libvirt_domain::CapacityType;
+use crate::CapacityType;
 
 /// The components of a slot id.
 #[derive(Clone, Debug, PartialEq, Eq)]
