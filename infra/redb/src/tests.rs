@@ -189,20 +189,23 @@ async fn a_corrupted_file_is_refused_untouched() {
     refuse(&path, "corrupt");
 }
 
+/// Overwrites the file's schema version, as a build of another schema would have left it.
+fn set_schema_version(path: &std::path::Path, version: i64) {
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    txn.open_table(super::tables::meta::TABLE)
+        .unwrap()
+        .insert("schema_version", version)
+        .unwrap();
+    txn.commit().unwrap();
+}
+
 #[tokio::test]
 async fn an_unknown_schema_version_is_refused_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
     write_some_state(&path).await;
-    {
-        let db = redb::Database::open(&path).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(super::tables::meta::TABLE)
-            .unwrap()
-            .insert("schema_version", 99)
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    set_schema_version(&path, 99);
     refuse(&path, "schema version is 99");
 }
 
@@ -319,15 +322,7 @@ async fn a_newer_schema_is_refused_naming_the_file_and_both_versions() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.redb");
     write_some_state(&path).await;
-    {
-        let db = redb::Database::open(&path).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(super::tables::meta::TABLE)
-            .unwrap()
-            .insert("schema_version", 3)
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    set_schema_version(&path, 3);
     refuse(
         &path,
         "schema version is 3 but this build reads only 2 and 1",
