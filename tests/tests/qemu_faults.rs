@@ -112,15 +112,7 @@ async fn host_loss() {
 
     // Restart B's daemon: the provider reconnects by itself.
     tier.libvirtd(&tier.b, "start");
-    let reconnected = gauge_until(
-        &server,
-        HEALTH,
-        &health(&tier.b, "healthy"),
-        1.0,
-        // The backoff bound is 60 s plus up to half of it in jitter.
-        Duration::from_secs(100),
-    )
-    .await;
+    let reconnected = b_healthy_again(&server, &tier).await;
     let virt_b = Libvirt::open(&tier, &tier.b);
     let domain = virt_b.domain(&b0_domain).expect("B's machine survived");
     assert!(domain.is_active().unwrap(), "its QEMU outlived the daemon");
@@ -143,6 +135,13 @@ async fn host_loss() {
 }
 
 /// Restarts zone B's libvirtd once `ready` holds (polled every 5 ms), or after `within`.
+/// Waits until the provider reports zone B healthy again and returns how long it took: after
+/// a daemon restart the redial backoff is bounded by 60 s plus up to half of it in jitter.
+async fn b_healthy_again(server: &Server, tier: &Tier) -> Duration {
+    let healthy = health(&tier.b, "healthy");
+    gauge_until(server, HEALTH, &healthy, 1.0, Duration::from_secs(100)).await
+}
+
 async fn restart_when(tier: &Tier, within: Duration, ready: impl Fn() -> bool) -> bool {
     let start = Instant::now();
     let mut hit = false;
@@ -201,14 +200,7 @@ async fn daemon_restart() {
     .await;
     drop(watch);
     let after_create = settled(&mut c, &b[0]).await;
-    gauge_until(
-        &server,
-        HEALTH,
-        &health(&tier.b, "healthy"),
-        1.0,
-        Duration::from_secs(100),
-    )
-    .await;
+    b_healthy_again(&server, &tier).await;
 
     // During a Delete: an Idle machine, restarted once its domain stops running.
     let (idle, _) = create_until(&mut c, &b[1], S::Idle).await;
@@ -223,14 +215,7 @@ async fn daemon_restart() {
     .await;
     drop(watch);
     let after_delete = settled(&mut c, &b[1]).await;
-    gauge_until(
-        &server,
-        HEALTH,
-        &health(&tier.b, "healthy"),
-        1.0,
-        Duration::from_secs(100),
-    )
-    .await;
+    b_healthy_again(&server, &tier).await;
 
     // Each ends where the contract allows: the target state, or Failed saying why.
     for (what, machine, target) in [

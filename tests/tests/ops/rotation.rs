@@ -46,12 +46,7 @@ async fn rotated_certificate_is_served_without_restart_and_garbage_keeps_the_las
     );
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = tls_server_files(dir.path(), &a);
-    let args = [
-        "--use-fake-backend".to_owned(),
-        "--seed-count=4".to_owned(),
-        arg("--tls-cert", &cert),
-        arg("--tls-key", &key),
-    ];
+    let args = tls_fake_args(&cert, &key);
     let server = Server::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(served_cert(server.addr, &ca.pem).await.unwrap(), a.der);
 
@@ -96,12 +91,7 @@ async fn sighup_reloads_the_certificate() {
     );
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = tls_server_files(dir.path(), &a);
-    let args = [
-        "--use-fake-backend".to_owned(),
-        "--seed-count=4".to_owned(),
-        arg("--tls-cert", &cert),
-        arg("--tls-key", &key),
-    ];
+    let args = tls_fake_args(&cert, &key);
     let mut provider = Proc::spawn(&args, &[]);
     assert_eq!(served_cert(provider.addr, &ca.pem).await.unwrap(), a.der);
 
@@ -118,4 +108,14 @@ async fn sighup_reloads_the_certificate() {
         m == "reloaded TLS certificates" && v["fields"]["reason"] == "SIGHUP"
     };
     logged(|| provider.log_lines(), Duration::from_secs(2), by_hangup).await;
+}
+
+/// A fake-backend provider with 4 slots serving TLS from `cert` and `key`.
+fn tls_fake_args(cert: &Path, key: &Path) -> [String; 4] {
+    [
+        "--use-fake-backend".to_owned(),
+        "--seed-count=4".to_owned(),
+        arg("--tls-cert", cert),
+        arg("--tls-key", key),
+    ]
 }
