@@ -273,6 +273,29 @@ impl Core {
     }
 }
 
+impl Core {
+    /// The transition in flight on `id`, as its dispatch, when its deadline is at or before
+    /// `now`: what the provider's deadline sweep fails as timed out when no result came back
+    /// from its worker by then (a worker that never started, or one that hung). `None` when
+    /// nothing is in flight there or its deadline is still ahead.
+    #[must_use]
+    pub fn overdue(&self, id: &MachineId, now: Timestamp) -> Option<Dispatch> {
+        let record = self.records.get(id)?;
+        let in_flight = record.in_flight.as_ref()?;
+        if now < in_flight.deadline || record.machine.state != in_flight.kind.transitional() {
+            return None;
+        }
+        Some(Dispatch {
+            kind: in_flight.kind,
+            operation_id: in_flight.operation_id.clone(),
+            machine: Arc::clone(&record.machine),
+            deadline: in_flight.deadline,
+            timeout: in_flight.timeout,
+            grace_period_seconds: 0,
+        })
+    }
+}
+
 /// Moves a transitional record to its target or to Failed.
 fn settle(machine: &mut Machine, kind: Kind, result: TransitionResult, timeout: Duration) {
     let fail = |machine: &mut Machine, error: String| {

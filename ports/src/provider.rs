@@ -15,17 +15,18 @@
 //! and reads, are decided again on the rewound state; a transition's completion is retried
 //! until it is durable.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
     Ack, Completion, CompletionOutcome, Core, Dispatch, Kind, ListPage, ListQuery, ListRotation,
-    Machine, MachineState, MutateError, Mutation, OperationId, Policy, ReconcileReport, Savepoint,
-    SeedError, Timestamp, TransitionResult,
+    Machine, MachineId, MachineState, MutateError, Mutation, OperationId, Policy, ReconcileReport,
+    Savepoint, SeedError, Timestamp, TransitionResult,
 };
-use futures::FutureExt;
+use futures::channel::mpsc;
 use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::clock::Clock;
@@ -114,6 +115,14 @@ const DECISIONS_MAX: usize = 8;
 const COMPLETION_RETRY_FIRST: Duration = Duration::from_millis(100);
 const COMPLETION_RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// How long past a transition's deadline the deadline sweep leaves the result to the
+/// transition's own worker (which stops the hypervisor call at the deadline itself) before it
+/// fails the machine on its own.
+pub const SWEEP_GRACE: Duration = Duration::from_secs(1);
+
+/// A transition's deadline as the sweep keeps it: when, on which machine, of what kind.
+type DeadlineEntry = (Timestamp, MachineId, Kind);
+
 /// A decision whose change set the store has not yet confirmed, and what takes it back.
 struct Pending {
     barrier: Barrier,
@@ -130,6 +139,10 @@ struct Guarded {
     rotation: ListRotation,
     /// Decisions enqueued and not yet seen durable, oldest first.
     pending: VecDeque<Pending>,
+    /// The deadline of every transition accepted and not yet completed, earliest first, for
+    /// the deadline sweep. An entry left by a decision a failed commit took back is harmless:
+    /// the sweep only fails what the core still has in flight past its deadline.
+    deadlines: BTreeSet<DeadlineEntry>,
 }
 
 /// Whether the state store is taking commits, for readiness, health and metrics.
@@ -150,7 +163,10 @@ struct Inner<H, S, C, E> {
     store: S,
     clock: C,
     spawner: E,
-    observer: Option<Observer>,
+    observers: RwLock<Vec<Observer>>,
+    /// Wakes the deadline sweep when a new earliest deadline is recorded; dropped with the
+    /// provider, which ends the sweep.
+    sweep_wake: mpsc::Sender<()>,
 }
 
 /// The provider service, cheap to clone (one shared instance behind an `Arc`).
@@ -211,7 +227,9 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             last_commit: settled(),
             rotation: ListRotation::default(),
             pending: VecDeque::new(),
+            deadlines: BTreeSet::new(),
         };
+        let (sweep_wake, woken) = mpsc::channel(1);
         let inner = Inner {
             core: Mutex::new(guarded),
             store_status: Mutex::default(),
@@ -219,35 +237,43 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             store,
             clock,
             spawner,
-            observer: None,
+            observers: RwLock::default(),
+            sweep_wake,
         };
         let provider = Self {
             inner: Arc::new(inner),
         };
+        let sweep = sweep_deadlines(Arc::downgrade(&provider.inner), woken);
+        provider.inner.spawner.spawn(
+            "deadline-sweep",
+            sweep.instrument(info_span!("deadline_sweep")),
+        );
         provider.compensate_failed_creates();
         Ok(provider)
     }
 
-    /// Registers a callback told about every finished transition. Call before serving.
+    /// Registers a callback told about every finished transition (in registration order,
+    /// after those registered before it). Register before serving, so no event is missed.
     #[must_use]
     pub fn with_observer(
         self,
         observer: impl Fn(&TransitionEvent) + Send + Sync + 'static,
     ) -> Self {
-        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|_| {
-            panic!("with_observer must be called before the provider is shared")
-        });
-        let inner = Inner {
-            observer: Some(Arc::new(observer)),
-            ..inner
-        };
-        Self {
-            inner: Arc::new(inner),
-        }
+        self.inner
+            .observers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Arc::new(observer));
+        self
     }
 
     /// Decides a mutating call, makes the decision durable, starts the transition it
     /// accepted, and returns the acknowledgement.
+    ///
+    /// Cancellation-safe: the transition's worker is spawned in the same critical section
+    /// that takes the decision, before the first await, and it waits for the decision to be
+    /// durable on its own. A caller that stops waiting (a client deadline, a reset stream)
+    /// loses only its answer; an accepted transition runs to completion either way.
     ///
     /// # Errors
     /// The core's rejection, or a store failure (then nothing was acknowledged).
@@ -258,6 +284,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     ) -> Result<Ack, ProviderError> {
         let now = self.inner.clock.now();
         let mut mutation = mutation;
+        let mut blob = Some(blob);
         let mut attempt = 0;
         let decision = loop {
             let (decision, durable, spare) = {
@@ -269,6 +296,20 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 let (decision, savepoint) =
                     guarded.core.with_savepoint(|c| c.mutate(mutation, now));
                 let durable = self.enqueue(&mut guarded, decision.changes.clone(), savepoint);
+                if let Ok(Ack {
+                    dispatch: Some(dispatch),
+                    ..
+                }) = &decision.outcome
+                {
+                    // A decision that may be taken again (see `spare`) keeps the blob for it.
+                    let blob = if spare.is_some() {
+                        blob.clone()
+                    } else {
+                        blob.take()
+                    };
+                    let blob = blob.unwrap_or_default();
+                    self.start_transition(&mut guarded, dispatch.clone(), blob, durable.clone());
+                }
                 (decision, durable, spare)
             };
             // Injected bug (simulator bug hunt only): acknowledge before the decision is durable.
@@ -304,20 +345,97 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 },
             }
         };
-        let ack = decision.outcome?;
-        if let Some(dispatch) = ack.dispatch.clone() {
-            let provider = self.clone();
+        Ok(decision.outcome?)
+    }
+
+    /// Records an accepted transition's deadline for the sweep and spawns its worker, under
+    /// the lock that took the decision. The worker starts the hypervisor call once
+    /// `durable` resolves; if the commit fails instead, the decision was taken back and the
+    /// worker ends without acting (the caller, if still there, decides again).
+    fn start_transition(
+        &self,
+        guarded: &mut Guarded,
+        dispatch: Dispatch,
+        blob: BootstrapBlob,
+        durable: Barrier,
+    ) {
+        let entry = (
+            dispatch.deadline,
+            dispatch.machine.id.clone(),
+            dispatch.kind,
+        );
+        let earliest = guarded.deadlines.first().is_none_or(|first| entry < *first);
+        guarded.deadlines.insert(entry);
+        if earliest {
+            // Full means a wake-up is already pending; closed cannot happen while we exist.
+            let _pending = self.inner.sweep_wake.clone().try_send(());
+        }
+        let provider = self.clone();
+        let span = info_span!(
+            "transition",
+            kind = %dispatch.kind,
+            machine_id = %dispatch.machine.id,
+            operation_id = %dispatch.operation_id,
+        );
+        let task = async move {
+            if let Err(error) = durable.await {
+                debug!(%error, "decision taken back by a failed commit: transition not started");
+                return;
+            }
+            provider.run(dispatch, blob).await;
+        };
+        self.inner
+            .spawner
+            .spawn("transition", task.instrument(span));
+    }
+
+    /// Fails, as timed out, every transition still in flight [`SWEEP_GRACE`] after its
+    /// deadline: the guarantee that an accepted operation ends by its deadline does not rest
+    /// on its worker (one that never started, or hung, is caught here). Returns when the
+    /// next sweep is due (`None`: nothing in flight).
+    async fn expire_overdue(&self) -> Option<Timestamp> {
+        let now = self.inner.clock.now();
+        let due = {
+            let mut guarded = self.lock();
+            let mut due = Vec::new();
+            while let Some((deadline, ..)) = guarded.deadlines.first() {
+                if deadline.saturating_add(SWEEP_GRACE) > now {
+                    break;
+                }
+                let Some((_, id, _)) = guarded.deadlines.pop_first() else {
+                    break;
+                };
+                due.extend(guarded.core.overdue(&id, now));
+            }
+            due
+        };
+        for dispatch in due {
             let span = info_span!(
                 "transition",
                 kind = %dispatch.kind,
                 machine_id = %dispatch.machine.id,
                 operation_id = %dispatch.operation_id,
             );
-            self.inner
-                .spawner
-                .spawn("transition", provider.run(dispatch, blob).instrument(span));
+            async {
+                warn!(
+                    deadline_passed_by = ?now.saturating_since(dispatch.deadline),
+                    "no result from the transition's worker by its deadline: failing it"
+                );
+                let ended = self.finish(&dispatch, TransitionResult::TimedOut).await;
+                let failed = ended.is_some_and(|m| m.state == MachineState::Failed);
+                if dispatch.kind == Kind::Create && failed {
+                    // Whatever the worker did on the host is unknown.
+                    self.compensate(Arc::clone(&dispatch.machine), dispatch.operation_id.clone());
+                }
+            }
+            .instrument(span)
+            .await;
         }
-        Ok(ack)
+        let guarded = self.lock();
+        guarded
+            .deadlines
+            .first()
+            .map(|(deadline, ..)| deadline.saturating_add(SWEEP_GRACE))
     }
 
     /// One machine by id, once everything it may reflect is durable.
@@ -558,13 +676,19 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let deadline = self.inner.clock.sleep_until(dispatch.deadline);
         // Biased: when the call finishes in the same instant as the deadline, take the
         // result; the core still turns a success at or after the deadline into a timeout.
-        let (result, may_have_acted) = futures::select_biased! {
+        // A worker that only gets to start at or after its deadline (a commit slower than
+        // the deadline) does not touch the host.
+        let (result, may_have_acted) = if self.inner.clock.now() >= dispatch.deadline {
+            (TransitionResult::TimedOut, false)
+        } else {
+            futures::select_biased! {
             outcome = self.call(&dispatch, blob).fuse() => match outcome {
                 Ok(result) => (result, true),
                 Err(e) => (TransitionResult::Failed(e.message), e.side_effects != SideEffects::None),
             },
             // A call cut off by its deadline may still have acted on the host.
             () = deadline.fuse() => (TransitionResult::TimedOut, true),
+            }
         };
         let ended = self.finish(&dispatch, result).await;
         let failed = ended.is_some_and(|m| m.state == MachineState::Failed);
@@ -709,7 +833,15 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             let durable = durable.await;
             self.settle();
             match durable {
-                Ok(()) => break outcome,
+                Ok(()) => {
+                    let entry = (
+                        dispatch.deadline,
+                        dispatch.machine.id.clone(),
+                        dispatch.kind,
+                    );
+                    self.lock().deadlines.remove(&entry);
+                    break outcome;
+                }
                 Err(e) => {
                     warn!(error = %e, retry_in = ?backoff, "transition outcome not persisted yet");
                     let retry_at = self.inner.clock.now().saturating_add(backoff);
@@ -737,14 +869,56 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 None
             }
         };
-        if let Some(observer) = &self.inner.observer {
-            observer(&TransitionEvent {
+        let observers = self
+            .inner
+            .observers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !observers.is_empty() {
+            let event = TransitionEvent {
                 kind: dispatch.kind,
                 machine: machine.clone(),
                 elapsed,
-            });
+            };
+            for observer in observers.iter() {
+                observer(&event);
+            }
         }
         machine
+    }
+}
+
+/// The deadline sweep: runs while the provider exists (it holds it only while sweeping),
+/// waking at the next deadline past its grace or when an earlier one is recorded.
+async fn sweep_deadlines<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    provider: Weak<Inner<H, S, C, E>>,
+    mut woken: mpsc::Receiver<()>,
+) {
+    // A wake-up time the clock's timer already fired for without the clock reaching it (a
+    // test clock whose timers fire at once): not slept for again until something new is
+    // recorded, so such a clock cannot turn the sweep into a busy loop.
+    let mut fired: Option<Timestamp> = None;
+    loop {
+        let (next, clock) = {
+            let Some(inner) = provider.upgrade() else {
+                return;
+            };
+            let clock = inner.clock.clone();
+            (Provider { inner }.expire_overdue().await, clock)
+        };
+        let sleep: BoxFuture<'static, ()> = match next {
+            Some(at) if fired != Some(at) => Box::pin(clock.sleep_until(at)),
+            _ => Box::pin(std::future::pending()),
+        };
+        futures::select_biased! {
+            wake = woken.next() => {
+                if wake.is_none() {
+                    return;
+                }
+                fired = None;
+            },
+            () = sleep.fuse() => fired = next,
+        }
     }
 }
 
@@ -771,3 +945,6 @@ fn settled() -> Barrier {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cancel_tests;

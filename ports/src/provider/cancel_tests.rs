@@ -1,0 +1,320 @@
+//! Unit tests of the provider's promise that an accepted operation ends by its deadline,
+//! whatever its caller or its worker does: a call dropped while its decision is being
+//! committed still runs its transition, and a transition whose worker never runs is failed
+//! by the deadline sweep.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bigfleet_libvirt_domain::{
+    ChangeSet, FenceToken, HostRef, Kind, Machine, MachineState, MutateRequest, Mutation, Policy,
+    Snapshot, Timeouts, Timestamp,
+};
+use futures::FutureExt;
+use tokio::sync::watch;
+
+use crate::testkit::speculative;
+use crate::{
+    BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
+    Hypervisor, HypervisorError, Provider, ProviderConfig, Spawner, StateStore, StoreError,
+};
+
+/// A host that answers every call at once and records which kinds it was asked to do.
+#[derive(Clone, Default)]
+struct Host {
+    calls: Arc<Mutex<Vec<Kind>>>,
+}
+
+impl Host {
+    fn record(&self, kind: Kind) {
+        self.calls.lock().unwrap().push(kind);
+    }
+
+    fn calls(&self) -> Vec<Kind> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Hypervisor for Host {
+    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
+        std::future::ready(Ok(vec![speculative("m-1")]))
+    }
+
+    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
+        self.record(Kind::Create);
+        Ok(Created {
+            host: HostRef {
+                provider: "test".to_owned(),
+                reference: format!("zone-a/{}", request.machine.id),
+            },
+            resources: None,
+            allocatable: None,
+        })
+    }
+
+    async fn configure(&self, _: ConfigureRequest) -> Result<(), HypervisorError> {
+        self.record(Kind::Configure);
+        Ok(())
+    }
+
+    async fn drain(&self, _: DrainRequest) -> Result<(), HypervisorError> {
+        self.record(Kind::Drain);
+        Ok(())
+    }
+
+    async fn delete(&self, _: DeleteRequest) -> Result<(), HypervisorError> {
+        self.record(Kind::Delete);
+        Ok(())
+    }
+}
+
+/// A disk whose commits complete only while it is open: a closed disk is a slow fsync.
+#[derive(Clone)]
+struct SlowDisk {
+    durable: Arc<Mutex<Snapshot>>,
+    open: watch::Sender<bool>,
+}
+
+impl SlowDisk {
+    fn new() -> Self {
+        Self {
+            durable: Arc::default(),
+            open: watch::Sender::new(true),
+        }
+    }
+
+    fn set_open(&self, open: bool) {
+        self.open.send_replace(open);
+    }
+}
+
+impl StateStore for SlowDisk {
+    fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
+        std::future::ready(Ok(self.durable.lock().unwrap().clone()))
+    }
+
+    fn commit(
+        &self,
+        changes: ChangeSet,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let durable = Arc::clone(&self.durable);
+        let mut open = self.open.subscribe();
+        async move {
+            open.wait_for(|open| *open)
+                .await
+                .map_err(|_| StoreError::Io("disk gone".to_owned()))?;
+            durable.lock().unwrap().apply(&changes);
+            Ok(())
+        }
+    }
+
+    fn resume(&self) {}
+}
+
+/// The provider's clock on tokio's (paused) clock.
+#[derive(Clone)]
+struct TokioClock {
+    base: tokio::time::Instant,
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        let elapsed = self.base.elapsed().as_nanos();
+        Timestamp(u64::try_from(elapsed).unwrap_or(u64::MAX))
+    }
+
+    // The test's own Clock adapter: the one place these tests may wait on tokio's timer.
+    #[allow(clippy::disallowed_methods)]
+    fn sleep_until(&self, deadline: Timestamp) -> impl Future<Output = ()> + Send + 'static {
+        tokio::time::sleep_until(self.base + Duration::from_nanos(deadline.0))
+    }
+}
+
+/// Spawns on tokio; when `lose_transitions` is set, every transition worker is dropped
+/// unstarted (a worker that never runs), while the provider's other tasks run.
+#[derive(Clone, Default)]
+struct TestSpawner {
+    lose_transitions: bool,
+}
+
+impl Spawner for TestSpawner {
+    // The test's own Spawner adapter: the one place these tests may call tokio::spawn.
+    #[allow(clippy::disallowed_methods)]
+    fn spawn(&self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        if self.lose_transitions && name == "transition" {
+            return;
+        }
+        drop(tokio::task::spawn(task));
+    }
+}
+
+type Subject = Provider<Host, SlowDisk, TokioClock, TestSpawner>;
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn start(host: Host, disk: SlowDisk, spawner: TestSpawner) -> Subject {
+    let config = ProviderConfig {
+        policy: Policy {
+            timeouts: Timeouts::uniform(TIMEOUT),
+            ..Policy::default()
+        },
+        ..ProviderConfig::default()
+    };
+    let clock = TokioClock {
+        base: tokio::time::Instant::now(),
+    };
+    Provider::start(config, host, disk, clock, spawner)
+        .await
+        .expect("start")
+}
+
+fn mutation(sequence: i64, request: MutateRequest) -> Mutation {
+    Mutation {
+        machine_id: "m-1".to_owned(),
+        token: FenceToken {
+            shard_id: "s".to_owned(),
+            epoch: 1,
+            sequence,
+        },
+        request,
+    }
+}
+
+fn configure() -> MutateRequest {
+    MutateRequest::Configure {
+        cluster: "c-1".to_owned(),
+        shard_metadata: Default::default(),
+    }
+}
+
+/// Lets `d` pass on the provider's (paused, auto-advancing) clock.
+async fn wait(provider: &Subject, d: Duration) {
+    provider.sleep_until(provider.now().saturating_add(d)).await;
+}
+
+async fn machine(provider: &Subject) -> Arc<Machine> {
+    provider.get("m-1").await.expect("get").expect("m-1 exists")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_while_its_decision_is_committed_still_runs_its_transition() {
+    let host = Host::default();
+    let disk = SlowDisk::new();
+    let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
+    let steps = [
+        (MutateRequest::Create, MachineState::Idle),
+        (configure(), MachineState::Configured),
+        (
+            MutateRequest::Drain {
+                grace_period_seconds: 0,
+            },
+            MachineState::Idle,
+        ),
+        (MutateRequest::Delete, MachineState::Speculative),
+    ];
+    for (step, (request, target)) in (1..).zip(steps) {
+        let sequence = step * 2;
+        disk.set_open(false);
+        // The call is decided on its first poll, then waits for the commit: the caller
+        // gives up there (its future is dropped), as a client deadline does.
+        let call = provider.mutate(
+            mutation(sequence, request.clone()),
+            BootstrapBlob::default(),
+        );
+        assert!(
+            call.now_or_never().is_none(),
+            "the commit is still under way"
+        );
+        disk.set_open(true);
+        wait(&provider, Duration::from_millis(100)).await;
+        let ended = machine(&provider).await;
+        assert_eq!(
+            ended.state, target,
+            "step {step}: the dropped call's transition ran ({:?})",
+            ended.last_error
+        );
+        // A retry (a fresh token) is answered from the record: the dropped call's operation
+        // was accepted and is on record.
+        let replay = provider
+            .mutate(mutation(sequence + 1, request), BootstrapBlob::default())
+            .await
+            .expect("the retry is answered");
+        assert!(
+            replay.dispatch.is_none(),
+            "step {step}: a retry starts nothing"
+        );
+        assert_eq!(replay.operation_id.as_str(), format!("op-{step}"));
+    }
+    assert_eq!(
+        host.calls(),
+        [Kind::Create, Kind::Configure, Kind::Drain, Kind::Delete]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transition_whose_worker_never_runs_fails_at_its_deadline() {
+    let host = Host::default();
+    let spawner = TestSpawner {
+        lose_transitions: true,
+    };
+    let provider = start(host.clone(), SlowDisk::new(), spawner).await;
+    let ack = provider
+        .mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default())
+        .await
+        .expect("accepted");
+    assert_eq!(ack.machine.state, MachineState::Creating);
+    wait(&provider, TIMEOUT / 2).await;
+    assert_eq!(
+        machine(&provider).await.state,
+        MachineState::Creating,
+        "nothing fails before its deadline"
+    );
+    wait(
+        &provider,
+        TIMEOUT / 2 + crate::provider::SWEEP_GRACE + Duration::from_millis(10),
+    )
+    .await;
+    let failed = machine(&provider).await;
+    assert_eq!(failed.state, MachineState::Failed);
+    assert_eq!(
+        failed.last_error,
+        "create transition timed out after 2s: context deadline exceeded"
+    );
+    assert_eq!(
+        host.calls(),
+        [Kind::Delete],
+        "no worker reached the host; only the compensating delete of a failed Create did"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_starts_after_its_deadline_does_not_touch_the_host() {
+    let host = Host::default();
+    let disk = SlowDisk::new();
+    let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
+    disk.set_open(false);
+    let call = provider.mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default());
+    assert!(call.now_or_never().is_none());
+    // The commit takes longer than the transition's deadline and its grace.
+    wait(&provider, TIMEOUT + crate::provider::SWEEP_GRACE * 2).await;
+    disk.set_open(true);
+    wait(&provider, Duration::from_millis(100)).await;
+    let failed = machine(&provider).await;
+    assert_eq!(
+        failed.state,
+        MachineState::Failed,
+        "{:?}",
+        failed.last_error
+    );
+    assert!(
+        failed.last_error.contains("timed out after 2s"),
+        "{:?}",
+        failed.last_error
+    );
+    assert_eq!(
+        host.calls(),
+        [Kind::Delete],
+        "only the compensating delete reached the host"
+    );
+}
