@@ -13,6 +13,7 @@ mod bench_flags;
 
 mod bare_metal;
 mod baseline;
+mod cancel;
 mod concurrency;
 mod deploy;
 mod deploy_doctor;
