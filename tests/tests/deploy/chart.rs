@@ -76,7 +76,9 @@ fn assert_service(m: &Manifests) {
 
 #[test]
 fn helm_lint_strict_passes() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let (_dir, values) = temp_file("dc1.values.yaml", GUIDE_VALUES);
     for args in [
         vec![],
@@ -103,7 +105,9 @@ fn helm_lint_strict_passes() {
 /// Defaults: the in-memory fake (no --connect), nothing optional rendered.
 #[test]
 fn default_values_render_the_core_objects() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[]);
     assert_eq!(
         m.kinds(),
@@ -149,7 +153,9 @@ fn default_values_render_the_core_objects() {
 /// deploy/helm -n bigfleet -f dc1.values.yaml` renders it.
 #[test]
 fn install_guide_minimal_values() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let (_dir, values) = temp_file("dc1.values.yaml", GUIDE_VALUES);
     let m = tools.render(&["-f", &values]);
     assert_eq!(
@@ -222,7 +228,9 @@ fn install_guide_minimal_values() {
 /// --offerings, with a checksum that rolls the pod when the file changes.
 #[test]
 fn offerings_and_instance_types_via_set_file() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let root = repo_root();
     let offerings_file = "deploy/examples/offerings.dc2-metal.json";
     let types_file = "deploy/examples/instance-types.json";
@@ -316,7 +324,9 @@ fn offerings_and_instance_types_via_set_file() {
 
 #[test]
 fn tls_and_mtls_mount_the_secret_and_wire_the_flags() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let tls = tools.render(&[
         "--set",
         "tls.enabled=true,tls.secretName=bigfleet-libvirt-tls-grpc",
@@ -378,7 +388,9 @@ fn tls_and_mtls_mount_the_secret_and_wire_the_flags() {
 
 #[test]
 fn libvirt_tls_credentials_and_host_socket_mount_read_only_where_documented() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[
         "--set",
         "credentials.tls.secretName=bigfleet-libvirt-tls,credentials.hostSocket.enabled=true",
@@ -403,7 +415,9 @@ fn libvirt_tls_credentials_and_host_socket_mount_read_only_where_documented() {
 
 #[test]
 fn state_with_and_without_a_persistent_volume() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let pvc = tools.render(&[
         "--set",
         "state.enabled=true,state.persistence.enabled=true,state.persistence.size=5Gi,state.persistence.storageClass=fast-ssd",
@@ -443,7 +457,9 @@ fn state_with_and_without_a_persistent_volume() {
 
 #[test]
 fn otlp_endpoint_sets_the_exporter_variable() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[
         "--set",
         "otlp.endpoint=http://otel-collector.observability:4317",
@@ -457,7 +473,9 @@ fn otlp_endpoint_sets_the_exporter_variable() {
 
 #[test]
 fn extra_args_are_appended_after_the_chart_flags() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[
         "--set",
         "extraArgs={--use-fake-backend,--fake-seed=7}",
@@ -475,7 +493,9 @@ fn extra_args_are_appended_after_the_chart_flags() {
 
 #[test]
 fn other_values_reach_the_flags() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[
         "--set",
         "provider=libvirt-dc9,seedCount=8,capacityType=bare_metal,defaultZone=dc9,reconcileInterval=30s,reflection=false",
@@ -519,7 +539,9 @@ fn other_values_reach_the_flags() {
 
 #[test]
 fn half_configured_values_are_refused_at_render_time() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     for (set, expected) in [
         ("tls.enabled=true", "tls.secretName"),
         ("tls.mtls=true,tls.secretName=x", "tls.enabled"),
