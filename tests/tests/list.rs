@@ -490,7 +490,19 @@ async fn capped_pages_walk_the_matching_set_without_repeats() {
             page.revision, full.revision,
             "a capped page carries the head"
         );
-        assert!(!page.machines.is_empty() && page.machines.len() <= cap as usize);
+        assert!(
+            !page.machines.is_empty(),
+            "capped page {} is empty after {} of {} machines: the walk must wrap around to \
+             the start of the set, not stop at its end",
+            walked.len() / cap as usize + 1,
+            walked.len(),
+            matching.len()
+        );
+        assert!(
+            page.machines.len() <= cap as usize,
+            "a page of {} over the cap of {cap}",
+            page.machines.len()
+        );
         for m in &page.machines {
             assert_eq!(state(m), S::Speculative, "{} passed the filter", m.id);
             assert!(!busy.contains(&m.id));
@@ -502,10 +514,18 @@ async fn capped_pages_walk_the_matching_set_without_repeats() {
     assert_eq!(distinct, matching, "one lap covers the set exactly once");
     // The walk is periodic: past the first lap it repeats the lap in the same order.
     let next = list(&mut c, &[S::Speculative], 1, b"").await;
-    assert_eq!(next.machines[0].id, walked[walked.len() % matching.len()]);
+    let expected = &walked[walked.len() % matching.len()];
+    assert_eq!(
+        next.machines.iter().map(|m| &m.id).collect::<Vec<_>>(),
+        vec![expected],
+        "past the first lap the walk wraps around: the next pick is the lap's machine {} \
+         ({expected})",
+        walked.len() % matching.len()
+    );
     assert_eq!(
         walked[matching.len()..],
-        walked[..walked.len() - matching.len()]
+        walked[..walked.len() - matching.len()],
+        "the second lap repeats the first in the same order"
     );
 }
 
