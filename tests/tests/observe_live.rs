@@ -17,8 +17,8 @@ use bigfleet_libvirt_libvirt::fixture::{self, Fixture};
 use bigfleet_libvirt_proto::v1alpha1::MachineState as S;
 use serde_json::Value;
 
-use crate::deploy::tools;
 use crate::deploy::yaml_docs;
+use crate::deploy::{Tools, tools};
 use crate::harness::tls::{Ca, arg, write};
 use crate::harness::*;
 use crate::observe::{DASHBOARD, RULES, alerts, read};
@@ -219,6 +219,35 @@ fn the_series_parser_reads_names_not_functions_or_labels() {
     );
 }
 
+/// Every series the alert rules, the dashboard's panels and its variables use, each with
+/// where it is used.
+fn used_series(tools: &Tools) -> Vec<(String, String)> {
+    let mut used: Vec<(String, String)> = Vec::new();
+    let rules = &yaml_docs(tools, &read(RULES))[0];
+    for rule in alerts(rules) {
+        let name = rule["alert"].as_str().unwrap();
+        for series in series_in(rule["expr"].as_str().unwrap()) {
+            used.push((series, format!("alert {name}")));
+        }
+    }
+    let dashboard: Value = serde_json::from_str(&read(DASHBOARD)).unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            for series in series_in(target["expr"].as_str().unwrap()) {
+                used.push((series, format!("panel {}", panel["title"])));
+            }
+        }
+    }
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if let Some(query) = variable["query"]["query"].as_str() {
+            for series in series_in(label_values_selector(query)) {
+                used.push((series, format!("variable {}", variable["name"])));
+            }
+        }
+    }
+    used
+}
+
 #[tokio::test]
 async fn every_series_in_the_rules_and_dashboard_is_exported() {
     let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
@@ -250,29 +279,7 @@ async fn every_series_in_the_rules_and_dashboard_is_exported() {
         "a serving provider exports bigfleet_libvirt_ready 1:\n{body}"
     );
 
-    let mut used: Vec<(String, String)> = Vec::new();
-    let rules = &yaml_docs(tools, &read(RULES))[0];
-    for rule in alerts(rules) {
-        let name = rule["alert"].as_str().unwrap();
-        for series in series_in(rule["expr"].as_str().unwrap()) {
-            used.push((series, format!("alert {name}")));
-        }
-    }
-    let dashboard: Value = serde_json::from_str(&read(DASHBOARD)).unwrap();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            for series in series_in(target["expr"].as_str().unwrap()) {
-                used.push((series, format!("panel {}", panel["title"])));
-            }
-        }
-    }
-    for variable in dashboard["templating"]["list"].as_array().unwrap() {
-        if let Some(query) = variable["query"]["query"].as_str() {
-            for series in series_in(label_values_selector(query)) {
-                used.push((series, format!("variable {}", variable["name"])));
-            }
-        }
-    }
+    let used = used_series(tools);
     let distinct: BTreeSet<&str> = used.iter().map(|(s, _)| s.as_str()).collect();
     println!(
         "{} series used by the rules and the dashboard: {distinct:?}",

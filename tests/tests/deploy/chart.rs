@@ -149,6 +149,27 @@ fn default_values_render_the_core_objects() {
     assert!(ok, "the default args must start the fake: {stderr}");
 }
 
+/// Durable state on the release's PVC: mounted at the state directory, 1Gi, ReadWriteOnce,
+/// the cluster's default storage class.
+fn assert_state_on_a_1gi_pvc(m: &Manifests) {
+    assert_eq!(
+        m.mount("state").unwrap()["mountPath"],
+        "/var/lib/bigfleet-libvirt"
+    );
+    let pvc_name = format!("{RELEASE}-state");
+    assert_eq!(
+        m.volume("state").unwrap()["persistentVolumeClaim"]["claimName"],
+        pvc_name.as_str()
+    );
+    let pvc = m.get("PersistentVolumeClaim", &pvc_name);
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
+    assert_eq!(
+        pvc["spec"]["accessModes"],
+        serde_json::json!(["ReadWriteOnce"])
+    );
+    assert!(pvc["spec"]["storageClassName"].is_null());
+}
+
 /// The install guide's minimal dc1.values.yaml, as `helm install bigfleet-libvirt-dc1
 /// deploy/helm -n bigfleet -f dc1.values.yaml` renders it.
 #[test]
@@ -196,23 +217,7 @@ fn install_guide_minimal_values() {
         m.volume("libvirt-ssh").unwrap()["secret"]["secretName"],
         "bigfleet-libvirt-ssh"
     );
-    // Durable state on the PVC.
-    assert_eq!(
-        m.mount("state").unwrap()["mountPath"],
-        "/var/lib/bigfleet-libvirt"
-    );
-    let pvc_name = format!("{RELEASE}-state");
-    assert_eq!(
-        m.volume("state").unwrap()["persistentVolumeClaim"]["claimName"],
-        pvc_name.as_str()
-    );
-    let pvc = m.get("PersistentVolumeClaim", &pvc_name);
-    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
-    assert_eq!(
-        pvc["spec"]["accessModes"],
-        serde_json::json!(["ReadWriteOnce"])
-    );
-    assert!(pvc["spec"]["storageClassName"].is_null());
+    assert_state_on_a_1gi_pvc(&m);
     assert_hardened(&m);
     assert_probes(&m);
     assert_service(&m);

@@ -251,17 +251,22 @@ fn ci_sets_no_skip_variable() {
     );
 }
 
+/// How many silent skips the check finds in `source`, printed with what it found.
+fn count(source: &str) -> usize {
+    let found = silent_skips("a.rs", source);
+    println!("{source:?}: {found:?}");
+    found.len()
+}
+
+/// A test body that goes through the helper.
+const GUARDED: &str =
+    "let Some(t) = skip::needs(skip::ROOT, Tmpfs::mount(\"3m\")) else { return };";
+
 #[test]
-fn the_skip_check_catches_silent_skips() {
-    let count = |source: &str| {
-        let found = silent_skips("a.rs", source);
-        println!("{source:?}: {found:?}");
-        found.len()
-    };
+fn the_skip_check_lets_the_helper_and_finished_polls_through() {
     // Through the helper, in either layout rustfmt gives it; returns that leave a closure or a
     // helper; a return in a non-test function, a comment or a string.
-    let guarded = "let Some(t) = skip::needs(skip::ROOT, Tmpfs::mount(\"3m\")) else { return };";
-    assert_eq!(count(&format!("#[test]\nfn a() {{ {guarded} }}")), 0);
+    assert_eq!(count(&format!("#[test]\nfn a() {{ {GUARDED} }}")), 0);
     let wrapped = "let Some(t) = skip::needs(skip::ROOT, f()) else {\n        return;\n    };";
     assert_eq!(
         count(&format!(
@@ -293,6 +298,10 @@ fn the_skip_check_catches_silent_skips() {
         count("#[test]\nfn a() { // return;\n let s = \"return;\"; check(s); }"),
         0
     );
+}
+
+#[test]
+fn the_skip_check_catches_silent_skips() {
     // Early returns: a bare one, a let-else on anything but the helper, one that prints
     // first, one inside an async block, a match arm, `return Ok(())`, and an attribute with
     // arguments.
@@ -329,7 +338,7 @@ fn the_skip_check_catches_silent_skips() {
         1
     );
     // Two tests, one guarded and one not: the line of the bad one.
-    let two = format!("#[test]\nfn a() {{ {guarded} }}\n#[test]\nfn b() {{\n    return;\n}}");
+    let two = format!("#[test]\nfn a() {{ {GUARDED} }}\n#[test]\nfn b() {{\n    return;\n}}");
     assert_eq!(
         silent_skips("a.rs", &two),
         vec![
