@@ -438,10 +438,10 @@ async fn upstream_drain_grace_timeout() {
         loop {
             let m = get(&mut c, &id).await.expect("Get");
             match state(&m) {
-                S::Idle => return,
+                S::Idle => break,
                 S::Failed => {
                     assert!(!m.last_error.is_empty(), "FAILED without last_error: {m:?}");
-                    return;
+                    break;
                 }
                 S::Configured => panic!("silent revert to CONFIGURED after the Drain ack: {m:?}"),
                 _ => {}

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::deploy::{Manifests, Tools, tools};
 use crate::harness::binary;
+use crate::harness::skip;
 
 const JOB: &str = "bigfleet-libvirt-dc1-doctor";
 const OFFERINGS: &str = r#"[{"instance_type": "kvm.small", "zone": "a", "count": 2}]"#;
@@ -27,7 +28,9 @@ fn strings(value: &Value) -> Vec<String> {
 
 #[test]
 fn the_doctor_hook_is_off_by_default() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[]);
     assert!(m.find("Job", JOB).is_none(), "no hook Job unless asked for");
 }
@@ -83,7 +86,9 @@ fn offerings_file(dir: &Path) -> String {
 
 #[test]
 fn the_doctor_hook_checks_the_deployments_flags_before_install_and_upgrade() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let good = Fixture::default().write(dir.path(), "good.xml").unwrap();
     let m = render(tools, &good, &offerings_file(dir.path()), &[]);
@@ -134,7 +139,9 @@ fn the_doctor_hook_checks_the_deployments_flags_before_install_and_upgrade() {
 
 #[test]
 fn the_doctor_hooks_command_passes_a_good_host_and_fails_a_blocked_one() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let offerings = offerings_file(dir.path());
     let good = Fixture::default().write(dir.path(), "good.xml").unwrap();

@@ -1,6 +1,8 @@
 //! A full or read-only disk under `--state`, for real: the state file lives on a small tmpfs
-//! mounted by the test (root only; CI runs as root), which is filled with big
-//! `shard_metadata`, then grown with `mount -o remount,size=…` while the provider runs.
+//! mounted by the test, which is filled with big `shard_metadata`, then grown with
+//! `mount -o remount,size=…` while the provider runs. Mounting needs root (CI runs as root);
+//! where the tmpfs cannot be mounted the tests fail, unless `BIGFLEET_SKIP_ROOT_TESTS=1`
+//! (`harness/skip.rs`).
 //!
 //! A commit that fails fails only its calls (`UNAVAILABLE`, naming the file, the OS error
 //! and the fix), reads keep answering from the last durable state, readiness and gRPC
@@ -41,7 +43,7 @@ struct Tmpfs {
 }
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size`, or says why it cannot (then the test skips).
+    /// Mounts a tmpfs of `size`, or says why it cannot.
     fn mount(size: &str) -> Result<Self, String> {
         let uid = run("id", &["-u"]).map_err(|e| format!("cannot run id -u: {e}"))?;
         if uid.trim() != "0" {
@@ -105,17 +107,6 @@ fn run(program: &str, args: &[&str]) -> Result<String, String> {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
         Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
-    }
-}
-
-/// The tmpfs, or `None` after printing why the test is skipped.
-fn tmpfs_or_skip(test: &str, size: &str) -> Option<Tmpfs> {
-    match Tmpfs::mount(size) {
-        Ok(tmpfs) => Some(tmpfs),
-        Err(reason) => {
-            eprintln!("disk_full::{test}: skipped: {reason}");
-            None
-        }
     }
 }
 
@@ -258,7 +249,7 @@ struct Acked {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_fails_only_its_calls_and_heals_without_a_restart() {
-    let Some(tmpfs) = tmpfs_or_skip("a_full_disk_fails_only_its_calls", SMALL) else {
+    let Some(tmpfs) = skip::needs(skip::ROOT, Tmpfs::mount(SMALL)) else {
         return;
     };
     let file = tmpfs.state();
@@ -438,7 +429,7 @@ async fn a_full_disk_fails_only_its_calls_and_heals_without_a_restart() {
 /// the provider probes the store while it refuses commits (out of service, it gets no calls).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_comes_back_by_itself_once_space_is_freed() {
-    let Some(tmpfs) = tmpfs_or_skip("readiness_comes_back_by_itself", SMALL) else {
+    let Some(tmpfs) = skip::needs(skip::ROOT, Tmpfs::mount(SMALL)) else {
         return;
     };
     let server = boot(&tmpfs.state(), 8);
@@ -523,7 +514,7 @@ fn assert_says_where_and_what_to_do(stderr: &str, tmpfs: &Tmpfs, os_error: &str)
 
 #[test]
 fn start_up_on_a_full_disk_names_the_file_the_filesystem_and_the_fix() {
-    let Some(tmpfs) = tmpfs_or_skip("start_up_on_a_full_disk", "1m") else {
+    let Some(tmpfs) = skip::needs(skip::ROOT, Tmpfs::mount("1m")) else {
         return;
     };
     tmpfs.fill();
@@ -535,7 +526,7 @@ fn start_up_on_a_full_disk_names_the_file_the_filesystem_and_the_fix() {
 
 #[test]
 fn start_up_on_a_read_only_disk_names_the_file_the_filesystem_and_the_fix() {
-    let Some(tmpfs) = tmpfs_or_skip("start_up_on_a_read_only_disk", "16m") else {
+    let Some(tmpfs) = skip::needs(skip::ROOT, Tmpfs::mount("16m")) else {
         return;
     };
     // A first run creates the state file; then the filesystem goes read-only under it.

@@ -4,13 +4,13 @@
 //! messages cut to their first 128 bytes, escaped, with their length.
 
 use std::path::Path;
-use std::time::Duration;
 
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use pb::capacity_provider_client::CapacityProviderClient;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::harness::logs::log_caught_up;
 use crate::harness::*;
 
 /// A client with tonic's default limits (4 MiB decode, default HTTP/2 header limits), as
@@ -24,14 +24,18 @@ async fn default_client(server: &Server) -> CapacityProviderClient<Channel> {
     CapacityProviderClient::new(channel)
 }
 
-/// Bytes of log the server has written so far, once the log reader has caught up.
-async fn log_bytes(server: &Server) -> usize {
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    server.log.lock().unwrap().iter().map(|l| l.len() + 1).sum()
+/// Bytes of log the server has written for the calls answered so far (up to and including a
+/// sentinel call's line: see [`log_caught_up`]).
+async fn log_bytes(server: &Server, c: &mut Client) -> usize {
+    let lines = log_caught_up(server, c).await;
+    lines.iter().map(|l| l.len() + 1).sum()
 }
 
+/// The state file's size; the provider creates the file at start-up, so it must be there.
 fn file_size(path: &Path) -> u64 {
-    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("the state file {}: {e}", path.display()))
+        .len()
 }
 
 fn assert_short_invalid<T: std::fmt::Debug>(result: Result<T, tonic::Status>, field: &str) {
@@ -62,7 +66,7 @@ async fn a_megabyte_id_is_invalid_argument_with_a_short_message_and_mints_no_mar
     let shard = unique_shard("echo");
     let token = || tok(&shard, 1, 1);
 
-    let log_before = log_bytes(&server).await;
+    let log_before = log_bytes(&server, &mut harness_client).await;
     let state_before = file_size(&state);
     let create_big = pb::CreateRequest {
         machine_id: big.clone(),
@@ -107,8 +111,9 @@ async fn a_megabyte_id_is_invalid_argument_with_a_short_message_and_mints_no_mar
     let status = get.expect_err("a 1 MiB Get id is refused");
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().len() < 1024, "{}", status.message());
+    // The growth includes the second sentinel's own line (a few hundred bytes).
     let calls = 6;
-    let log_growth = log_bytes(&server).await - log_before;
+    let log_growth = log_bytes(&server, &mut harness_client).await - log_before;
     let state_growth = file_size(&state).saturating_sub(state_before);
     println!(
         "{calls} calls with 1 MiB ids: log grew {log_growth} bytes, state file {state_growth} bytes"
@@ -191,8 +196,8 @@ async fn ids_up_to_the_limit_are_echoed_cut_and_escaped() {
     );
     assert!(!status.message().contains('\n'), "{}", status.message());
 
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let log = server.log_text();
+    let mut harness_client = server.client().await;
+    let log = log_caught_up(&server, &mut harness_client).await.join("\n");
     assert!(!log.contains(&long_id), "a long id was logged whole");
     assert!(
         !log.contains(&long_shard),

@@ -79,10 +79,10 @@ async fn b301_fence_runs_before_not_found() {
     );
     for rpc in [Rpc::Create, Rpc::Configure, Rpc::Drain, Rpc::Delete] {
         let result = fenced(&mut c, rpc, ghost, tok(&shard, 1, 1)).await;
-        let got = code(&result);
-        let tolerated = matches!(rpc, Rpc::Delete) && got == Code::Unimplemented;
-        assert!(
-            got == FP || tolerated,
+        // The core profile implements Delete: it is fenced like the other three.
+        assert_eq!(
+            code(&result),
+            FP,
             "{rpc:?}(ghost, 1,1) after mark (5,5): expected FAILED_PRECONDITION, got {result:?}"
         );
     }

@@ -93,7 +93,9 @@ async fn the_readme_openssl_recipe_issues_a_certificate_the_provider_enforces() 
 
 #[test]
 fn the_chart_passes_client_identity_under_mtls_only() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let mtls = "tls.enabled=true,tls.mtls=true,tls.secretName=grpc-tls";
     let default = tools.render(&["--set", mtls]);
     assert_eq!(default.arg("--client-identity").as_deref(), Some("enforce"));
@@ -127,7 +129,9 @@ fn the_chart_passes_client_identity_under_mtls_only() {
 
 #[test]
 fn the_chart_refuses_off_without_mtls_and_unknown_modes() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let error = tools.render_error(&[
         "--set",
         "tls.enabled=true,tls.secretName=x,tls.clientIdentity=off",

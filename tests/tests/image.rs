@@ -3,7 +3,8 @@
 //! runtime tree from the binary under test; the binary then runs inside that tree alone,
 //! through `chroot --userspec=65532:65532` (the image's uid), so a library the script fails
 //! to stage, or a file the binary expects outside the tree, breaks the test as it would
-//! break the image. Needs root for `chroot`; elsewhere each test prints why it is skipped.
+//! break the image. Needs root for `chroot` (CI runs as root); elsewhere the tests fail,
+//! unless `BIGFLEET_SKIP_ROOT_TESTS=1` (`harness/skip.rs`).
 //!
 //! The chroot holds the staged tree and nothing else (the test driver's node file, where a
 //! test needs it): no shell, no `/etc`, no `/proc`, no `/tmp`. The distroless base layer
@@ -34,15 +35,12 @@ struct Tree {
 
 impl Tree {
     /// Stages the binary under test, or says why this machine cannot run the test.
-    fn stage() -> Option<Tree> {
+    fn stage() -> Result<Tree, String> {
         if !nix_is_root() {
-            println!("skipped: chroot needs root (CI runs as root)");
-            return None;
+            return Err("chroot needs root (CI runs as root)".to_owned());
         }
-        let Ok(chroot) = which::which("chroot") else {
-            println!("skipped: chroot (coreutils) is not installed");
-            return None;
-        };
+        let chroot = which::which("chroot")
+            .map_err(|e| format!("chroot (coreutils) is not installed: {e}"))?;
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("tree");
         let script = repo_root().join("deploy/stage-runtime.sh");
@@ -58,7 +56,7 @@ impl Tree {
             "deploy/stage-runtime.sh failed:\n{listing}{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Some(Tree {
+        Ok(Tree {
             _dir: dir,
             root,
             chroot,
@@ -120,7 +118,9 @@ async fn smoke(server: &Server) {
 
 #[tokio::test]
 async fn the_staged_tree_runs_the_fake_backend_as_nonroot() {
-    let Some(tree) = Tree::stage() else { return };
+    let Some(tree) = skip::needs(skip::ROOT, Tree::stage()) else {
+        return;
+    };
     let total = tree.listing.lines().last().unwrap_or_default().to_owned();
     println!("runtime tree of the binary under test: {total} bytes");
     let server = Server::start_command(tree.command(), &["--seed-count=4"]);
@@ -137,7 +137,9 @@ async fn the_staged_tree_runs_the_fake_backend_as_nonroot() {
 
 #[tokio::test]
 async fn the_staged_tree_reaches_ready_on_the_libvirt_test_driver() {
-    let Some(tree) = Tree::stage() else { return };
+    let Some(tree) = skip::needs(skip::ROOT, Tree::stage()) else {
+        return;
+    };
     let outside = tempfile::tempdir().unwrap();
     let fixture = Fixture {
         cpus: 32,
@@ -168,7 +170,9 @@ async fn the_staged_tree_reaches_ready_on_the_libvirt_test_driver() {
 
 #[test]
 fn the_image_refuses_qemu_ssh_because_it_has_no_ssh_client() {
-    let Some(tree) = Tree::stage() else { return };
+    let Some(tree) = skip::needs(skip::ROOT, Tree::stage()) else {
+        return;
+    };
     let child = tree
         .command()
         .args([

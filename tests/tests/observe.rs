@@ -18,6 +18,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 use crate::deploy::{Manifests, RELEASE, Tools, repo_root, temp_file, tools, yaml_docs};
+use crate::harness::skip;
 
 /// The chart's copies (the one source) and the plain copies beside the promtool tests.
 pub(crate) const RULES: &str = "deploy/helm/files/bigfleet-libvirt.rules.yml";
@@ -127,7 +128,9 @@ fn the_plain_rules_and_dashboard_are_copies_of_the_chart_files() {
 
 #[test]
 fn promtool_checks_the_rules_and_every_alert_fires_and_stays_silent() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let root = repo_root();
     let (ok, out) = promtool(&root, &["check", "rules", PLAIN_RULES]);
     assert!(ok, "promtool check rules {PLAIN_RULES}:\n{out}");
@@ -239,7 +242,9 @@ fn without_alert(text: &str, name: &str) -> String {
 
 #[test]
 fn the_pack_is_off_by_default() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[]);
     let kinds = m.kinds();
     for kind in ["ServiceMonitor", "PrometheusRule", "NetworkPolicy"] {
@@ -255,7 +260,9 @@ fn the_pack_is_off_by_default() {
 
 #[test]
 fn everything_enabled_renders_a_valid_pack() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let (_dir, values) = temp_file("all.values.yaml", ALL_ON);
     // render() already ran kubernetes-validate --strict over every object (the
     // NetworkPolicy included; it skips the custom resources with a warning).
@@ -395,7 +402,9 @@ fn check_network_policy(np: &Value) {
 
 #[test]
 fn network_policy_needs_grpc_peers_and_leaves_egress_alone_by_default() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let error = tools.render_error(&["--set", "networkPolicy.enabled=true"]);
     assert!(error.contains("networkPolicy.grpcFrom"), "{error}");
 
@@ -491,7 +500,9 @@ fn readme_blocks(heading: &str) -> Vec<String> {
 
 #[test]
 fn the_readme_examples_render_the_pack() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let blocks = readme_blocks("8. Monitoring");
     let pick = |start: &str| {
         blocks

@@ -8,7 +8,7 @@
 //! stays unreachable, as a host that is down would).
 
 use std::collections::BTreeSet;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,8 +17,8 @@ use bigfleet_libvirt_libvirt::fixture::{self, Fixture};
 use bigfleet_libvirt_proto::v1alpha1::MachineState as S;
 use serde_json::Value;
 
-use crate::deploy::tools;
 use crate::deploy::yaml_docs;
+use crate::deploy::{Tools, tools};
 use crate::harness::tls::{Ca, arg, write};
 use crate::harness::*;
 use crate::observe::{DASHBOARD, RULES, alerts, read};
@@ -219,9 +219,40 @@ fn the_series_parser_reads_names_not_functions_or_labels() {
     );
 }
 
+/// Every series the alert rules, the dashboard's panels and its variables use, each with
+/// where it is used.
+fn used_series(tools: &Tools) -> Vec<(String, String)> {
+    let mut used: Vec<(String, String)> = Vec::new();
+    let rules = &yaml_docs(tools, &read(RULES))[0];
+    for rule in alerts(rules) {
+        let name = rule["alert"].as_str().unwrap();
+        for series in series_in(rule["expr"].as_str().unwrap()) {
+            used.push((series, format!("alert {name}")));
+        }
+    }
+    let dashboard: Value = serde_json::from_str(&read(DASHBOARD)).unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            for series in series_in(target["expr"].as_str().unwrap()) {
+                used.push((series, format!("panel {}", panel["title"])));
+            }
+        }
+    }
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if let Some(query) = variable["query"]["query"].as_str() {
+            for series in series_in(label_values_selector(query)) {
+                used.push((series, format!("variable {}", variable["name"])));
+            }
+        }
+    }
+    used
+}
+
 #[tokio::test]
 async fn every_series_in_the_rules_and_dashboard_is_exported() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let server = start_provider(dir.path());
     let mut c = server.client().await;
@@ -248,29 +279,7 @@ async fn every_series_in_the_rules_and_dashboard_is_exported() {
         "a serving provider exports bigfleet_libvirt_ready 1:\n{body}"
     );
 
-    let mut used: Vec<(String, String)> = Vec::new();
-    let rules = &yaml_docs(tools, &read(RULES))[0];
-    for rule in alerts(rules) {
-        let name = rule["alert"].as_str().unwrap();
-        for series in series_in(rule["expr"].as_str().unwrap()) {
-            used.push((series, format!("alert {name}")));
-        }
-    }
-    let dashboard: Value = serde_json::from_str(&read(DASHBOARD)).unwrap();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            for series in series_in(target["expr"].as_str().unwrap()) {
-                used.push((series, format!("panel {}", panel["title"])));
-            }
-        }
-    }
-    for variable in dashboard["templating"]["list"].as_array().unwrap() {
-        if let Some(query) = variable["query"]["query"].as_str() {
-            for series in series_in(label_values_selector(query)) {
-                used.push((series, format!("variable {}", variable["name"])));
-            }
-        }
-    }
+    let used = used_series(tools);
     let distinct: BTreeSet<&str> = used.iter().map(|(s, _)| s.as_str()).collect();
     println!(
         "{} series used by the rules and the dashboard: {distinct:?}",
@@ -306,7 +315,8 @@ impl Drop for Prometheus {
 
 impl Prometheus {
     /// Starts `prometheus` scraping `target` every second and evaluating `rules` every
-    /// second, with its storage under `dir`, on a free loopback port.
+    /// second, with its storage under `dir`, on a loopback port it picks itself; returns once
+    /// it has logged that port.
     fn start(dir: &Path, target: SocketAddr, rules: &Path) -> Prometheus {
         let config = dir.join("prometheus.yml");
         std::fs::write(
@@ -321,11 +331,8 @@ impl Prometheus {
         .unwrap();
         let (ok, out) = crate::observe::promtool(dir, &["check", "config", "prometheus.yml"]);
         assert!(ok, "promtool check config:\n{out}");
-        // A free port: bind, read it, release it for Prometheus.
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        // Prometheus binds port 0 itself and logs the port it got: no port is picked here and
+        // released for it, so no other process can take it in between.
         let log = dir.join("prometheus.log");
         let child = Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
@@ -333,7 +340,7 @@ impl Prometheus {
                 "--storage.tsdb.path={}",
                 dir.join("data").display()
             ))
-            .arg(format!("--web.listen-address={addr}"))
+            .arg("--web.listen-address=127.0.0.1:0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -341,7 +348,26 @@ impl Prometheus {
             .unwrap_or_else(|e| {
                 panic!("cannot run prometheus ({e}): scripts/install-deps.sh installs it")
             });
-        Prometheus { child, addr, log }
+        let unbound = SocketAddr::from(([127, 0, 0, 1], 0));
+        let mut prometheus = Prometheus {
+            child,
+            addr: unbound,
+            log,
+        };
+        let started = Instant::now();
+        prometheus.addr = loop {
+            if let Some(addr) = listening_on(&prometheus.log_text()) {
+                break addr;
+            }
+            prometheus.assert_running();
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "prometheus logged no listening address within 30 s:\n{}",
+                prometheus.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        prometheus
     }
 
     async fn get(&self, path: &str) -> Option<Value> {
@@ -352,7 +378,7 @@ impl Prometheus {
         serde_json::from_str(&body).ok()
     }
 
-    /// Panics with the log when the server has exited (e.g. it lost the port race).
+    /// Panics with the log when the server has exited.
     fn assert_running(&mut self) {
         if let Some(status) = self.child.try_wait().expect("try_wait prometheus") {
             panic!("prometheus exited ({status}):\n{}", self.log_text());
@@ -362,6 +388,17 @@ impl Prometheus {
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// The address Prometheus's web server bound, from its log line
+/// `msg="Listening on" address=127.0.0.1:PORT` (written once the listener is bound).
+fn listening_on(log: &str) -> Option<SocketAddr> {
+    log.lines()
+        .filter(|line| line.contains("msg=\"Listening on\""))
+        .find_map(|line| {
+            let address = line.split("address=").nth(1)?;
+            address.split_whitespace().next()?.parse().ok()
+        })
 }
 
 /// The rules file with every `for:` shortened to 5 s, so the live test need not wait 5 min.

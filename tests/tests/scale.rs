@@ -1,6 +1,8 @@
 //! Scale & soak (docs/conformance.md §3.10 and §6, B1101–B1109) at the suite's manual size that
 //! fits CI: each test boots its own provider with `--seed-count=4000` (scale-seed 4000) and soaks
-//! for 3 s. Latency budgets are the spec's absolute client-side numbers.
+//! for 3 s. The registry's latency budgets (B1106, B1107) are absolute wall-clock numbers: the
+//! tests here drive the registry's calls and print the figures, and the provider benchmark
+//! checks the budgets (docs/conformance.md §6).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -267,8 +269,18 @@ async fn b1104_churn_soak_leaves_nothing_behind_at_idle() {
     assert!(cycles >= 1, "no complete cycle");
 }
 
-/// B1105: with Delete, a create/delete soak keeps created = deleted + resident throughout,
-/// and the fleet size at the end equals the size at the start.
+/// The machines the provider holds (every state but Speculative), counted from a full List.
+async fn resident(c: &mut Client) -> usize {
+    let all = list_all(c).await;
+    all.machines
+        .iter()
+        .filter(|m| state(m) != S::Speculative)
+        .count()
+}
+
+/// B1105: with Delete, a create/delete soak keeps created = deleted + resident throughout
+/// (resident as the provider's full List reports it), and the fleet size at the end equals
+/// the size at the start.
 #[tokio::test]
 async fn b1105_create_delete_soak_conserves_the_fleet() {
     let server = scale();
@@ -276,24 +288,30 @@ async fn b1105_create_delete_soak_conserves_the_fleet() {
     let (_, has_delete) = probe(&server, &mut c).await;
     assert!(has_delete, "the core profile supports Delete");
     let n0 = list_all(&mut c).await.machines.len();
+    let r0 = resident(&mut c).await;
     let (mut created, mut deleted) = (0usize, 0usize);
-    let mut resident = BTreeSet::new();
     let deadline = Instant::now() + SOAK;
-    while Instant::now() < deadline {
+    loop {
         let id = walk_to_idle(&server, &mut c).await;
         created += 1;
-        resident.insert(id.clone());
-        assert_eq!(resident.len(), created - deleted, "after creating {id}");
-        if has_delete {
-            delete(&mut c, &id, None).await.expect("Delete accepted");
-            reach(&mut c, &id, S::Speculative, REACH).await;
-            deleted += 1;
-            resident.remove(&id);
-            assert_eq!(resident.len(), created - deleted, "after deleting {id}");
+        assert_eq!(
+            resident(&mut c).await,
+            r0 + created - deleted,
+            "after creating {id}: the List's resident count"
+        );
+        delete(&mut c, &id, None).await.expect("Delete accepted");
+        reach(&mut c, &id, S::Speculative, REACH).await;
+        deleted += 1;
+        assert_eq!(
+            resident(&mut c).await,
+            r0 + created - deleted,
+            "after deleting {id}: the List's resident count"
+        );
+        if Instant::now() >= deadline {
+            break;
         }
     }
-    eprintln!("b1105: created {created}, deleted {deleted}");
-    assert!(created >= 1, "no iteration completed");
+    eprintln!("b1105: created {created}, deleted {deleted}, {r0} resident before the soak");
     assert_eq!(
         list_all(&mut c).await.machines.len(),
         n0,
@@ -301,10 +319,13 @@ async fn b1105_create_delete_soak_conserves_the_fleet() {
     );
 }
 
-/// B1106: nearest-rank p99 over sequential samples — 120 Gets of one id, 120 full Lists,
-/// 60 Creates (the RPC only) — stays within Get ≤ 250 ms, Create ≤ 250 ms, List ≤ 2 s.
+/// B1106's sample, sequentially: 120 Gets of one id, 120 full Lists, 60 Creates (the RPC
+/// only). Every call answers, with the machine asked for, the whole seed, an operation id.
+/// The p99 figures are printed beside the registry's budgets (Get and Create <= 250 ms, List
+/// <= 2 s); the provider benchmark checks the budgets (docs/conformance.md §6), a test does not
+/// assert wall-clock time.
 #[tokio::test]
-async fn b1106_p99_latencies_within_budget() {
+async fn b1106_latency_sample_answers_every_call_and_reports_p99() {
     let server = scale();
     let mut c = server.client().await;
     let all = list_all(&mut c).await;
@@ -318,54 +339,56 @@ async fn b1106_p99_latencies_within_budget() {
     let mut gets = Vec::with_capacity(120);
     for _ in 0..120 {
         let t = Instant::now();
-        get(&mut c, &first).await.expect("Get");
+        let m = get(&mut c, &first).await.expect("Get");
         gets.push(t.elapsed());
+        assert_eq!(m.id, first, "Get answered another machine");
     }
     let mut lists = Vec::with_capacity(120);
     for _ in 0..120 {
         let t = Instant::now();
         let l = list_all(&mut c).await;
         lists.push(t.elapsed());
-        assert!(l.machines.len() >= SCALE_SEED);
+        assert!(
+            l.machines.len() >= SCALE_SEED,
+            "a List of {}",
+            l.machines.len()
+        );
     }
     let picked = pick_n(&server, &mut c, 60).await;
     let mut creates = Vec::with_capacity(60);
     for id in &picked {
         let t = Instant::now();
-        create(&mut c, id, None)
+        let ack = create(&mut c, id, None)
             .await
             .unwrap_or_else(|e| panic!("Create {id}: {e:?}"));
         creates.push(t.elapsed());
+        assert!(!ack.operation_id.is_empty(), "Create {id}: no operation id");
     }
     let (g, l, cr) = (p99(gets), p99(lists), p99(creates));
-    eprintln!("b1106: p99 Get {g:?}, List {l:?}, Create {cr:?}");
-    assert!(g <= Duration::from_millis(250), "Get p99 {g:?} > 250 ms");
-    assert!(
-        cr <= Duration::from_millis(250),
-        "Create p99 {cr:?} > 250 ms"
+    eprintln!(
+        "b1106: p99 Get {g:?}, List {l:?}, Create {cr:?} (registry budgets 250 ms, 2 s, 250 ms; \
+         checked by `cargo bench -p bigfleet-libvirt --bench provider`)"
     );
-    assert!(l <= Duration::from_secs(2), "List p99 {l:?} > 2 s");
 }
 
-/// B1107: after a warm-up List, one timed full List returns at least scale-seed machines in
-/// at most 3 s.
+/// B1107's call: after a warm-up List, one full List returns at least scale-seed machines.
+/// Its time is printed beside the registry's 3 s budget, which the provider benchmark checks.
 #[tokio::test]
-async fn b1107_one_full_list_within_3s() {
+async fn b1107_one_full_list_after_a_warm_up_returns_the_seed_and_reports_its_time() {
     let server = scale();
     let mut c = server.client().await;
     list_all(&mut c).await;
     let t = Instant::now();
     let all = list_all(&mut c).await;
     let took = t.elapsed();
-    eprintln!("b1107: full List of {} in {took:?}", all.machines.len());
+    eprintln!(
+        "b1107: full List of {} in {took:?} (registry budget 3 s)",
+        all.machines.len()
+    );
     assert!(
         all.machines.len() >= SCALE_SEED,
         "only {} machines",
         all.machines.len()
-    );
-    assert!(
-        took <= Duration::from_secs(3),
-        "full List took {took:?} > 3 s"
     );
 }
 
@@ -404,16 +427,18 @@ async fn b1109_idle_machines_do_not_drift() {
     let (walked, _) = walk_n_to_idle(&server, &mut c, 8).await;
     let window = (SOAK / 4).clamp(Duration::from_millis(500), Duration::from_secs(3));
     let start = Instant::now();
-    let mut rounds = 0;
-    while start.elapsed() < window {
+    // Every machine is read in every round, the first round at once; a failed Get fails.
+    loop {
         for id in &walked {
-            if let Ok(m) = get(&mut c, id).await {
-                assert!(!transitional_or_failed(state(&m)), "{id} drifted: {m:?}");
-                assert_eq!(state(&m), S::Idle, "{id} left IDLE without a client call");
-            }
+            let m = get(&mut c, id)
+                .await
+                .unwrap_or_else(|e| panic!("Get {id} during the window: {e:?}"));
+            assert!(!transitional_or_failed(state(&m)), "{id} drifted: {m:?}");
+            assert_eq!(state(&m), S::Idle, "{id} left IDLE without a client call");
         }
-        rounds += 1;
+        if start.elapsed() >= window {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(rounds >= 1);
 }

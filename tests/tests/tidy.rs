@@ -1,7 +1,8 @@
 //! Mechanical rules that keep the hexagon honest (docs/design.md §2.3 and §5): the pure
 //! core depends on nothing async or IO, every product source file says what it is for, no
 //! stub or debug macro ships, no file or function grows past its size limit (see `length`),
-//! and every document (and numbered section of one) that a file cites is in the repository.
+//! no test skips itself silently (see `skips`), and every document (and numbered section of
+//! one) that a file cites is in the repository.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use std::process::Command;
 mod deps;
 mod length;
 mod shell;
+mod skips;
 
 fn workspace_root() -> PathBuf {
     crate::harness::repo_root()

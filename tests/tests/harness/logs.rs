@@ -52,3 +52,33 @@ pub async fn logged(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits until the log holds every line the provider wrote while answering the calls made so
+/// far. The provider writes a call's `rpc` line before it answers, and its lines reach the log
+/// in order; so a sentinel call, a Get of a fresh unknown id whose warning names that id, is
+/// logged after all of them, and once its line is in the log, so are theirs. Returns the log
+/// up to and including the sentinel's line.
+pub async fn log_caught_up(server: &Server, c: &mut super::Client) -> Vec<String> {
+    static SENTINELS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SENTINELS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let sentinel = format!("log-sentinel-{}-{n}", std::process::id());
+    let answer = super::get(c, &sentinel).await;
+    assert_eq!(
+        super::code(&answer),
+        tonic::Code::NotFound,
+        "the sentinel {sentinel} is an unknown id: {answer:?}"
+    );
+    let start = Instant::now();
+    loop {
+        let lines = lines_of(server);
+        if let Some(at) = lines.iter().position(|line| line.contains(&sentinel)) {
+            return lines[..=at].to_vec();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the sentinel {sentinel}'s line never reached the log:\n{}",
+            lines.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

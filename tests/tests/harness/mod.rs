@@ -12,6 +12,7 @@ pub mod logs;
 pub mod process;
 pub mod profiles;
 pub mod scrape;
+pub mod skip;
 pub mod tls;
 pub mod walk;
 

@@ -220,23 +220,43 @@ pub async fn reach(c: &mut Client, id: &str, want: S, timeout: Duration) -> pb::
     }
 }
 
-/// Polls every 20 ms for `window`; panics if a read shows a state other than `want`.
+/// Reads the machine every 20 ms for `window`, the first read at once; panics if a read shows a
+/// state other than `want`, and if any Get fails (upstream's rule: a window in which the
+/// machine cannot be read proves nothing).
 pub async fn stays_in(c: &mut Client, id: &str, want: S, window: Duration) {
-    let start = Instant::now();
-    while start.elapsed() < window {
-        if let Ok(m) = get(c, id).await {
-            assert_eq!(state(&m), want, "{id} left {want:?}: {m:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_window(c, id, window, |m| {
+        assert_eq!(state(m), want, "{id} left {want:?}: {m:?}");
+    })
+    .await;
 }
 
-/// Polls every 20 ms for `window`; panics if a read ever shows `never`.
+/// Reads the machine every 20 ms for `window`, the first read at once; panics if a read ever
+/// shows `never`, and if any Get fails.
 pub async fn never_reaches(c: &mut Client, id: &str, never: S, window: Duration) {
+    poll_window(c, id, window, |m| {
+        assert_ne!(state(m), never, "{id} reached {never:?}: {m:?}");
+    })
+    .await;
+}
+
+/// Gets the machine at once and then every 20 ms until `window` has passed, handing each
+/// read to `check`; a failed Get fails the caller.
+pub async fn poll_window(
+    c: &mut Client,
+    id: &str,
+    window: Duration,
+    mut check: impl FnMut(&pb::Machine),
+) {
     let start = Instant::now();
-    while start.elapsed() < window {
-        if let Ok(m) = get(c, id).await {
-            assert_ne!(state(&m), never, "{id} reached {never:?}: {m:?}");
+    let mut reads = 0;
+    loop {
+        let m = get(c, id).await.unwrap_or_else(|e| {
+            panic!("Get {id} failed after {reads} reads of a {window:?} window: {e:?}")
+        });
+        check(&m);
+        reads += 1;
+        if start.elapsed() >= window {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -168,7 +168,7 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
 ];
 
 /// Every `.rs` file of the repository, as (path from the root, text).
-fn rust_sources() -> Vec<(String, String)> {
+pub(super) fn rust_sources() -> Vec<(String, String)> {
     let root = workspace_root();
     citing_files()
         .into_iter()
@@ -185,13 +185,13 @@ fn relative(root: &Path, path: &Path) -> String {
     relative.to_string_lossy().replace('\\', "/")
 }
 
-fn is_ident(c: char) -> bool {
+pub(super) fn is_ident(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
 }
 
 /// `text` with every comment, string literal and character literal replaced by spaces; line
 /// breaks are kept, so line numbers stay those of `text`.
-fn code_only(text: &str) -> Vec<char> {
+pub(super) fn code_only(text: &str) -> Vec<char> {
     let mut chars: Vec<char> = text.chars().collect();
     let blank = |chars: &mut Vec<char>, from: usize, to: usize| {
         let to = to.min(chars.len());
@@ -302,6 +302,12 @@ fn functions(text: &str) -> Vec<(String, usize)> {
 /// The index of the brace closing the body of the function whose name ends at `from`; `None`
 /// for a declaration without a body.
 fn body_end(code: &[char], from: usize) -> Option<usize> {
+    body(code, from).map(|(_, close)| close)
+}
+
+/// The indices of the braces opening and closing the body of the function whose name ends at
+/// `from`; `None` for a declaration without a body.
+pub(super) fn body(code: &[char], from: usize) -> Option<(usize, usize)> {
     let mut nesting = 0i32;
     let mut k = from;
     let open = loop {
@@ -321,7 +327,7 @@ fn body_end(code: &[char], from: usize) -> Option<usize> {
             '}' => {
                 depth -= 1;
                 if depth == 0 {
-                    return Some(k);
+                    return Some((open, k));
                 }
             }
             _ => {}
