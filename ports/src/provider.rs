@@ -1,6 +1,7 @@
 //! The Provider service: accept → persist → acknowledge → run the transition under its
 //! deadline → complete → persist (→ compensate a failed Create that may have left a
-//! domain, see `compensation.rs`).
+//! domain, see `compensation.rs`). The transition runner is in `provider/transition.rs`, the
+//! deadline sweep in `provider/deadlines.rs`.
 //!
 //! The domain core sits behind one mutex. A decision and the enqueueing of its change set
 //! happen under that lock, so the store sees change sets in decision order; waiting for
@@ -16,25 +17,21 @@
 //! until it is durable.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
-    Ack, Completion, CompletionOutcome, Core, Dispatch, Kind, ListPage, ListQuery, ListRotation,
-    Machine, MachineId, MachineState, MutateError, Mutation, OperationId, Policy, ReconcileReport,
-    Savepoint, SeedError, Timestamp, TransitionResult,
+    Ack, Core, Kind, ListPage, ListQuery, ListRotation, Machine, MachineId, MachineState,
+    MutateError, Mutation, OperationId, Policy, ReconcileReport, Savepoint, SeedError, Timestamp,
 };
 use futures::channel::mpsc;
 use futures::future::{BoxFuture, Shared};
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::clock::Clock;
 use crate::compensation;
-use crate::hypervisor::{
-    BootstrapBlob, ConfigureRequest, CreateRequest, DeleteRequest, DrainRequest, Hypervisor,
-    HypervisorError, ReadinessRequest, SideEffects,
-};
+use crate::hypervisor::{BootstrapBlob, Hypervisor, HypervisorError};
 use crate::spawn::Spawner;
 use crate::store::{StateStore, StoreError};
 
@@ -347,97 +344,6 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         };
         Ok(decision.outcome?)
     }
-
-    /// Records an accepted transition's deadline for the sweep and spawns its worker, under
-    /// the lock that took the decision. The worker starts the hypervisor call once
-    /// `durable` resolves; if the commit fails instead, the decision was taken back and the
-    /// worker ends without acting (the caller, if still there, decides again).
-    fn start_transition(
-        &self,
-        guarded: &mut Guarded,
-        dispatch: Dispatch,
-        blob: BootstrapBlob,
-        durable: Barrier,
-    ) {
-        let entry = (
-            dispatch.deadline,
-            dispatch.machine.id.clone(),
-            dispatch.kind,
-        );
-        let earliest = guarded.deadlines.first().is_none_or(|first| entry < *first);
-        guarded.deadlines.insert(entry);
-        if earliest {
-            // Full means a wake-up is already pending; closed cannot happen while we exist.
-            let _pending = self.inner.sweep_wake.clone().try_send(());
-        }
-        let provider = self.clone();
-        let span = info_span!(
-            "transition",
-            kind = %dispatch.kind,
-            machine_id = %dispatch.machine.id,
-            operation_id = %dispatch.operation_id,
-        );
-        let task = async move {
-            if let Err(error) = durable.await {
-                debug!(%error, "decision taken back by a failed commit: transition not started");
-                return;
-            }
-            provider.run(dispatch, blob).await;
-        };
-        self.inner
-            .spawner
-            .spawn("transition", task.instrument(span));
-    }
-
-    /// Fails, as timed out, every transition still in flight [`SWEEP_GRACE`] after its
-    /// deadline: the guarantee that an accepted operation ends by its deadline does not rest
-    /// on its worker (one that never started, or hung, is caught here). Returns when the
-    /// next sweep is due (`None`: nothing in flight).
-    async fn expire_overdue(&self) -> Option<Timestamp> {
-        let now = self.inner.clock.now();
-        let due = {
-            let mut guarded = self.lock();
-            let mut due = Vec::new();
-            while let Some((deadline, ..)) = guarded.deadlines.first() {
-                if deadline.saturating_add(SWEEP_GRACE) > now {
-                    break;
-                }
-                let Some((_, id, _)) = guarded.deadlines.pop_first() else {
-                    break;
-                };
-                due.extend(guarded.core.overdue(&id, now));
-            }
-            due
-        };
-        for dispatch in due {
-            let span = info_span!(
-                "transition",
-                kind = %dispatch.kind,
-                machine_id = %dispatch.machine.id,
-                operation_id = %dispatch.operation_id,
-            );
-            async {
-                warn!(
-                    deadline_passed_by = ?now.saturating_since(dispatch.deadline),
-                    "no result from the transition's worker by its deadline: failing it"
-                );
-                let ended = self.finish(&dispatch, TransitionResult::TimedOut).await;
-                let failed = ended.is_some_and(|m| m.state == MachineState::Failed);
-                if dispatch.kind == Kind::Create && failed {
-                    // Whatever the worker did on the host is unknown.
-                    self.compensate(Arc::clone(&dispatch.machine), dispatch.operation_id.clone());
-                }
-            }
-            .instrument(span)
-            .await;
-        }
-        let guarded = self.lock();
-        guarded
-            .deadlines
-            .first()
-            .map(|(deadline, ..)| deadline.saturating_add(SWEEP_GRACE))
-    }
-
     /// One machine by id, once everything it may reflect is durable.
     ///
     /// # Errors
@@ -520,6 +426,12 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     #[must_use]
     pub fn peek(&self, query: &ListQuery) -> ListPage {
         self.lock().core.list(query)
+    }
+
+    /// How many machines the inventory holds (an upper bound on a List's answer).
+    #[must_use]
+    pub fn machine_count(&self) -> usize {
+        self.lock().core.len()
     }
 
     /// Whether Delete is offered.
@@ -670,33 +582,6 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-
-    /// Runs one accepted transition to completion or to its deadline.
-    async fn run(self, dispatch: Dispatch, blob: BootstrapBlob) {
-        let deadline = self.inner.clock.sleep_until(dispatch.deadline);
-        // Biased: when the call finishes in the same instant as the deadline, take the
-        // result; the core still turns a success at or after the deadline into a timeout.
-        // A worker that only gets to start at or after its deadline (a commit slower than
-        // the deadline) does not touch the host.
-        let (result, may_have_acted) = if self.inner.clock.now() >= dispatch.deadline {
-            (TransitionResult::TimedOut, false)
-        } else {
-            futures::select_biased! {
-            outcome = self.call(&dispatch, blob).fuse() => match outcome {
-                Ok(result) => (result, true),
-                Err(e) => (TransitionResult::Failed(e.message), e.side_effects != SideEffects::None),
-            },
-            // A call cut off by its deadline may still have acted on the host.
-            () = deadline.fuse() => (TransitionResult::TimedOut, true),
-            }
-        };
-        let ended = self.finish(&dispatch, result).await;
-        let failed = ended.is_some_and(|m| m.state == MachineState::Failed);
-        if dispatch.kind == Kind::Create && failed && may_have_acted {
-            self.compensate(Arc::clone(&dispatch.machine), dispatch.operation_id.clone());
-        }
-    }
-
     /// Start-up half of the Create compensation: a restart may have interrupted a Create
     /// (now Failed without a host) or a compensation in flight, so every Failed record
     /// without a host gets its compensating delete again (idempotent when nothing is left).
@@ -738,188 +623,6 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             .spawner
             .spawn("create-compensation", task.map(drop).instrument(span));
     }
-
-    async fn call(
-        &self,
-        dispatch: &Dispatch,
-        blob: BootstrapBlob,
-    ) -> Result<TransitionResult, HypervisorError> {
-        let hv = &self.inner.hypervisor;
-        let machine = Arc::clone(&dispatch.machine);
-        let operation_id = dispatch.operation_id.clone();
-        match dispatch.kind {
-            Kind::Create => hv
-                .create(CreateRequest {
-                    machine,
-                    operation_id,
-                })
-                .await
-                .map(|c| TransitionResult::Created {
-                    host: c.host,
-                    resources: c.resources,
-                    allocatable: c.allocatable,
-                }),
-            Kind::Configure => self.configure(machine, operation_id, blob).await,
-            Kind::Drain => {
-                let grace_period_seconds = dispatch.grace_period_seconds;
-                let request = DrainRequest {
-                    machine,
-                    grace_period_seconds,
-                    operation_id,
-                };
-                hv.drain(request).await.map(|()| TransitionResult::Drained)
-            }
-            Kind::Delete => hv
-                .delete(DeleteRequest {
-                    machine,
-                    operation_id,
-                })
-                .await
-                .map(|()| TransitionResult::Deleted),
-        }
-    }
-
-    async fn configure(
-        &self,
-        machine: Arc<Machine>,
-        operation_id: bigfleet_libvirt_domain::OperationId,
-        blob: BootstrapBlob,
-    ) -> Result<TransitionResult, HypervisorError> {
-        let hv = &self.inner.hypervisor;
-        let cluster_id = machine.cluster.clone();
-        let request = ConfigureRequest {
-            machine: Arc::clone(&machine),
-            cluster_id: cluster_id.clone(),
-            bootstrap_blob: blob,
-            operation_id: operation_id.clone(),
-        };
-        hv.configure(request).await?;
-        let readiness = ReadinessRequest {
-            machine,
-            cluster_id,
-            operation_id,
-        };
-        hv.confirm_node_ready(readiness)
-            .await
-            .map_err(|e| HypervisorError {
-                message: format!("node readiness: {}", e.message),
-                ..e
-            })?;
-        Ok(TransitionResult::Configured)
-    }
-
-    /// Completes a transition; returns the machine as it ended, or `None` if the result was
-    /// dropped.
-    async fn finish(&self, dispatch: &Dispatch, result: TransitionResult) -> Option<Arc<Machine>> {
-        let now = self.inner.clock.now();
-        let completion = Completion {
-            machine_id: dispatch.machine.id.clone(),
-            kind: dispatch.kind,
-            operation_id: dispatch.operation_id.clone(),
-            result,
-        };
-        // A completion that cannot be committed is rewound with the rest and committed again
-        // (with the same `now`, so a retry never turns a success into a timeout) until the
-        // store takes it: the transition happened, and a restart must not lose it.
-        let mut backoff = COMPLETION_RETRY_FIRST;
-        let outcome = loop {
-            let (outcome, durable) = {
-                let mut guarded = self.lock();
-                let ((outcome, changes), savepoint) = guarded
-                    .core
-                    .with_savepoint(|c| c.complete(completion.clone(), now));
-                (outcome, self.enqueue(&mut guarded, changes, savepoint))
-            };
-            let durable = durable.await;
-            self.settle();
-            match durable {
-                Ok(()) => {
-                    let entry = (
-                        dispatch.deadline,
-                        dispatch.machine.id.clone(),
-                        dispatch.kind,
-                    );
-                    self.lock().deadlines.remove(&entry);
-                    break outcome;
-                }
-                Err(e) => {
-                    warn!(error = %e, retry_in = ?backoff, "transition outcome not persisted yet");
-                    let retry_at = self.inner.clock.now().saturating_add(backoff);
-                    self.inner.clock.sleep_until(retry_at).await;
-                    backoff = (backoff * 2).min(COMPLETION_RETRY_MAX);
-                }
-            }
-        };
-        let accepted_at = dispatch
-            .deadline
-            .0
-            .saturating_sub(duration_nanos(dispatch.timeout));
-        let elapsed = now.saturating_since(Timestamp(accepted_at));
-        let machine = match outcome {
-            CompletionOutcome::Applied(machine) => {
-                if machine.state == MachineState::Failed {
-                    warn!(error = %machine.last_error, "transition failed");
-                } else {
-                    info!(state = %machine.state, "transition completed");
-                }
-                Some(machine)
-            }
-            CompletionOutcome::Dropped => {
-                info!("transition result dropped: the machine moved on");
-                None
-            }
-        };
-        let observers = self
-            .inner
-            .observers
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !observers.is_empty() {
-            let event = TransitionEvent {
-                kind: dispatch.kind,
-                machine: machine.clone(),
-                elapsed,
-            };
-            for observer in observers.iter() {
-                observer(&event);
-            }
-        }
-        machine
-    }
-}
-
-/// The deadline sweep: runs while the provider exists (it holds it only while sweeping),
-/// waking at the next deadline past its grace or when an earlier one is recorded.
-async fn sweep_deadlines<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
-    provider: Weak<Inner<H, S, C, E>>,
-    mut woken: mpsc::Receiver<()>,
-) {
-    // A wake-up time the clock's timer already fired for without the clock reaching it (a
-    // test clock whose timers fire at once): not slept for again until something new is
-    // recorded, so such a clock cannot turn the sweep into a busy loop.
-    let mut fired: Option<Timestamp> = None;
-    loop {
-        let (next, clock) = {
-            let Some(inner) = provider.upgrade() else {
-                return;
-            };
-            let clock = inner.clock.clone();
-            (Provider { inner }.expire_overdue().await, clock)
-        };
-        let sleep: BoxFuture<'static, ()> = match next {
-            Some(at) if fired != Some(at) => Box::pin(clock.sleep_until(at)),
-            _ => Box::pin(std::future::pending()),
-        };
-        futures::select_biased! {
-            wake = woken.next() => {
-                if wake.is_none() {
-                    return;
-                }
-                fired = None;
-            },
-            () = sleep.fuse() => fired = next,
-        }
-    }
 }
 
 /// Why a reconcile pass failed.
@@ -942,6 +645,10 @@ fn settled() -> Barrier {
     let ready: BoxFuture<'static, Result<(), StoreError>> = Box::pin(std::future::ready(Ok(())));
     ready.shared()
 }
+
+mod deadlines;
+use deadlines::sweep_deadlines;
+mod transition;
 
 #[cfg(test)]
 mod tests;

@@ -101,6 +101,56 @@ impl EncodedMachineList {
     }
 }
 
+/// Writes an [`EncodedMachineList`]'s encoding a piece at a time, for an answer streamed to
+/// its reader instead of copied into one buffer: the machines' own encodings are read in
+/// place, and only the piece being written is allocated.
+#[derive(Debug)]
+pub struct Pieces {
+    list: Arc<EncodedMachineList>,
+    /// The next machine to write; `machines.len()` means the revision is next.
+    next: usize,
+    done: bool,
+}
+
+impl Pieces {
+    /// The pieces of `list`'s `MachineList` encoding, in order.
+    #[must_use]
+    pub fn new(list: Arc<EncodedMachineList>) -> Self {
+        Self {
+            list,
+            next: 0,
+            done: false,
+        }
+    }
+
+    /// The next piece: whole machines up to about `target` bytes (at least one machine),
+    /// then the revision. `None` once everything was written. The pieces concatenated are
+    /// exactly [`EncodedMachineList::encode_to_vec`].
+    pub fn next_piece(&mut self, target: usize) -> Option<prost::bytes::Bytes> {
+        if self.done {
+            return None;
+        }
+        let mut buf = Vec::with_capacity(target.min(self.list.encoded_len()));
+        while let Some(machine) = self.list.machines.get(self.next) {
+            if !buf.is_empty() && buf.len() + machine.len() + 16 > target {
+                return Some(buf.into());
+            }
+            encode_key(MACHINES, WireType::LengthDelimited, &mut buf);
+            encode_varint(machine.len() as u64, &mut buf);
+            buf.put_slice(machine);
+            self.next += 1;
+        }
+        let revision = &self.list.revision;
+        if !revision.is_empty() {
+            encode_key(REVISION, WireType::LengthDelimited, &mut buf);
+            encode_varint(revision.len() as u64, &mut buf);
+            buf.put_slice(revision);
+        }
+        self.done = true;
+        (!buf.is_empty()).then(|| buf.into())
+    }
+}
+
 /// The `List` codec: decodes the `ListFilter` request with prost and encodes the
 /// [`EncodedMachineList`] response.
 #[derive(Clone, Copy, Debug, Default)]

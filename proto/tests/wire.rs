@@ -301,5 +301,25 @@ mod encoded_list {
             // (Maps are HashMaps in the generated code: compare values, not re-encodings.)
             prop_assert_eq!(encoded.to_list().unwrap(), list);
         }
+
+        /// Written in pieces of any target size, the encoding is the same bytes, and every
+        /// piece but one that holds a single larger machine stays near its target.
+        #[test]
+        fn pieces_concatenate_to_the_whole_encoding(
+            machines in vec(machine(), 0..12),
+            revision in vec(any::<u8>(), 0..10),
+            target in 1usize..400,
+        ) {
+            let list = pb::MachineList { machines, revision };
+            let encoded = std::sync::Arc::new(EncodedMachineList::from_list(&list));
+            let mut pieces = bigfleet_libvirt_proto::wire::Pieces::new(encoded.clone());
+            let mut joined = Vec::new();
+            while let Some(piece) = pieces.next_piece(target) {
+                prop_assert!(!piece.is_empty());
+                joined.extend_from_slice(&piece);
+            }
+            prop_assert_eq!(joined, encoded.encode_to_vec());
+            prop_assert!(pieces.next_piece(target).is_none());
+        }
     }
 }

@@ -36,6 +36,7 @@ mod libvirt;
 mod lifecycle;
 mod limits;
 mod list;
+mod list_burst;
 mod logs;
 mod metadata;
 mod observe;

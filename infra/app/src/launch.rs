@@ -488,6 +488,7 @@ pub struct LimitFlags {
     pub metrics_max_connections: usize,
     pub http_header_read_timeout: Duration,
     pub http_idle_timeout: Duration,
+    pub list_memory_budget_mib: usize,
 }
 
 /// Validates the per-client bounds: every count and every timeout must be above 0.
@@ -511,6 +512,11 @@ pub fn net_limits(flags: &LimitFlags) -> Result<NetLimits, LaunchError> {
             "--metrics-max-connections",
             flags.metrics_max_connections,
             defaults.http.max_connections,
+        ),
+        (
+            "--list-memory-budget-mib",
+            flags.list_memory_budget_mib,
+            defaults.list_memory_budget_mib,
         ),
     ] {
         if value == 0 {
@@ -564,6 +570,7 @@ pub fn net_limits(flags: &LimitFlags) -> Result<NetLimits, LaunchError> {
             header_read_timeout: flags.http_header_read_timeout,
             idle_timeout: flags.http_idle_timeout,
         },
+        list_memory_budget_mib: flags.list_memory_budget_mib,
     })
 }
 

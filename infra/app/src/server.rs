@@ -85,6 +85,9 @@ pub struct NetLimits {
     /// The HTTP side server's bounds (`--metrics-max-connections`,
     /// `--http-header-read-timeout`, `--http-idle-timeout`).
     pub http: bigfleet_libvirt_observe::side_server::HttpLimits,
+    /// MiB of large List answers held for their readers at once
+    /// (`--list-memory-budget-mib`; see `bigfleet_libvirt_grpc::list_budget`).
+    pub list_memory_budget_mib: usize,
 }
 
 impl Default for NetLimits {
@@ -100,6 +103,7 @@ impl Default for NetLimits {
                 header_read_timeout: Duration::from_secs(10),
                 idle_timeout: Duration::from_secs(60),
             },
+            list_memory_budget_mib: bigfleet_libvirt_grpc::list_budget::DEFAULT_BUDGET_MIB,
         }
     }
 }
@@ -206,13 +210,19 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     let service = hosted(
         CapacityService::new(provider.clone(), metrics.clone())
             .with_fault_hooks(config.fault_hooks)
-            .with_client_identity(config.client_identity),
+            .with_client_identity(config.client_identity)
+            .with_list_budget(config.limits.list_memory_budget_mib)
+            .with_streamed_lists(),
     );
     let limits = config.limits;
     let mut router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
+        // A List answer's share of the memory budget lives as long as its body.
+        .layer(tower::util::MapResponseLayer::new(
+            bigfleet_libvirt_grpc::list_budget::release_when_sent,
+        ))
         .add_service(health_service)
         .add_service(service);
     if config.reflection {

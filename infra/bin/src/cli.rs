@@ -351,6 +351,15 @@ pub struct Cli {
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP_IDLE_TIMEOUT", default_value = "60s",
           value_parser = parse_duration)]
     pub http_idle_timeout: Duration,
+    /// MiB of large List answers (over 1 MiB each) held for their readers at once; further
+    /// large Lists wait until earlier answers are sent. Size it within the pod's memory limit.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_LIST_MEMORY_BUDGET_MIB",
+        default_value_t = 64
+    )]
+    pub list_memory_budget_mib: usize,
     /// Log format.
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_LOG_FORMAT", value_enum, default_value_t = Format::Text)]
     pub log_format: Format,
@@ -488,6 +497,7 @@ impl Cli {
             metrics_max_connections: self.metrics_max_connections,
             http_header_read_timeout: self.http_header_read_timeout,
             http_idle_timeout: self.http_idle_timeout,
+            list_memory_budget_mib: self.list_memory_budget_mib,
         }
     }
 }

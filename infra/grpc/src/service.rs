@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, Level, debug, error, info, info_span, warn};
 
 use crate::identity::{self, Access, IdentityMode, PeerIdentity, Reason, Seen};
+use crate::list_budget::{DEFAULT_BUDGET_MIB, LARGE_ANSWER, ListBudget, StreamedList};
 use crate::{convert, status};
 use bigfleet_libvirt_observe::metrics::{AuthzLabels, GrpcLabels, MethodLabels, Metrics};
 use bigfleet_libvirt_system::Stopwatch;
@@ -42,6 +43,8 @@ pub struct CapacityService<H, S, C, E> {
     metrics: Metrics,
     fault_hooks: bool,
     identity: IdentityMode,
+    list_budget: ListBudget,
+    streamed_lists: bool,
 }
 
 /// With fault hooks on, a Get of this id panics inside the handler, so tests can prove a
@@ -56,6 +59,29 @@ impl<H, S, C, E> CapacityService<H, S, C, E> {
             metrics,
             fault_hooks: false,
             identity: IdentityMode::Off,
+            list_budget: ListBudget::new(DEFAULT_BUDGET_MIB),
+            streamed_lists: false,
+        }
+    }
+
+    /// Streams large List answers from the machines' own encodings under the List memory
+    /// budget. Only for a server that serves through
+    /// [`crate::list_budget::release_when_sent`]: without that layer such an answer would go
+    /// out empty.
+    #[must_use]
+    pub fn with_streamed_lists(self) -> Self {
+        Self {
+            streamed_lists: true,
+            ..self
+        }
+    }
+
+    /// Bounds the List answers held for their readers to `mib` MiB (see `list_budget`).
+    #[must_use]
+    pub fn with_list_budget(self, mib: usize) -> Self {
+        Self {
+            list_budget: ListBudget::new(mib),
+            ..self
         }
     }
 
@@ -232,6 +258,26 @@ fn transition_ack(ack: &Ack) -> pb::TransitionAck {
     }
 }
 
+/// Builds a large List answer on tokio's blocking pool, so the async workers keep serving
+/// other calls meanwhile (inline under the simulator, which has no such pool).
+async fn encode_off_the_workers(page: bigfleet_libvirt_domain::ListPage) -> EncodedMachineList {
+    #[cfg(not(madsim))]
+    {
+        let page = std::sync::Arc::new(page);
+        let shared = std::sync::Arc::clone(&page);
+        match tokio::task::spawn_blocking(move || convert::encoded_list(&shared)).await {
+            Ok(answer) => answer,
+            // The blocking pool refused (shutting down) or the build panicked: build it here,
+            // where a panic is caught by the handler's guard like any other.
+            Err(_) => convert::encoded_list(&page),
+        }
+    }
+    #[cfg(madsim)]
+    {
+        convert::encoded_list(&page)
+    }
+}
+
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
@@ -325,6 +371,17 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         let query = convert::list_query(&request.into_inner());
         let body = async {
             self.authorize("List", peer.as_ref(), Access::Read)?;
+            let budget = &self.list_budget;
+            let inventory = self.provider.machine_count();
+            let bound = query
+                .max_results
+                .map_or(inventory, |max| max.min(inventory));
+            // A List that may be large waits for its turn to be built (see `list_budget`).
+            let turn = if budget.may_be_large(bound) {
+                Some(budget.turn().await)
+            } else {
+                None
+            };
             let page = self
                 .provider
                 .list(&query)
@@ -337,7 +394,26 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
                     "list"
                 );
             }
-            Ok(Response::new(convert::encoded_list(&page)))
+            let machines = page.machines.len();
+            let answer = if turn.is_some() {
+                encode_off_the_workers(page).await
+            } else {
+                convert::encoded_list(&page)
+            };
+            let bytes = answer.encoded_len();
+            if !self.streamed_lists || bytes <= LARGE_ANSWER {
+                budget.observe(bytes, machines);
+                return Ok(Response::new(answer));
+            }
+            // Waits while earlier large answers hold the budget; still this List's turn, so
+            // the large Lists behind it wait without building theirs.
+            let held = budget.hold(bytes, machines).await;
+            drop(turn);
+            let mut response = Response::new(EncodedMachineList::default());
+            response
+                .extensions_mut()
+                .insert(StreamedList::new(answer, held));
+            Ok(response)
         };
         self.observe("List", |_| false, "", body).await
     }
