@@ -8,7 +8,7 @@
 #
 #   scripts/supply-chain.sh ADVISORY_DB
 #
-# ADVISORY_DB is a checkout of the RustSec advisory-db (CI: ../shared/advisory-db beside the
+# ADVISORY_DB is a checkout of the RustSec advisory-db (CI: shared/advisory-db beside the
 # repository). Nothing is fetched: a missing snapshot fails with the path it looked at. The
 # tools come from scripts/install-cargo-tools.sh (installed when missing).
 set -euo pipefail
@@ -22,9 +22,9 @@ die() {
     exit 1
 }
 
-(($# == 1)) || die "usage: $0 ADVISORY_DB (a RustSec advisory-db checkout, e.g. ../shared/advisory-db)"
+(($# == 1)) || die "usage: $0 ADVISORY_DB (a RustSec advisory-db checkout, e.g. the shared/advisory-db folder beside the repository)"
 db=$1
-[[ -d $db/crates ]] || die "no RustSec advisory database at $db (expected its crates/ folder): pass the snapshot's path (CI: ../shared/advisory-db beside the repository)"
+[[ -d $db/crates ]] || die "no RustSec advisory database at $db (expected its crates/ folder): pass the snapshot's path (CI: shared/advisory-db beside the repository)"
 db="$(cd "$db" && pwd)"
 
 scripts/install-cargo-tools.sh cargo-audit cargo-deny
