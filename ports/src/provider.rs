@@ -24,9 +24,9 @@ use bigfleet_libvirt_domain::{
     Ack, Core, Kind, ListPage, ListQuery, ListRotation, Machine, MachineId, MachineState,
     MutateError, Mutation, OperationId, Policy, ReconcileReport, Savepoint, SeedError, Timestamp,
 };
+use futures::FutureExt;
 use futures::channel::mpsc;
 use futures::future::{BoxFuture, Shared};
-use futures::FutureExt;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::clock::Clock;

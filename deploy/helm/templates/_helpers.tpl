@@ -32,7 +32,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "bigfleet-libvirt.labels" -}}
 helm.sh/chart: {{ include "bigfleet-libvirt.chart" . }}
 {{ include "bigfleet-libvirt.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ include "bigfleet-libvirt.version" . | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: capacity-provider
 {{- end }}
@@ -45,8 +45,31 @@ app.kubernetes.io/component: capacity-provider
 {{- end }}
 {{- end }}
 
+{{/* The image's tag: image.tag, else the chart's appVersion. */}}
+{{- define "bigfleet-libvirt.tag" -}}
+{{- .Values.image.tag | default .Chart.AppVersion | toString }}
+{{- end }}
+
+{{/*
+The app.kubernetes.io/version label: the tag (never the digest, whose "sha256:" a label
+value cannot hold), cut to the 63-character label limit and to an alphanumeric first and
+last character, as label syntax requires.
+*/}}
+{{- define "bigfleet-libvirt.version" -}}
+{{- include "bigfleet-libvirt.tag" . | trunc 63 | trimAll "-_." }}
+{{- end }}
+
+{{/*
+The image reference: repository@sha256:... when image.digest is set (the tag is then only
+the version label: a digest names exactly one image, whatever a tag points to later), else
+repository:tag.
+*/}}
 {{- define "bigfleet-libvirt.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (include "bigfleet-libvirt.tag" .) }}
+{{- end }}
 {{- end }}
 
 {{/* "true" when the fake backend is forced: libvirtBackend=fake or --use-fake-backend in extraArgs. */}}
@@ -63,6 +86,13 @@ app.kubernetes.io/component: capacity-provider
 
 {{/* Fail early on combinations the binary would refuse at start-up (or silently ignore). */}}
 {{- define "bigfleet-libvirt.validate" -}}
+{{- $tag := toString .Values.image.tag }}
+{{- if or (contains "@" $tag) (hasPrefix "sha256:" $tag) }}
+{{- fail (printf "image.tag %q is a digest: set image.digest=sha256:<64 hex> instead (image.tag is the version label, which cannot hold a digest)" $tag) }}
+{{- end }}
+{{- if and $tag (not (regexMatch "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$" $tag)) }}
+{{- fail (printf "image.tag %q is not an image tag (letters, digits, '_', '.', '-'; at most 128 characters, not starting with '.' or '-')" $tag) }}
+{{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
 {{- fail "tls.enabled needs tls.secretName: a kubernetes.io/tls Secret with tls.crt and tls.key (and ca.crt for tls.mtls)" }}
 {{- end }}

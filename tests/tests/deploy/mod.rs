@@ -9,12 +9,14 @@
 //! with the installer's message, unless `BIGFLEET_SKIP_DEPLOY_TOOLS=1`, which skips them with
 //! the reason printed (`harness/skip.rs`).
 //!
-//! The Dockerfile, the chart and the documented examples each have a module; this one holds
-//! the tools, the rendered chart and the helpers they (and other test modules) share.
+//! The Dockerfile, the chart, the documented examples and the chart's pinning and exposure
+//! rules (issue 29: `pinning`) each have a module; this one holds the tools, the rendered
+//! chart and the helpers they (and other test modules) share.
 
 mod chart;
 mod dockerfile;
 mod docs;
+mod pinning;
 
 use std::collections::BTreeSet;
 use std::io::Write;

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Installs the cargo tools of the supply-chain checks into .tools/cargo/bin at the repository
+# root (git ignores .tools/), built from crates.io with `cargo install --locked` at pinned
+# versions:
+#
+#   cargo-audit      Cargo.lock against the RustSec advisory database (.ci/run, offline)
+#   cargo-deny       licences, bans and sources (deny.toml; .ci/run)
+#   cargo-cyclonedx  the CycloneDX SBOM of the binary's crates (deploy/sbom.sh)
+#
+# A tool already installed at its pinned version is left alone, so only a fresh machine pays
+# the build (each tool is compiled from source: several minutes on 2 cores). Exits non-zero,
+# naming the tool and the registry, when an install fails.
+#
+#   scripts/install-cargo-tools.sh            all three
+#   scripts/install-cargo-tools.sh NAME...    only those (e.g. cargo-cyclonedx)
+#
+# Environment: BIGFLEET_TOOLS_DIR overrides the tools directory (default <repo>/.tools); the
+# tools land in $BIGFLEET_TOOLS_DIR/cargo/bin.
+set -euo pipefail
+
+# name version: bump a version here and the next run reinstalls that tool.
+pins=(
+    "cargo-audit 0.22.2"
+    "cargo-deny 0.20.2"
+    "cargo-cyclonedx 0.5.9"
+)
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+tools="${BIGFLEET_TOOLS_DIR:-$root/.tools}"
+cargo_root="$tools/cargo"
+
+say() { echo "install-cargo-tools: $*" >&2; }
+die() {
+    say "ERROR: $*"
+    exit 1
+}
+
+command -v cargo >/dev/null 2>&1 || die "cargo is not installed; install the Rust toolchain first"
+mkdir -p "$cargo_root"
+
+# One installer at a time (test runners may start several at once).
+if command -v flock >/dev/null 2>&1; then
+    exec 9>"$cargo_root/.install.lock"
+    flock 9
+fi
+
+wanted=("$@")
+selected() { # name
+    ((${#wanted[@]} == 0)) && return 0
+    local w
+    for w in "${wanted[@]}"; do [[ $w == "$1" ]] && return 0; done
+    return 1
+}
+
+# The version a tool binary reports, e.g. "cargo-audit-audit 0.22.2" -> 0.22.2. Each of these
+# tools is a cargo subcommand, so it takes its subcommand name as its first argument.
+installed_version() { # name
+    local bin="$cargo_root/bin/$1" sub=${1#cargo-}
+    [[ -x $bin ]] || return 0
+    "$bin" "$sub" --version 2>/dev/null | awk '{ print $NF }'
+}
+
+for pin in "${pins[@]}"; do
+    read -r name version <<<"$pin"
+    selected "$name" || continue
+    have=$(installed_version "$name")
+    if [[ $have == "$version" ]]; then
+        say "$name: already installed ($version)"
+        continue
+    fi
+    say "$name: building $version from crates.io (cargo install --locked; takes minutes on a fresh machine)"
+    start=$SECONDS
+    if ! cargo install --locked --quiet --root "$cargo_root" "$name@$version"; then
+        die "cargo install --locked $name@$version failed: crates.io is unreachable, or the build failed (see above)"
+    fi
+    have=$(installed_version "$name")
+    [[ $have == "$version" ]] || die "$name $version installed, but $cargo_root/bin/$name reports '${have:-nothing}'"
+    say "$name: installed $version in $((SECONDS - start)) s at $cargo_root/bin/$name"
+done

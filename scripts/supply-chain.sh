@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The supply-chain checks of Cargo.lock, offline (.ci/run runs them before the tests):
+#
+#   1. advisories: cargo-audit against a RustSec advisory-db snapshot, with the policy and the
+#      ignored ids (each with its reason) in .cargo/audit.toml; the ignored ids are printed.
+#   2. licences, bans and sources: cargo-deny with deny.toml (a licence allow-list, a
+#      duplicate-version report, crates.io as the only source).
+#
+#   scripts/supply-chain.sh ADVISORY_DB
+#
+# ADVISORY_DB is a checkout of the RustSec advisory-db (CI: shared/advisory-db beside the
+# repository). Nothing is fetched: a missing snapshot fails with the path it looked at. The
+# tools come from scripts/install-cargo-tools.sh (installed when missing).
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+
+say() { echo "supply-chain: $*" >&2; }
+die() {
+    say "ERROR: $*"
+    exit 1
+}
+
+(($# == 1)) || die "usage: $0 ADVISORY_DB (a RustSec advisory-db checkout, e.g. the shared/advisory-db folder beside the repository)"
+db=$1
+[[ -d $db/crates ]] || die "no RustSec advisory database at $db (expected its crates/ folder): pass the snapshot's path (CI: shared/advisory-db beside the repository)"
+db="$(cd "$db" && pwd)"
+
+scripts/install-cargo-tools.sh cargo-audit cargo-deny
+bin="${BIGFLEET_TOOLS_DIR:-$root/.tools}/cargo/bin"
+
+# Every ignored advisory needs its reason: a comment on the line right above its id.
+config=.cargo/audit.toml
+[[ -f $config ]] || die "$config is missing (cargo-audit's policy and ignore list)"
+if ! reasons=$(awk '
+    /^[[:space:]]*ignore[[:space:]]*=/ { inside = 1; next }
+    inside && /^[[:space:]]*\]/ { inside = 0 }
+    inside && /^[[:space:]]*#/ { sub(/^[[:space:]]*#[[:space:]]*/, ""); reason = reason (reason ? " " : "") $0; next }
+    inside && /"RUSTSEC-[0-9]+-[0-9]+"/ {
+        match($0, /RUSTSEC-[0-9]+-[0-9]+/); id = substr($0, RSTART, RLENGTH)
+        if (reason == "") { print "no reason above " id > "/dev/stderr"; bad = 1 }
+        print id ": " reason; reason = ""
+    }
+    END { exit bad }' "$config"); then
+    die "every id in the ignore list of $config needs a comment above it saying why"
+fi
+if [[ -n $reasons ]]; then
+    say "advisories ignored in $config, with their reasons:"
+    while read -r line; do say "  $line"; done <<<"$reasons"
+fi
+
+say "cargo audit --db $db --no-fetch"
+"$bin/cargo-audit" audit --db "$db" --no-fetch --file Cargo.lock \
+    || die "cargo audit found advisories (above): update the crate (cargo update -p NAME), or ignore the id in $config with the reason in a comment above it"
+
+say "cargo deny --offline check licenses bans sources"
+"$bin/cargo-deny" --offline --locked check licenses bans sources \
+    || die "cargo deny failed (above): see deny.toml for the allowed licences and sources"
+say "ok"
