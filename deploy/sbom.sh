@@ -12,7 +12,8 @@
 # Debian packages come from the records stage-runtime.sh wrote in
 # STAGING/var/lib/dpkg/status.d, each with a pkg:deb purl for the Debian release of this
 # machine (/etc/os-release). cargo-cyclonedx is the one scripts/install-cargo-tools.sh pins
-# (in $BIGFLEET_TOOLS_DIR/cargo/bin, default <repo>/.tools/cargo/bin); jq merges the two.
+# (in $BIGFLEET_CARGO_TOOLS_DIR/bin, default ~/.cache/bigfleet-libvirt/cargo-tools/bin); jq
+# merges the two.
 set -euo pipefail
 
 if (($# != 2)); then
@@ -21,7 +22,7 @@ if (($# != 2)); then
 fi
 staging=$1 output=$2
 root="$(cd "$(dirname "$0")/.." && pwd)"
-cyclonedx="${BIGFLEET_TOOLS_DIR:-$root/.tools}/cargo/bin/cargo-cyclonedx"
+cyclonedx="${BIGFLEET_CARGO_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bigfleet-libvirt/cargo-tools}/bin/cargo-cyclonedx"
 
 die() {
     echo "$0: $*" >&2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs the cargo tools of the supply-chain checks into .tools/cargo/bin at the repository
-# root (git ignores .tools/), built from crates.io with `cargo install --locked` at pinned
-# versions:
+# Installs the cargo tools of the supply-chain checks into a per-user cache outside the
+# repository (~/.cache/bigfleet-libvirt/cargo-tools/bin), built from crates.io with
+# `cargo install --locked` at pinned versions, so every clone on the machine (CI's among
+# them) shares one build:
 #
 #   cargo-audit      Cargo.lock against the RustSec advisory database (.ci/run, offline)
 #   cargo-deny       licences, bans and sources (deny.toml; .ci/run)
@@ -14,8 +15,8 @@
 #   scripts/install-cargo-tools.sh            all three
 #   scripts/install-cargo-tools.sh NAME...    only those (e.g. cargo-cyclonedx)
 #
-# Environment: BIGFLEET_TOOLS_DIR overrides the tools directory (default <repo>/.tools); the
-# tools land in $BIGFLEET_TOOLS_DIR/cargo/bin.
+# Environment: BIGFLEET_CARGO_TOOLS_DIR overrides the directory (default
+# ${XDG_CACHE_HOME:-~/.cache}/bigfleet-libvirt/cargo-tools); the tools land in its bin/.
 set -euo pipefail
 
 # name version: bump a version here and the next run reinstalls that tool.
@@ -25,9 +26,7 @@ pins=(
     "cargo-cyclonedx 0.5.9"
 )
 
-root="$(cd "$(dirname "$0")/.." && pwd)"
-tools="${BIGFLEET_TOOLS_DIR:-$root/.tools}"
-cargo_root="$tools/cargo"
+cargo_root="${BIGFLEET_CARGO_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bigfleet-libvirt/cargo-tools}"
 
 say() { echo "install-cargo-tools: $*" >&2; }
 die() {

@@ -28,7 +28,7 @@ db=$1
 db="$(cd "$db" && pwd)"
 
 scripts/install-cargo-tools.sh cargo-audit cargo-deny
-bin="${BIGFLEET_TOOLS_DIR:-$root/.tools}/cargo/bin"
+bin="${BIGFLEET_CARGO_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/bigfleet-libvirt/cargo-tools}/bin"
 
 # Every ignored advisory needs its reason: a comment on the line right above its id.
 config=.cargo/audit.toml
