@@ -336,6 +336,8 @@ async fn a_connection_with_a_call_in_flight_is_never_evicted_by_the_flood() {
     let (response, mut body) = send.send_request(request, false).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let (flood, _opened, _open) = idle_http2(server.addr, IDLE_GRPC, &stop);
+    // Let the flood fill the cap (1024) and the backlog behind it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let grpc = probe_grpc(server.addr).await;
     // An empty HealthCheckRequest, gRPC-framed: not compressed, 0 bytes.
     body.send_data(prost::bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
