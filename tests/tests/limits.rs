@@ -474,11 +474,13 @@ async fn each_port_holds_at_most_its_connection_cap() {
         "oldest idle gRPC connection",
     )
     .await;
-    drop(grpc_held);
-    drop(http_held);
+}
+
+#[tokio::test]
+async fn a_client_waits_at_the_cap_while_every_connection_is_busy() {
+    let server = Server::start(&["--max-connections=2"]);
     // While every gRPC connection has a call in flight, a new client waits: nothing
     // answers it, and no busy connection is evicted for it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let (_first, first_response, first_body) = held_check(server.addr).await;
     let (_second, second_response, second_body) = held_check(server.addr).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

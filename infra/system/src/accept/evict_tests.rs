@@ -1,3 +1,6 @@
+//! The eviction rule on its own: oldest idle first, busy and unflushed connections never,
+//! one eviction outstanding at a time, the linger after a response, the wake-up.
+
 use std::sync::Arc;
 use std::time::Duration;
 
