@@ -413,6 +413,37 @@ async fn a_partial_tls_client_hello_is_closed_within_the_handshake_timeout() {
         .expect("TLS List still served");
 }
 
+/// A gRPC call held open on a new HTTP/2 connection: its HEADERS sent, its body held back,
+/// so its stream is in flight on the server until [`finish_held_check`].
+async fn held_check(
+    addr: SocketAddr,
+) -> (
+    h2::client::SendRequest<prost::bytes::Bytes>,
+    h2::client::ResponseFuture,
+    h2::SendStream<prost::bytes::Bytes>,
+) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut send, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::post(format!("http://{addr}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, body) = send.send_request(request, false).unwrap();
+    (send, response, body)
+}
+
+/// Sends the held call's body (an empty request) and waits for its answer's head.
+async fn finish_held_check(
+    response: h2::client::ResponseFuture,
+    mut body: h2::SendStream<prost::bytes::Bytes>,
+) -> http::StatusCode {
+    body.send_data(prost::bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .unwrap();
+    response.await.expect("the held call answers").status()
+}
+
 #[tokio::test]
 async fn each_port_holds_at_most_its_connection_cap() {
     let server = Server::start(&[
@@ -423,41 +454,69 @@ async fn each_port_holds_at_most_its_connection_cap() {
     ]);
     let metrics = server.metrics_addr.unwrap();
     // Two idle connections fill each port.
-    let grpc_held = [
+    let mut grpc_held = [
         TcpStream::connect(server.addr).await.unwrap(),
         TcpStream::connect(server.addr).await.unwrap(),
     ];
-    let http_held = [
+    let mut http_held = [
         TcpStream::connect(metrics).await.unwrap(),
         TcpStream::connect(metrics).await.unwrap(),
     ];
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // A third client waits in the backlog: nothing answers it.
-    let waiting_http = tokio::spawn(http_get(metrics, "/healthz"));
+    // A third client gets in at once: each port evicts its oldest idle connection for it,
+    // so the cap still holds.
+    let (status, _, _) = http_get(metrics, "/healthz").await.unwrap();
+    assert_eq!(status, 200);
+    closed_within(
+        &mut http_held[0],
+        Duration::from_secs(5),
+        "oldest idle metrics connection",
+    )
+    .await;
+    list_once(server.addr, None)
+        .await
+        .expect("List past the cap of idle connections");
+    closed_within(
+        &mut grpc_held[0],
+        Duration::from_secs(5),
+        "oldest idle gRPC connection",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_waits_at_the_cap_while_every_connection_is_busy() {
+    let server = Server::start(&["--max-connections=2"]);
+    // While every gRPC connection has a call in flight, a new client waits: nothing
+    // answers it, and no busy connection is evicted for it.
+    let (_first, first_response, first_body) = held_check(server.addr).await;
+    let (_second, second_response, second_body) = held_check(server.addr).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let waiting_grpc = tokio::spawn(list_once(server.addr, None));
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        !waiting_http.is_finished(),
-        "a third metrics client was served past the cap"
+        !waiting_grpc.is_finished(),
+        "a third gRPC client was served while both connections were busy"
     );
     assert!(
-        !waiting_grpc.is_finished(),
-        "a third gRPC client was served past the cap"
+        server.log_text().contains("every connection is busy"),
+        "the wait at the cap is logged"
     );
-    // Closing the held connections lets the waiting clients in.
-    drop(grpc_held);
-    drop(http_held);
-    let (status, _, _) = tokio::time::timeout(Duration::from_secs(10), waiting_http)
-        .await
-        .expect("the waiting metrics client is served once a slot frees")
-        .unwrap()
-        .unwrap();
-    assert_eq!(status, 200);
+    // Both held calls still complete; once one has (and its connection has lingered), the
+    // waiting client gets in.
+    assert_eq!(
+        finish_held_check(first_response, first_body).await,
+        http::StatusCode::OK
+    );
     tokio::time::timeout(Duration::from_secs(10), waiting_grpc)
         .await
-        .expect("the waiting gRPC client is served once a slot frees")
+        .expect("the waiting gRPC client is served once a connection goes idle")
         .unwrap()
-        .expect("List once a slot frees");
+        .expect("List once a connection goes idle");
+    assert_eq!(
+        finish_held_check(second_response, second_body).await,
+        http::StatusCode::OK
+    );
 }
 
 /// Runs the provider with 64 descriptors, exhausts them with idle connections to both

@@ -48,5 +48,6 @@ mod qemu_faults;
 mod qemu_zones;
 mod scale;
 mod signals;
+mod slowloris;
 mod smoke;
 mod tidy;

@@ -33,7 +33,7 @@ use tracing::warn;
 
 use bigfleet_libvirt_grpc::CapacityService;
 #[cfg(not(madsim))]
-use bigfleet_libvirt_grpc::identity::{Identified, PeerIdentity};
+use bigfleet_libvirt_grpc::identity::{Identified, PeerConnection, PeerIdentity};
 #[cfg(not(madsim))]
 use bigfleet_libvirt_observe::http::{self, Readiness};
 use bigfleet_libvirt_observe::metrics::{KindLabels, Metrics, TransitionLabels};
@@ -42,7 +42,7 @@ use bigfleet_libvirt_observe::metrics::{OutcomeLabels, StateLabels};
 #[cfg(not(madsim))]
 use bigfleet_libvirt_observe::side_server;
 #[cfg(not(madsim))]
-use bigfleet_libvirt_system::accept::{self, Acceptor};
+use bigfleet_libvirt_system::accept::{self, Acceptor, Activity, TrackRequestsLayer};
 
 /// How the servers run.
 #[derive(Clone, Debug)]
@@ -216,6 +216,9 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     );
     let limits = config.limits;
     let mut router = tonic::transport::Server::builder()
+        // Every call is in flight on its connection until its response ends, so a connection
+        // serving one is never evicted at the connection cap.
+        .layer(TrackRequestsLayer::new(connection_activity))
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
@@ -247,7 +250,8 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     // aborts them on an early return), so a caller that keeps its process, like the
     // benchmarks, gets the state file closed and can open it again.
     let mut background = tokio::task::JoinSet::new();
-    let acceptor = Acceptor::new(grpc, "--addr", limits.grpc_max_connections);
+    let acceptor = Acceptor::new(grpc, "--addr", limits.grpc_max_connections)
+        .on_evict(metrics.eviction_counter("grpc"));
     let grpc_task = match &config.tls {
         Some(tls) => {
             background.spawn(tls.clone().watch(Duration::from_secs(2)));
@@ -286,7 +290,14 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         let stopped = async move {
             let _ = http_stopped.await;
         };
-        tokio::spawn(side_server::serve(listener, app, limits.http, stopped))
+        let on_evict = metrics.eviction_counter("metrics");
+        tokio::spawn(side_server::serve(
+            listener,
+            app,
+            limits.http,
+            on_evict,
+            stopped,
+        ))
     });
     if let Some(interval) = config.reconcile_interval {
         background.spawn(reconcile_loop(provider.clone(), metrics.clone(), interval));
@@ -330,6 +341,17 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     }
     background.shutdown().await;
     Ok(())
+}
+
+/// A gRPC call's connection, from the connection info tonic attached to it: the
+/// acceptor's [`Activity`] in plaintext, inside the [`PeerConnection`] with TLS.
+#[cfg(not(madsim))]
+fn connection_activity(extensions: &tonic::Extensions) -> Option<Activity> {
+    extensions.get::<Activity>().cloned().or_else(|| {
+        extensions
+            .get::<PeerConnection>()
+            .map(|connection| connection.activity.clone())
+    })
 }
 
 /// The simulation build has no tokio sockets, tonic-health, reflection, TLS or HTTP side

@@ -307,7 +307,7 @@ pub struct Cli {
         default_value_t = 1
     )]
     pub fake_seed: u64,
-    /// gRPC connections open at once on --addr; further clients wait until one closes.
+    /// gRPC connections open at once on --addr; a new client past it evicts the oldest idle one.
     #[arg(
         long,
         global = true,
@@ -335,7 +335,7 @@ pub struct Cli {
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP2_KEEPALIVE_TIMEOUT",
           default_value = "10s", value_parser = parse_duration)]
     pub http2_keepalive_timeout: Duration,
-    /// Connections open at once on --metrics-addr; further clients wait until one closes.
+    /// Connections open at once on --metrics-addr; a new client past it evicts the oldest idle one.
     #[arg(
         long,
         global = true,

@@ -25,6 +25,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bigfleet_libvirt_system::accept::{Activity, Admitted};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::rustls::pki_types::CertificateDer;
 use tonic::transport::server::Connected;
@@ -156,7 +157,8 @@ impl Seen {
 }
 
 /// The identity of one connection, shared by all its requests (cheap to clone). It is the
-/// connection info tonic attaches to each request of an [`Identified`] stream.
+/// connection info tonic attaches to each request of an [`Identified`] stream (in its
+/// [`PeerConnection`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerIdentity(Arc<Seen>);
 
@@ -397,25 +399,40 @@ pub fn authorize(peer: &Seen, method: &str, access: Access<'_>) -> Result<(), De
     }
 }
 
+/// What tonic attaches to each request of an [`Identified`] connection: the identity read
+/// from its handshake, and the connection's activity (which keeps it from being evicted at
+/// the connection cap while a request is in flight).
+#[derive(Clone, Debug)]
+pub struct PeerConnection {
+    /// The client certificate's identity.
+    pub identity: PeerIdentity,
+    /// What the connection is doing, for the acceptor's eviction rule.
+    pub activity: Activity,
+}
+
 /// A server stream that carries the identity of its client certificate, read once when the
 /// connection was established; tonic hands it to every request as connection info.
 #[derive(Debug)]
 pub struct Identified<S> {
     stream: S,
-    peer: PeerIdentity,
+    peer: PeerConnection,
 }
 
-impl<S> Identified<S> {
+impl<S> Identified<Admitted<S>> {
     /// Pairs `stream` with the identity read from its handshake.
-    pub fn new(stream: S, peer: PeerIdentity) -> Self {
-        Self { stream, peer }
+    pub fn new(stream: Admitted<S>, identity: PeerIdentity) -> Self {
+        let activity = stream.activity();
+        Self {
+            stream,
+            peer: PeerConnection { identity, activity },
+        }
     }
 }
 
 impl<S> Connected for Identified<S> {
-    type ConnectInfo = PeerIdentity;
+    type ConnectInfo = PeerConnection;
 
-    fn connect_info(&self) -> PeerIdentity {
+    fn connect_info(&self) -> PeerConnection {
         self.peer.clone()
     }
 }

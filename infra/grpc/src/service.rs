@@ -176,7 +176,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
     fn peer<T>(&self, request: &Request<T>) -> Option<PeerIdentity> {
         match self.identity {
             IdentityMode::Off => None,
-            IdentityMode::Enforce => request.extensions().get::<PeerIdentity>().cloned(),
+            IdentityMode::Enforce => request
+                .extensions()
+                .get::<crate::identity::PeerConnection>()
+                .map(|connection| connection.identity.clone()),
         }
     }
 

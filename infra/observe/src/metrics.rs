@@ -108,6 +108,13 @@ pub struct AuthzLabels {
     pub reason: String,
 }
 
+/// Labels of `bigfleet_libvirt_connections_evicted_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PortLabels {
+    /// `grpc` (`--addr`) or `metrics` (`--metrics-addr`).
+    pub port: String,
+}
+
 /// Every series the provider exports.
 #[derive(Clone)]
 pub struct Metrics {
@@ -146,6 +153,8 @@ pub struct Metrics {
     pub state_commit_failures: Counter,
     /// 1 while the state store takes commits, 0 while the last attempt failed.
     pub state_writable: Gauge,
+    /// Idle connections evicted at a port's connection cap to let a new client in, by port.
+    pub connections_evicted: Family<PortLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -273,6 +282,18 @@ impl Metrics {
             "1 while the state store takes commits, 0 while the last commit attempt failed",
             state_writable.clone(),
         );
+        let connections_evicted = Family::<PortLabels, Counter>::default();
+        // Both series exist from the start (at 0), so the first eviction shows as a rise.
+        for port in ["grpc", "metrics"] {
+            let _ = connections_evicted.get_or_create(&PortLabels {
+                port: port.to_owned(),
+            });
+        }
+        registry.register(
+            format!("{prefix}_connections_evicted"),
+            "Idle connections evicted at a port's connection cap to let a new client in",
+            connections_evicted.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             grpc_requests,
@@ -292,7 +313,22 @@ impl Metrics {
             authz_denied,
             state_commit_failures,
             state_writable,
+            connections_evicted,
         }
+    }
+
+    /// The acceptor hook that counts one eviction on `port` (`grpc` or `metrics`).
+    #[must_use]
+    pub fn eviction_counter(&self, port: &str) -> bigfleet_libvirt_system::accept::OnEvict {
+        let evicted = self
+            .connections_evicted
+            .get_or_create(&PortLabels {
+                port: port.to_owned(),
+            })
+            .clone();
+        bigfleet_libvirt_system::accept::OnEvict::new(move || {
+            evicted.inc();
+        })
     }
 
     /// Records how long one libvirt phase took.

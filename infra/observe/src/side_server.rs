@@ -1,5 +1,7 @@
 //! Serves the HTTP side server's routes (`http::router`) on `--metrics-addr` with every
-//! client bounded: a connection cap and accept backoff ([`bigfleet_libvirt_system::accept`]), a deadline for
+//! client bounded: a connection cap that evicts the oldest idle connection for a new client
+//! (so `/healthz` and `/readyz` answer while the port is flooded), accept backoff
+//! ([`bigfleet_libvirt_system::accept`]), a deadline for
 //! each request head (hyper's header-read timeout, which runs from the moment the
 //! connection opens or the previous response ends, so it also closes kept-alive
 //! connections that send nothing), and an idle timeout that closes a connection on which
@@ -24,7 +26,7 @@ use tokio::net::TcpListener;
 use tokio::time::{Instant, Sleep};
 use tracing::{debug, warn};
 
-use bigfleet_libvirt_system::accept::Acceptor;
+use bigfleet_libvirt_system::accept::{Acceptor, Admitted, OnEvict, TrackRequests};
 
 /// How long open connections may finish after shutdown before they are dropped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -41,14 +43,16 @@ pub struct HttpLimits {
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then lets open connections
-/// finish (up to 5 s).
+/// finish (up to 5 s). `on_evict` is called for each connection evicted at the cap.
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
     limits: HttpLimits,
+    on_evict: OnEvict,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let mut acceptor = Acceptor::new(listener, "--metrics-addr", limits.max_connections);
+    let mut acceptor =
+        Acceptor::new(listener, "--metrics-addr", limits.max_connections).on_evict(on_evict);
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -57,19 +61,22 @@ pub async fn serve(
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         // Biased: after the shutdown signal no new connection is taken.
-        let (tcp, peer, permit) = tokio::select! {
+        let (tcp, peer, lease) = tokio::select! {
             biased;
             () = &mut shutdown => break,
             accepted = acceptor.accept() => accepted,
         };
-        let io = TokioIo::new(Idle::new(tcp, limits.idle_timeout));
-        let service = TowerToHyperService::new(router.clone());
+        // Each request is in flight on its connection from its head to the end of its
+        // response, so a connection serving one is never evicted; the lease (the permit)
+        // goes with the connection.
+        let service =
+            TowerToHyperService::new(TrackRequests::new(router.clone(), lease.activity()));
+        let io = TokioIo::new(Idle::new(Admitted::new(tcp, lease), limits.idle_timeout));
         let connection = graceful.watch(builder.serve_connection(io, service));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 debug!(%peer, error = %e, "HTTP connection closed");
             }
-            drop(permit);
         });
     }
     // Stop listening at once; then let in-flight requests finish.

@@ -1,8 +1,10 @@
 //! Bounded accepting for both ports: every client costs a bounded amount of the process.
 //!
-//! - A connection cap per port: each accepted connection holds a semaphore permit until it
-//!   closes; at the cap the port stops accepting (new clients wait in the kernel's backlog)
-//!   instead of running the process out of descriptors.
+//! - A connection cap per port: each accepted connection holds a semaphore permit (in its
+//!   [`Lease`]) until it closes. At the cap a new client evicts the port's oldest idle
+//!   connection (the rule is in [`evict`]); when every connection is busy it waits, and the
+//!   port takes no further client until a connection closes or goes idle, so the process
+//!   holds at most one connection past its cap and never runs out of descriptors.
 //! - Accept errors (EMFILE, ENFILE, ENOBUFS, ENOMEM, …) back off, 10 ms doubling to 1 s,
 //!   and are logged at most once per second with the number of failures since the last
 //!   line, so descriptor exhaustion neither spins a core nor floods the log.
@@ -26,6 +28,11 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+pub mod evict;
+
+pub use evict::{Activity, Busy, BusyBody, LINGER, Lease, TrackRequests, TrackRequestsLayer};
+use evict::{Eviction, Registry};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 use tracing::{debug, info, warn};
@@ -39,6 +46,26 @@ const BACKOFF_MIN: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// At most one log line per this period for a repeating accept problem.
 const LOG_PERIOD: Duration = Duration::from_secs(1);
+/// At the cap, how often a waiting client looks again for a connection to evict (one may
+/// have gone idle, or passed its [`LINGER`]).
+const RECHECK: Duration = Duration::from_millis(50);
+
+/// Called once per eviction (the provider counts them in a metric).
+#[derive(Clone)]
+pub struct OnEvict(Arc<dyn Fn() + Send + Sync>);
+
+impl OnEvict {
+    /// Calls `hook` on every eviction.
+    pub fn new(hook: impl Fn() + Send + Sync + 'static) -> Self {
+        Self(Arc::new(hook))
+    }
+}
+
+impl std::fmt::Debug for OnEvict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnEvict")
+    }
+}
 
 /// Accepts connections on one port under a connection cap, backing off on errors.
 #[derive(Debug)]
@@ -47,9 +74,12 @@ pub struct Acceptor {
     port: &'static str,
     max_connections: usize,
     permits: Arc<Semaphore>,
+    registry: Arc<Registry>,
+    on_evict: Option<OnEvict>,
     backoff: Duration,
     errors: RateLimited,
     full: RateLimited,
+    evictions: RateLimited,
 }
 
 impl Acceptor {
@@ -66,43 +96,89 @@ impl Acceptor {
             port,
             max_connections,
             permits: Arc::new(Semaphore::new(max_connections)),
+            registry: Arc::default(),
+            on_evict: None,
             backoff: BACKOFF_MIN,
             errors: RateLimited::default(),
             full: RateLimited::default(),
+            evictions: RateLimited::default(),
         }
     }
 
-    /// The next connection and the permit it must hold until it closes. Waits while the
-    /// port is at its cap; an accept error pauses (doubling up to 1 s) and retries.
+    /// Calls `hook` on every eviction.
+    #[must_use]
+    pub fn on_evict(mut self, hook: OnEvict) -> Self {
+        self.on_evict = Some(hook);
+        self
+    }
+
+    /// The next connection and the lease it must hold until it closes. At the cap the
+    /// client is accepted first and room is made for it (see [`Acceptor::make_room`]); an
+    /// accept error pauses (doubling up to 1 s) and retries.
+    pub async fn accept(&mut self) -> (TcpStream, SocketAddr, Lease) {
+        let free = Arc::clone(&self.permits).try_acquire_owned().ok();
+        let (tcp, peer) = self.next_client().await;
+        let permit = match free {
+            Some(permit) => permit,
+            None => self.make_room().await,
+        };
+        (tcp, peer, self.registry.lease(permit))
+    }
+
+    /// Waits for a permit at the cap, evicting the oldest idle connection to free one; when
+    /// every connection is busy, waits until one closes or goes idle.
     ///
     /// # Panics
     /// Never: the semaphore is never closed.
-    pub async fn accept(&mut self) -> (TcpStream, SocketAddr, OwnedSemaphorePermit) {
-        let permit = match Arc::clone(&self.permits).try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
-                let (port, max) = (self.port, self.max_connections);
-                self.full.hit(|waits| {
+    async fn make_room(&mut self) -> OwnedSemaphorePermit {
+        loop {
+            if let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() {
+                return permit;
+            }
+            let (port, max) = (self.port, self.max_connections);
+            match self.registry.evict_oldest_idle() {
+                Eviction::Evicted { age } => {
+                    if let Some(hook) = &self.on_evict {
+                        (hook.0)();
+                    }
+                    self.evictions.hit(|evicted| {
+                        info!(
+                            port,
+                            max_connections = max,
+                            evicted,
+                            age_ms = age.as_millis(),
+                            "connection cap reached: evicted the oldest idle connection to let a new one in"
+                        );
+                    });
+                }
+                Eviction::Closing => {}
+                Eviction::AllBusy => self.full.hit(|waits| {
                     warn!(
                         port,
                         max_connections = max,
                         waits,
-                        "connection cap reached; new connections wait until one closes"
+                        "connection cap reached and every connection is busy; a new connection waits until one closes or goes idle"
                     );
-                });
-                Arc::clone(&self.permits)
-                    .acquire_owned()
-                    .await
-                    .expect("the connection semaphore is never closed")
+                }),
             }
-        };
+            tokio::select! {
+                permit = Arc::clone(&self.permits).acquire_owned() => {
+                    return permit.expect("the connection semaphore is never closed");
+                }
+                () = tokio::time::sleep(RECHECK) => {}
+            }
+        }
+    }
+
+    /// The next client off the listener, backing off on errors.
+    async fn next_client(&mut self) -> (TcpStream, SocketAddr) {
         loop {
             match self.listener.accept().await {
                 Ok((tcp, peer)) => {
                     self.backoff = BACKOFF_MIN;
                     // Small unary replies must not wait out the peer's delayed ACK.
                     let _ = tcp.set_nodelay(true);
-                    return (tcp, peer, permit);
+                    return (tcp, peer);
                 }
                 Err(e) => {
                     // A connection that died in the backlog says nothing about this
@@ -177,7 +253,7 @@ where
     tokio::spawn(async move {
         loop {
             // Biased: once the server stops taking connections, stop accepting them.
-            let (tcp, peer, permit) = tokio::select! {
+            let (tcp, peer, lease) = tokio::select! {
                 biased;
                 () = tx.closed() => return,
                 accepted = acceptor.accept() => accepted,
@@ -185,21 +261,30 @@ where
             let opening = handshake(tcp);
             let tx = tx.clone();
             tokio::spawn(async move {
+                let activity = lease.activity();
                 let opened = tokio::time::timeout(deadline, async {
                     let mut io = opening.await?;
                     let preface = read_preface(&mut io).await?;
-                    Ok::<_, io::Error>(Admitted::new(io, preface, permit))
+                    Ok::<_, io::Error>(Admitted::with_replay(io, preface, lease))
                 });
-                match opened.await {
-                    Ok(Ok(connection)) => {
-                        let _ = tx.send(Ok(connection)).await;
-                    }
-                    Ok(Err(e)) => debug!(%peer, error = %e, "connection refused before HTTP/2"),
-                    Err(_) => debug!(
-                        %peer,
-                        ?deadline,
-                        "connection closed: no TLS handshake or HTTP/2 preface in time"
-                    ),
+                // A connection still opening is idle: eviction closes it here.
+                let handed_over = tokio::select! {
+                    () = activity.evicted() => Err("evicted before its HTTP/2 preface"),
+                    opened = opened => match opened {
+                        Ok(Ok(connection)) => {
+                            // The server takes it; if it has stopped, the connection closes.
+                            let _ = tx.send(Ok(connection)).await;
+                            Ok(())
+                        }
+                        Ok(Err(e)) => {
+                            debug!(%peer, error = %e, "connection refused before HTTP/2");
+                            Ok(())
+                        }
+                        Err(_) => Err("connection closed: no TLS handshake or HTTP/2 preface in time"),
+                    },
+                };
+                if let Err(why) = handed_over {
+                    debug!(%peer, ?deadline, "{why}");
                 }
             });
         }
@@ -221,29 +306,45 @@ async fn read_preface<IO: AsyncRead + Unpin>(io: &mut IO) -> io::Result<[u8; 24]
     }
 }
 
-/// An accepted connection: the bytes already read (the preface) are replayed first, and
-/// the port's connection permit is released when the connection is dropped.
+/// An accepted connection: the bytes already read (the HTTP/2 preface) are replayed first;
+/// its writes and flushes are reported to its [`Activity`]; once evicted, its reads and
+/// writes fail (a waiting read is woken for it), so its server closes it; and the port's
+/// permit is released when it is dropped.
 #[derive(Debug)]
 pub struct Admitted<IO> {
     io: IO,
     replay: [u8; 24],
     replayed: usize,
-    _permit: OwnedSemaphorePermit,
+    activity: Activity,
+    _lease: Lease,
 }
 
 impl<IO> Admitted<IO> {
-    fn new(io: IO, replay: [u8; 24], permit: OwnedSemaphorePermit) -> Self {
+    /// A connection with nothing to replay (the HTTP/1 side server's).
+    pub fn new(io: IO, lease: Lease) -> Self {
+        let mut admitted = Self::with_replay(io, [0; 24], lease);
+        admitted.replayed = admitted.replay.len();
+        admitted
+    }
+
+    fn with_replay(io: IO, replay: [u8; 24], lease: Lease) -> Self {
         Self {
             io,
             replay,
             replayed: 0,
-            _permit: permit,
+            activity: lease.activity(),
+            _lease: lease,
         }
     }
 
     /// The connection itself.
     pub fn get_ref(&self) -> &IO {
         &self.io
+    }
+
+    /// What this connection's requests report to.
+    pub fn activity(&self) -> Activity {
+        self.activity.clone()
     }
 }
 
@@ -254,6 +355,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.activity.is_evicted() {
+            return Poll::Ready(Err(evict::evicted_error()));
+        }
         let left = &this.replay[this.replayed..];
         if !left.is_empty() {
             let n = left.len().min(buf.remaining());
@@ -261,7 +365,29 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
             this.replayed += n;
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut this.io).poll_read(cx, buf)
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            // Registered after the read went pending, so an eviction in between still wakes.
+            Poll::Pending if this.activity.poll_evicted(cx) => {
+                Poll::Ready(Err(evict::evicted_error()))
+            }
+            polled => polled,
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> Admitted<IO> {
+    fn tracked_write(
+        &mut self,
+        write: impl FnOnce(Pin<&mut IO>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        if self.activity.is_evicted() {
+            return Poll::Ready(Err(evict::evicted_error()));
+        }
+        let polled = write(Pin::new(&mut self.io));
+        if matches!(polled, Poll::Pending | Poll::Ready(Ok(1..))) {
+            self.activity.wrote();
+        }
+        polled
     }
 }
 
@@ -271,7 +397,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        self.get_mut().tracked_write(|io| io.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -279,7 +405,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        self.get_mut()
+            .tracked_write(|io| io.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -287,7 +414,12 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_flush(cx);
+        if let Poll::Ready(Ok(())) = polled {
+            this.activity.flushed();
+        }
+        polled
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -295,11 +427,12 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
     }
 }
 
-impl<IO: Connected> Connected for Admitted<IO> {
-    type ConnectInfo = IO::ConnectInfo;
+/// Tonic hands each request of the connection its [`Activity`], for [`TrackRequests`].
+impl<IO> Connected for Admitted<IO> {
+    type ConnectInfo = Activity;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        self.activity.clone()
     }
 }
 
