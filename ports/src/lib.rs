@@ -22,7 +22,7 @@ pub use crate::hypervisor::{
     Hypervisor, HypervisorError, ReadinessRequest, SideEffects,
 };
 pub use crate::provider::{
-    Provider, ProviderConfig, ProviderError, ReconcileError, StartError, StoreStatus,
+    Provider, ProviderConfig, ProviderError, ReconcileError, SWEEP_GRACE, StartError, StoreStatus,
     TransitionEvent,
 };
 pub use crate::spawn::Spawner;

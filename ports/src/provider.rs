@@ -241,10 +241,14 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             inner: Arc::new(inner),
         };
         let sweep = sweep_deadlines(Arc::downgrade(&provider.inner), woken);
-        provider.inner.spawner.spawn(
-            "deadline-sweep",
-            sweep.instrument(info_span!("deadline_sweep")),
-        );
+        // Injected bug (simulator bug hunt only, with the one in `mutate`): no sweep, so
+        // nothing but a restart ends a transition whose worker never started.
+        if !cfg!(feature = "bug-transition-after-commit") {
+            provider.inner.spawner.spawn(
+                "deadline-sweep",
+                sweep.instrument(info_span!("deadline_sweep")),
+            );
+        }
         provider.compensate_failed_creates();
         Ok(provider)
     }
@@ -283,6 +287,8 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let mut mutation = mutation;
         let mut blob = Some(blob);
         let mut attempt = 0;
+        #[cfg(feature = "bug-transition-after-commit")]
+        let mut deferred = None;
         let decision = loop {
             let (decision, durable, spare) = {
                 let mut guarded = self.lock();
@@ -305,6 +311,14 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                         blob.take()
                     };
                     let blob = blob.unwrap_or_default();
+                    // Injected bug (simulator bug hunt only): the worker is started by the
+                    // caller's future once the commit is in, so a caller that goes away
+                    // while it waits leaves the transition without a worker.
+                    #[cfg(feature = "bug-transition-after-commit")]
+                    {
+                        deferred = Some((dispatch.clone(), blob));
+                    }
+                    #[cfg(not(feature = "bug-transition-after-commit"))]
                     self.start_transition(&mut guarded, dispatch.clone(), blob, durable.clone());
                 }
                 (decision, durable, spare)
@@ -320,6 +334,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             // crash could still take back.
             let durable = durable.await;
             self.settle();
+            #[cfg(feature = "bug-transition-after-commit")]
+            if let (Ok(()), Some((dispatch, blob))) = (&durable, deferred.take()) {
+                let mut guarded = self.lock();
+                self.start_transition(&mut guarded, dispatch, blob, settled());
+            }
             match durable {
                 Ok(()) => break decision,
                 // This call's own decision was in the commit that failed: it is not
@@ -403,6 +422,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     pub async fn probe_store(&self) -> Result<(), StoreError> {
         let durable = {
             let mut guarded = self.lock();
+            self.settle_locked(&mut guarded);
             let changes = guarded.core.probe();
             self.enqueue(&mut guarded, Some(changes), Savepoint::default())
         };
@@ -464,6 +484,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let described = self.inner.hypervisor.describe().await?;
         let (report, durable) = {
             let mut guarded = self.lock();
+            self.settle_locked(&mut guarded);
             let (report, savepoint) = guarded.core.with_savepoint(|c| c.reconcile(described));
             let durable = self.enqueue(&mut guarded, report.changes.clone(), savepoint);
             (report, durable)
@@ -495,13 +516,19 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     /// order) and returns the barrier that resolves once it, and everything before it, is
     /// durable. A decision without changes gets the previous barrier. The savepoint is kept
     /// until the store confirms the change set, to take the decision back if it fails.
+    ///
+    /// The caller settles ([`Self::settle_locked`]) before it takes the decision, in the same
+    /// critical section; this never settles. A failed commit rewound *beneath* a decision
+    /// that is already taken but not yet pending would come back when that decision is
+    /// rewound in turn (its savepoint recorded the state with the failed decision in it). A
+    /// caller that gave up leaves its failed commit to whoever decides next, so this is the
+    /// common case, not a corner.
     fn enqueue(
         &self,
         guarded: &mut Guarded,
         changes: Option<bigfleet_libvirt_domain::ChangeSet>,
         savepoint: Savepoint,
     ) -> Barrier {
-        self.settle_locked(guarded);
         if let Some(changes) = changes {
             let commit: BoxFuture<'static, _> = Box::pin(self.inner.store.commit(changes));
             guarded.last_commit = commit.shared();

@@ -1,15 +1,17 @@
 //! Unit tests of the provider's promise that an accepted operation ends by its deadline,
 //! whatever its caller or its worker does: a call dropped while its decision is being
-//! committed still runs its transition, and a transition whose worker never runs is failed
-//! by the deadline sweep.
+//! committed still runs its transition, a transition whose worker never runs is failed by the
+//! deadline sweep, and a failed commit nobody waits for any more is taken back before the next
+//! decision is taken on top of it.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
-    ChangeSet, FenceToken, HostRef, Kind, Machine, MachineState, MutateRequest, Mutation, Policy,
-    Snapshot, Timeouts, Timestamp,
+    ChangeSet, FenceToken, HostRef, Kind, ListQuery, Machine, MachineState, MutateRequest,
+    Mutation, Policy, Snapshot, Timeouts, Timestamp,
 };
 use futures::FutureExt;
 use tokio::sync::watch;
@@ -20,13 +22,19 @@ use crate::{
     Hypervisor, HypervisorError, Provider, ProviderConfig, Spawner, StateStore, StoreError,
 };
 
-/// A host that answers every call at once and records which kinds it was asked to do.
+/// A host that answers every call at once and records which kinds it was asked to do. Its
+/// inventory is m-1, and m-2 once `add_m2` was called.
 #[derive(Clone, Default)]
 struct Host {
     calls: Arc<Mutex<Vec<Kind>>>,
+    m2: Arc<AtomicBool>,
 }
 
 impl Host {
+    fn add_m2(&self) {
+        self.m2.store(true, Ordering::SeqCst);
+    }
+
     fn record(&self, kind: Kind) {
         self.calls.lock().unwrap().push(kind);
     }
@@ -38,7 +46,11 @@ impl Host {
 
 impl Hypervisor for Host {
     fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
-        std::future::ready(Ok(vec![speculative("m-1")]))
+        let mut inventory = vec![speculative("m-1")];
+        if self.m2.load(Ordering::SeqCst) {
+            inventory.push(speculative("m-2"));
+        }
+        std::future::ready(Ok(inventory))
     }
 
     async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
@@ -69,11 +81,13 @@ impl Hypervisor for Host {
     }
 }
 
-/// A disk whose commits complete only while it is open: a closed disk is a slow fsync.
+/// A disk whose commits complete only while it is open (a closed disk is a slow fsync), and
+/// fail while it is failing.
 #[derive(Clone)]
 struct SlowDisk {
     durable: Arc<Mutex<Snapshot>>,
     open: watch::Sender<bool>,
+    failing: Arc<AtomicBool>,
 }
 
 impl SlowDisk {
@@ -81,11 +95,20 @@ impl SlowDisk {
         Self {
             durable: Arc::default(),
             open: watch::Sender::new(true),
+            failing: Arc::default(),
         }
     }
 
     fn set_open(&self, open: bool) {
         self.open.send_replace(open);
+    }
+
+    fn set_failing(&self, failing: bool) {
+        self.failing.store(failing, Ordering::SeqCst);
+    }
+
+    fn revision(&self) -> i64 {
+        self.durable.lock().unwrap().revision
     }
 }
 
@@ -99,11 +122,15 @@ impl StateStore for SlowDisk {
         changes: ChangeSet,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         let durable = Arc::clone(&self.durable);
+        let failing = Arc::clone(&self.failing);
         let mut open = self.open.subscribe();
         async move {
             open.wait_for(|open| *open)
                 .await
                 .map_err(|_| StoreError::Io("disk gone".to_owned()))?;
+            if failing.load(Ordering::SeqCst) {
+                return Err(StoreError::Io("injected fsync failure".to_owned()));
+            }
             durable.lock().unwrap().apply(&changes);
             Ok(())
         }
@@ -317,4 +344,43 @@ async fn a_worker_that_starts_after_its_deadline_does_not_touch_the_host() {
         [Kind::Delete],
         "only the compensating delete reached the host"
     );
+}
+
+/// The commit of a call whose caller gave up fails, and nobody settles it (the caller would
+/// have). The next decision (here a reconcile that finds a new machine) must take that failed
+/// decision back before it is taken; taken back beneath it instead, the later rewind of the
+/// reconcile would bring the failed decision's revision back, and reads would answer state
+/// that is not durable.
+#[tokio::test(start_paused = true)]
+async fn a_failed_commit_whose_caller_is_gone_is_taken_back_before_the_next_decision() {
+    let host = Host::default();
+    let disk = SlowDisk::new();
+    let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
+    disk.set_open(false);
+    let call = provider.mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default());
+    assert!(
+        call.now_or_never().is_none(),
+        "the commit is still under way"
+    );
+    disk.set_failing(true);
+    disk.set_open(true);
+    wait(&provider, Duration::from_millis(10)).await;
+    host.add_m2();
+    assert!(
+        provider.reconcile().await.is_err(),
+        "the disk still fails the reconcile's commit"
+    );
+    disk.set_failing(false);
+    let page = provider.list(&ListQuery::default()).await.expect("list");
+    assert_eq!(
+        page.revision,
+        disk.revision(),
+        "a List answers only durable state"
+    );
+    assert_eq!(
+        machine(&provider).await.state,
+        MachineState::Speculative,
+        "the Create whose commit failed was taken back"
+    );
+    assert_eq!(page.machines.len(), 1, "m-2 was never made durable");
 }

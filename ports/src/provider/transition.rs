@@ -138,6 +138,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let outcome = loop {
             let (outcome, durable) = {
                 let mut guarded = self.lock();
+                self.settle_locked(&mut guarded);
                 let ((outcome, changes), savepoint) = guarded
                     .core
                     .with_savepoint(|c| c.complete(completion.clone(), now));
