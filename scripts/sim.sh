@@ -19,6 +19,7 @@ bugs=(
     bug-keep-metadata-on-drain
     bug-no-create-compensation
     bug-per-shard-fence
+    bug-transition-after-commit
 )
 
 sim() { # [--features F] -- runner args

@@ -59,6 +59,10 @@ pub struct NetFaults {
     pub drop_reply: Ratio,
     /// A shard cut off from the provider (target = shard index).
     pub partitions: Vec<Window>,
+    /// The caller gives up on a call the provider has received (a client deadline, a
+    /// reset stream): the provider drops the call's handler at a drawn point before, during
+    /// or after its commit, and the caller learns nothing.
+    pub cancel: Ratio,
 }
 
 /// Durability faults of the simulated store.
@@ -117,6 +121,7 @@ const HOST_RATES: &[Ratio] = &[
     Ratio::new(1, 10),
 ];
 const NET_RATES: &[Ratio] = &[Ratio::new(1, 500), Ratio::new(1, 100), Ratio::new(1, 30)];
+const CANCEL_RATES: &[Ratio] = &[Ratio::new(1, 50), Ratio::new(1, 10), Ratio::new(1, 3)];
 const STORE_FAIL_RATES: &[Ratio] = &[Ratio::new(1, 2000), Ratio::new(1, 500)];
 
 fn secs(s: u64) -> Duration {
@@ -145,11 +150,13 @@ impl FaultPlan {
             service: (ms(rng.between(5, 50)), ms(rng.between(100, 1500))),
             outages: windows(&mut rng, hosts, fault_phase, secs(30)),
         };
-        let net = NetFaults {
+        let mut net = NetFaults {
             delay: (Duration::from_micros(200), ms(rng.between(1, 50))),
             drop_request: rng.swarm_rate(NET_RATES),
             drop_reply: rng.swarm_rate(NET_RATES),
             partitions: windows(&mut rng, shards, fault_phase, secs(20)),
+            // Drawn last (below), so adding this class left every other draw as it was.
+            cancel: Ratio::NEVER,
         };
         let store = StoreFaults {
             fsync: (Duration::from_micros(100), ms(rng.between(1, 20))),
@@ -161,23 +168,29 @@ impl FaultPlan {
             .into_iter()
             .map(|at| (rng.index(shards), at))
             .collect();
+        let slots_per_host = usize::try_from(rng.between(3, 6)).expect("small");
+        let workers = usize::try_from(rng.between(1, 3)).expect("small");
+        let reconcile_interval = secs(rng.between(5, 30));
+        let restart_delay = (ms(200), secs(rng.between(1, 10)));
+        let zombie_life = (secs(1), secs(rng.between(5, 60)));
+        net.cancel = rng.swarm_rate(CANCEL_RATES);
         Self {
             seed,
             hosts,
-            slots_per_host: usize::try_from(rng.between(3, 6)).expect("small"),
+            slots_per_host,
             shards,
-            workers: usize::try_from(rng.between(1, 3)).expect("small"),
+            workers,
             fault_phase,
             transition_timeout,
             rpc_timeout: secs(5),
-            reconcile_interval: secs(rng.between(5, 30)),
+            reconcile_interval,
             host,
             net,
             store,
             crashes,
-            restart_delay: (ms(200), secs(rng.between(1, 10))),
+            restart_delay,
             shard_restarts,
-            zombie_life: (secs(1), secs(rng.between(5, 60))),
+            zombie_life,
         }
     }
 }
@@ -248,8 +261,8 @@ impl fmt::Display for FaultPlan {
         show_windows(f, "outages", &h.outages)?;
         write!(
             f,
-            "\n  network: delay<={:?} drop_request={} drop_reply={}",
-            n.delay.1, n.drop_request, n.drop_reply
+            "\n  network: delay<={:?} drop_request={} drop_reply={} cancel={}",
+            n.delay.1, n.drop_request, n.drop_reply, n.cancel
         )?;
         show_windows(f, "partitions", &n.partitions)?;
         write!(

@@ -198,7 +198,15 @@ async fn exchange(rpc: Rpc) -> Result<Reply, Outcome> {
 /// the request is sent: refused, so the call certainly did nothing. A connection that
 /// breaks afterwards ("connection reset": the provider died with the call in hand) leaves
 /// it indefinite.
+///
+/// A call the caller gave up on (`server::CALLER_GAVE_UP`) is indefinite too: a real client
+/// that cancels sees only its own deadline or reset, never the provider's answer.
 fn transport_failure(status: &Status) -> Option<Outcome> {
+    if status.code() == madsim_tonic::Code::Cancelled
+        && status.message() == crate::server::CALLER_GAVE_UP
+    {
+        return Some(Outcome::Indefinite("caller gave up"));
+    }
     if status.metadata().contains_key("content-type") {
         return None;
     }

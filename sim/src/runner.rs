@@ -31,6 +31,10 @@ fn features() -> Vec<&'static str> {
             "bug-no-create-compensation",
             cfg!(feature = "bug-no-create-compensation"),
         ),
+        (
+            "bug-transition-after-commit",
+            cfg!(feature = "bug-transition-after-commit"),
+        ),
     ];
     all.into_iter()
         .filter(|(_, on)| *on)

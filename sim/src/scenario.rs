@@ -17,7 +17,7 @@ use futures::{FutureExt, StreamExt};
 use madsim::runtime::{Handle, Runtime};
 use madsim::task::NodeId;
 
-use crate::checkers::{Invariant, Violations, quiescence};
+use crate::checkers::{self, Invariant, Violations, quiescence};
 use crate::fakes::clock::elapsed;
 use crate::faults::FaultPlan;
 use crate::net;
@@ -158,6 +158,9 @@ async fn drive(world: Arc<World>) -> Duration {
         })
         .collect();
     drop(madsim::task::spawn(drift_prices(Arc::clone(&world))));
+    drop(madsim::task::spawn(checkers::deadlines::watch(Arc::clone(
+        &world,
+    ))));
     drop(madsim::task::spawn(supervise(
         Arc::clone(&world),
         handle.clone(),

@@ -20,6 +20,7 @@ use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_ports::{Provider, ProviderConfig};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;
+use futures::future::Either;
 use futures::{FutureExt, StreamExt};
 use madsim_tonic::codegen::http::uri::PathAndQuery;
 use madsim_tonic::codegen::{BoxFuture, BoxMessage, BoxMessageStream, Service};
@@ -137,11 +138,30 @@ where
             .expect("a unary call carries its request")
             .expect("the request arrived");
         let rpc = rpc_of(&message);
+        let give_up = give_up(&self.world);
         let request = Request::from_parts(metadata, extensions, one(message));
         let answer = self.inner.call((path, request));
         let world = Arc::clone(&self.world);
         Box::pin(async move {
-            let (answer, reply) = match answer.await {
+            let answer = match give_up {
+                None => answer.await,
+                Some(GiveUp::BeforeStart) => {
+                    drop(answer);
+                    return Err(caller_gone(&world, &rpc, "before its handler ran"));
+                }
+                Some(GiveUp::After(wait)) => {
+                    let waited = Box::pin(madsim::time::sleep(wait));
+                    // `select` polls the handler first, so a zero wait still lets it decide.
+                    match futures::future::select(answer, waited).await {
+                        Either::Left((answer, _)) => answer,
+                        Either::Right(((), handler)) => {
+                            drop(handler);
+                            return Err(caller_gone(&world, &rpc, "with the call in hand"));
+                        }
+                    }
+                }
+            };
+            let (answer, reply) = match answer {
                 Ok(response) => {
                     let (metadata, mut messages, extensions) = response.into_parts();
                     let message = messages.next().await.expect("a unary call has an answer")?;
@@ -155,6 +175,55 @@ where
             answer
         })
     }
+}
+
+/// The message of the status a call whose caller gave up ends with. No caller reads it (the
+/// shard's client turns it into an indefinite outcome, `net::exchange`); it only keeps the
+/// simulated exchange going where a real stream would simply be reset.
+pub const CALLER_GAVE_UP: &str = "the simulated caller gave up on this call";
+
+/// When the caller of a call gives up, if it does.
+#[derive(Clone, Copy, Debug)]
+enum GiveUp {
+    /// Before the provider's handler first runs (a stream reset with its request).
+    BeforeStart,
+    /// After the handler has run for this long: before, during or after its commit.
+    After(Duration),
+}
+
+/// Draws whether the caller of the call arriving now gives up on it, and when. The wait
+/// ranges over twice the slowest fsync of the run, so that the drop lands before, during
+/// and after the decision's commit alike.
+fn give_up(world: &World) -> Option<GiveUp> {
+    if world.calm() {
+        return None;
+    }
+    let mut rng = world.cancel_rng();
+    if !rng.chance(world.plan.net.cancel) {
+        return None;
+    }
+    if rng.chance(crate::rng::Ratio::new(1, 8)) {
+        return Some(GiveUp::BeforeStart);
+    }
+    let slowest = world.plan.store.fsync.1.max(Duration::from_millis(1));
+    Some(GiveUp::After(rng.duration(Duration::ZERO, slowest * 2)))
+}
+
+/// Records a call whose handler was dropped (as tonic drops it when the client resets the
+/// stream) and the status that ends it. The online checks see no answer: none left the
+/// provider.
+fn caller_gone(world: &World, rpc: &Rpc, when: &str) -> Status {
+    world.stats().cancelled += 1;
+    let (method, id) = match rpc {
+        Rpc::Create(r) => ("Create", r.machine_id.as_str()),
+        Rpc::Configure(r) => ("Configure", r.machine_id.as_str()),
+        Rpc::Drain(r) => ("Drain", r.machine_id.as_str()),
+        Rpc::Delete(r) => ("Delete", r.machine_id.as_str()),
+        Rpc::Get(r) => ("Get", r.id.as_str()),
+        Rpc::List(_) => ("List", ""),
+    };
+    world.trace(format!("caller gave up {when}: {method} {id}"));
+    Status::cancelled(CALLER_GAVE_UP)
 }
 
 fn one(message: BoxMessage) -> BoxMessageStream {

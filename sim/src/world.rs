@@ -38,6 +38,8 @@ pub struct Stats {
     pub host_operations: u64,
     /// Provider kills (scheduled crashes and supervisor restarts).
     pub crashes: u64,
+    /// Calls whose caller gave up while the provider had them in hand.
+    pub cancelled: u64,
 }
 
 /// Locks, ignoring poisoning: a panicking run is reported, and its state is still readable.
@@ -57,6 +59,7 @@ pub struct World {
     hosts: Mutex<Hosts>,
     disk: Mutex<Disk>,
     net_rng: Mutex<SimRng>,
+    cancel_rng: Mutex<SimRng>,
     provider: Mutex<Option<SimProvider>>,
     host_nodes: Mutex<Vec<NodeHandle>>,
     supervisor: Mutex<Option<UnboundedSender<String>>>,
@@ -80,6 +83,7 @@ impl World {
             hosts: Mutex::new(Hosts::new(plan.seed, plan.hosts)),
             disk: Mutex::new(Disk::default()),
             net_rng: Mutex::new(SimRng::stream(plan.seed, "network")),
+            cancel_rng: Mutex::new(SimRng::stream(plan.seed, "cancel")),
             provider: Mutex::new(None),
             host_nodes: Mutex::new(Vec::new()),
             supervisor: Mutex::new(None),
@@ -128,6 +132,11 @@ impl World {
     /// The network's decision stream.
     pub fn net_rng(&self) -> MutexGuard<'_, SimRng> {
         lock(&self.net_rng)
+    }
+
+    /// The stream that decides which calls their callers give up on, and when.
+    pub fn cancel_rng(&self) -> MutexGuard<'_, SimRng> {
+        lock(&self.cancel_rng)
     }
 
     /// The checkers' model of what clients were told.

@@ -79,6 +79,7 @@ fn quiet_plan(seed: u64) -> FaultPlan {
     plan.net.drop_request = Ratio::NEVER;
     plan.net.drop_reply = Ratio::NEVER;
     plan.net.partitions.clear();
+    plan.net.cancel = Ratio::NEVER;
     plan.store.fsync_failure = Ratio::NEVER;
     plan.crashes.clear();
     plan.shard_restarts.clear();
@@ -102,6 +103,29 @@ fn lost_create_replies_leave_no_domain_behind() {
         traced(&report, "fault=LostReply -> ok"),
         "hosts acted with the reply lost"
     );
+}
+
+/// Goal: a caller that gives up never wedges a machine: every accepted transition ends by
+/// its deadline (`transition-deadline`) and the run converges. Method: no other fault, but a
+/// third of all calls are dropped by the provider before, during or after their commit,
+/// with fsyncs slow enough that many drops land while the decision waits for the disk.
+#[test]
+fn callers_that_give_up_wedge_no_machine() {
+    let mut plan = quiet_plan(13);
+    plan.net.cancel = Ratio::new(1, 3);
+    plan.store.fsync = (Duration::from_millis(5), Duration::from_millis(40));
+    plan.store.slow_fsync = Ratio::new(1, 10);
+    let report = on_own_thread(move || run_plan(plan, true));
+    assert_clean(&report);
+    assert!(
+        traced(&report, "caller gave up with the call in hand: Create"),
+        "some Create lost its caller after its handler ran"
+    );
+    assert!(
+        traced(&report, "caller gave up before its handler ran"),
+        "some call lost its caller before the provider looked at it"
+    );
+    assert!(report.stats.cancelled > 0);
 }
 
 /// Goal: provider crashes at arbitrary points lose no acknowledged mutation and leave no

@@ -34,6 +34,7 @@ fn binding(m: &Machine) -> (&str, &bigfleet_libvirt_domain::StringMap) {
 /// Checks the records one commit made durable (previous record, new record).
 pub fn on_commit(world: &World, steps: &[(Option<Arc<Machine>>, Arc<Machine>)]) {
     for (previous, record) in steps {
+        super::deadlines::on_step(world, previous.as_deref(), record);
         if let Some(problem) = binding_problem(record) {
             world.violation(Invariant::Binding, format!("durable record: {problem}"));
         }

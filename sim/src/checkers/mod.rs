@@ -7,6 +7,7 @@
 //! each (shard, machine) that got a definite non-fenced answer, every token sent,
 //! the operation ids acknowledged, and the highest List revision answered.
 
+pub mod deadlines;
 pub mod durable;
 pub mod hosts;
 pub mod online;
@@ -46,6 +47,8 @@ pub enum Invariant {
     Revisions,
     /// After quiescence no domain exists that the state does not know about.
     OrphanDomain,
+    /// No accepted transition stays transitional past its deadline and the sweep's grace.
+    TransitionDeadline,
     /// After faults stop, the provider converges within the budget.
     Convergence,
     /// The provider never panics (its own assertions hold).
@@ -66,6 +69,7 @@ impl Invariant {
             Self::Binding => "binding-while-bound",
             Self::Revisions => "revisions",
             Self::OrphanDomain => "no-orphan-domain",
+            Self::TransitionDeadline => "transition-deadline",
             Self::Convergence => "convergence",
             Self::Panic => "no-panic",
         }
@@ -86,6 +90,9 @@ impl Invariant {
             Self::Binding => "cluster and shard_metadata are present exactly while bound",
             Self::Revisions => "revisions only grow and since_revision never misses a change",
             Self::OrphanDomain => "after quiescence no domain exists that the state does not know",
+            Self::TransitionDeadline => {
+                "no accepted transition outlives its deadline by more than the sweep's grace"
+            }
             Self::Convergence => "after faults stop the provider converges within the budget",
             Self::Panic => "the provider never panics (its own assertions hold)",
         }
@@ -148,6 +155,9 @@ pub struct Ledger {
     pub acked_ops: BTreeMap<(String, Kind), u64>,
     /// Highest List revision answered.
     pub max_revision: i64,
+    /// The machines whose durable record is transitional, with the simulated time the
+    /// transition became durable and its state (`deadlines`).
+    pub in_flight: BTreeMap<MachineId, (Duration, MachineState)>,
 }
 
 /// The `n` of an operation id `op-n`.

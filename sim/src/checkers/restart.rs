@@ -81,6 +81,7 @@ pub fn before_start(world: &World) -> Snapshot {
 
 /// Checks the started provider against the durable state it loaded (`before`).
 pub fn after_start(world: &World, provider: &SimProvider, before: &Snapshot) {
+    super::deadlines::on_restart(world);
     let page = provider.peek(&ListQuery::default());
     let mut problems = Vec::new();
     {
