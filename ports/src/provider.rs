@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
     Ack, Core, Kind, ListPage, ListQuery, ListRotation, Machine, MachineId, MachineState,
-    MutateError, Mutation, OperationId, Policy, ReconcileReport, Savepoint, SeedError, Timestamp,
+    MutateDecision, MutateError, Mutation, OperationId, Policy, ReconcileReport, Savepoint,
+    SeedError, Timestamp,
 };
 use futures::FutureExt;
 use futures::channel::mpsc;
@@ -287,42 +288,8 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let mut mutation = mutation;
         let mut blob = Some(blob);
         let mut attempt = 0;
-        #[cfg(feature = "bug-transition-after-commit")]
-        let mut deferred = None;
         let decision = loop {
-            let (decision, durable, spare) = {
-                let mut guarded = self.lock();
-                self.settle_locked(&mut guarded);
-                // Only a call that observes decisions not yet durable may have to be decided
-                // again (when they are rewound), so only then is a copy kept.
-                let spare = (!guarded.pending.is_empty()).then(|| mutation.clone());
-                let (decision, savepoint) =
-                    guarded.core.with_savepoint(|c| c.mutate(mutation, now));
-                let durable = self.enqueue(&mut guarded, decision.changes.clone(), savepoint);
-                if let Ok(Ack {
-                    dispatch: Some(dispatch),
-                    ..
-                }) = &decision.outcome
-                {
-                    // A decision that may be taken again (see `spare`) keeps the blob for it.
-                    let blob = if spare.is_some() {
-                        blob.clone()
-                    } else {
-                        blob.take()
-                    };
-                    let blob = blob.unwrap_or_default();
-                    // Injected bug (simulator bug hunt only): the worker is started by the
-                    // caller's future once the commit is in, so a caller that goes away
-                    // while it waits leaves the transition without a worker.
-                    #[cfg(feature = "bug-transition-after-commit")]
-                    {
-                        deferred = Some((dispatch.clone(), blob));
-                    }
-                    #[cfg(not(feature = "bug-transition-after-commit"))]
-                    self.start_transition(&mut guarded, dispatch.clone(), blob, durable.clone());
-                }
-                (decision, durable, spare)
-            };
+            let (decision, durable, spare) = self.decide(mutation, now, &mut blob);
             // Injected bug (simulator bug hunt only): acknowledge before the decision is durable.
             #[cfg(feature = "bug-ack-before-persist")]
             let durable = {
@@ -334,10 +301,20 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             // crash could still take back.
             let durable = durable.await;
             self.settle();
+            // Injected bug (simulator bug hunt only): the worker is started by the caller's
+            // future once the commit is in, so a caller that goes away while it waits leaves
+            // the transition without a worker.
             #[cfg(feature = "bug-transition-after-commit")]
-            if let (Ok(()), Some((dispatch, blob))) = (&durable, deferred.take()) {
-                let mut guarded = self.lock();
-                self.start_transition(&mut guarded, dispatch, blob, settled());
+            if let (
+                Ok(()),
+                Ok(Ack {
+                    dispatch: Some(dispatch),
+                    ..
+                }),
+            ) = (&durable, &decision.outcome)
+            {
+                let blob = blob.clone().unwrap_or_default();
+                self.start_transition(&mut self.lock(), dispatch.clone(), blob, settled());
             }
             match durable {
                 Ok(()) => break decision,
@@ -362,6 +339,39 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             }
         };
         Ok(decision.outcome?)
+    }
+
+    /// Takes one decision of [`Self::mutate`] in one critical section: settles what the store
+    /// reported, decides, enqueues the change set and spawns the worker of an accepted
+    /// transition. Returns the decision, its barrier, and a copy of the mutation when the
+    /// decision observed others not yet durable (it may have to be taken again, with the
+    /// blob, which is then kept too).
+    fn decide(
+        &self,
+        mutation: Mutation,
+        now: Timestamp,
+        blob: &mut Option<BootstrapBlob>,
+    ) -> (MutateDecision, Barrier, Option<Mutation>) {
+        let mut guarded = self.lock();
+        self.settle_locked(&mut guarded);
+        let spare = (!guarded.pending.is_empty()).then(|| mutation.clone());
+        let (decision, savepoint) = guarded.core.with_savepoint(|c| c.mutate(mutation, now));
+        let durable = self.enqueue(&mut guarded, decision.changes.clone(), savepoint);
+        if let Ok(Ack {
+            dispatch: Some(dispatch),
+            ..
+        }) = &decision.outcome
+            && !cfg!(feature = "bug-transition-after-commit")
+        {
+            let blob = if spare.is_some() {
+                blob.clone()
+            } else {
+                blob.take()
+            };
+            let blob = blob.unwrap_or_default();
+            self.start_transition(&mut guarded, dispatch.clone(), blob, durable.clone());
+        }
+        (decision, durable, spare)
     }
     /// One machine by id, once everything it may reflect is durable.
     ///

@@ -131,39 +131,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             operation_id: dispatch.operation_id.clone(),
             result,
         };
-        // A completion that cannot be committed is rewound with the rest and committed again
-        // (with the same `now`, so a retry never turns a success into a timeout) until the
-        // store takes it: the transition happened, and a restart must not lose it.
-        let mut backoff = COMPLETION_RETRY_FIRST;
-        let outcome = loop {
-            let (outcome, durable) = {
-                let mut guarded = self.lock();
-                self.settle_locked(&mut guarded);
-                let ((outcome, changes), savepoint) = guarded
-                    .core
-                    .with_savepoint(|c| c.complete(completion.clone(), now));
-                (outcome, self.enqueue(&mut guarded, changes, savepoint))
-            };
-            let durable = durable.await;
-            self.settle();
-            match durable {
-                Ok(()) => {
-                    let entry = (
-                        dispatch.deadline,
-                        dispatch.machine.id.clone(),
-                        dispatch.kind,
-                    );
-                    self.lock().deadlines.remove(&entry);
-                    break outcome;
-                }
-                Err(e) => {
-                    warn!(error = %e, retry_in = ?backoff, "transition outcome not persisted yet");
-                    let retry_at = self.inner.clock.now().saturating_add(backoff);
-                    self.inner.clock.sleep_until(retry_at).await;
-                    backoff = (backoff * 2).min(COMPLETION_RETRY_MAX);
-                }
-            }
-        };
+        let outcome = self.commit_completion(dispatch, &completion, now).await;
         let accepted_at = dispatch
             .deadline
             .0
@@ -189,6 +157,48 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             elapsed,
         });
         machine
+    }
+
+    /// Applies a transition's completion and commits it, again and again until the store
+    /// takes it: a completion that cannot be committed is rewound with the rest and
+    /// committed again (with the same `now`, so a retry never turns a success into a
+    /// timeout), since the transition happened and a restart must not lose it.
+    async fn commit_completion(
+        &self,
+        dispatch: &Dispatch,
+        completion: &Completion,
+        now: Timestamp,
+    ) -> CompletionOutcome {
+        let mut backoff = COMPLETION_RETRY_FIRST;
+        loop {
+            let (outcome, durable) = {
+                let mut guarded = self.lock();
+                self.settle_locked(&mut guarded);
+                let ((outcome, changes), savepoint) = guarded
+                    .core
+                    .with_savepoint(|c| c.complete(completion.clone(), now));
+                (outcome, self.enqueue(&mut guarded, changes, savepoint))
+            };
+            let durable = durable.await;
+            self.settle();
+            match durable {
+                Ok(()) => {
+                    let entry = (
+                        dispatch.deadline,
+                        dispatch.machine.id.clone(),
+                        dispatch.kind,
+                    );
+                    self.lock().deadlines.remove(&entry);
+                    return outcome;
+                }
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?backoff, "transition outcome not persisted yet");
+                    let retry_at = self.inner.clock.now().saturating_add(backoff);
+                    self.inner.clock.sleep_until(retry_at).await;
+                    backoff = (backoff * 2).min(COMPLETION_RETRY_MAX);
+                }
+            }
+        }
     }
 
     /// Tells every observer about a finished transition.
