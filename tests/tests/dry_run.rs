@@ -333,3 +333,70 @@ fn bad_platform_flags_are_refused_naming_the_flag() {
         "",
     ]);
 }
+
+#[test]
+fn bad_device_flags_are_refused_naming_the_flag_and_the_forms() {
+    let fake = "--use-fake-backend";
+    let cases: [(&[&str], &[&str]); 7] = [
+        (
+            &[fake, "--nic", "br0"],
+            &["--nic", "network=NAME, bridge=NAME"],
+        ),
+        (
+            &[fake, "--nic", "direct=eth0:loud"],
+            &["--nic", "macvtap mode \"loud\""],
+        ),
+        (
+            &[fake, "--nic", "bridge=br0", "--network", "lan"],
+            &["--network and --nic", "--nic network=NAME"],
+        ),
+        (
+            &[fake, "--instance-nic", "kvm.huge:bridge=br0"],
+            &[
+                "--instance-nic",
+                "unknown instance type \"kvm.huge\"",
+                "kvm.small",
+            ],
+        ),
+        (
+            &[fake, "--instance-nic", "bridge=br0"],
+            &["INSTANCE_TYPE:VALUE"],
+        ),
+        (
+            &[fake, "--domain-type", "qemu", "--cpu", "host-model"],
+            &["--cpu host-model", "need KVM", "qemu64"],
+        ),
+        (
+            &[
+                fake,
+                "--instance-cpu",
+                "kvm.small:qemu64",
+                "--instance-cpu",
+                "kvm.small:max",
+            ],
+            &["--instance-cpu names kvm.small twice"],
+        ),
+    ];
+    for (args, says) in cases {
+        let error = refused(args);
+        for needle in says {
+            assert!(
+                error.contains(needle),
+                "{args:?}: {needle:?} not in {error}"
+            );
+        }
+    }
+    dry_run(&[
+        fake,
+        "--nic",
+        "network=default",
+        "--nic",
+        "direct=eth0:vepa",
+        "--instance-nic",
+        "kvm.large:bridge=br0",
+        "--cpu",
+        "host-passthrough,-arch-capabilities",
+        "--instance-cpu",
+        "kvm.small:qemu64,+pcid",
+    ]);
+}

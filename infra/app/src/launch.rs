@@ -21,6 +21,8 @@ use bigfleet_libvirt_libvirt::{
 use bigfleet_libvirt_observe::side_server::HttpLimits;
 
 use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
+
+mod devices;
 use bigfleet_libvirt_domain::catalog::{
     self, CatalogError, InstanceCatalog, Inventory, InventoryConfig, Offering, PriceTable,
 };
@@ -39,6 +41,10 @@ pub struct Flags {
     pub image_source: Option<PathBuf>,
     pub storage_pool: String,
     pub network: String,
+    pub nic: Vec<String>,
+    pub instance_nic: Vec<String>,
+    pub cpu: Option<String>,
+    pub instance_cpu: Vec<String>,
     pub domain_type: String,
     pub firmware: String,
     pub guest_kernel: String,
@@ -188,6 +194,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     let tls = check_tls(flags)?;
     let client_identity = check_client_identity(flags, tls.as_ref())?;
     let mut libvirt = libvirt_options(flags)?;
+    devices::apply(flags, &catalog, &mut libvirt)?;
     if backend == Backend::Libvirt {
         golden_settings(flags, &mut libvirt)?;
     }
@@ -332,6 +339,10 @@ fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
         image_source: None,
         storage_pool: flags.storage_pool.clone(),
         network: flags.network.trim().to_owned(),
+        nics: Vec::new(),
+        instance_nics: std::collections::BTreeMap::new(),
+        cpu: None,
+        instance_cpu: std::collections::BTreeMap::new(),
         platform: platform(flags)?,
         base_user_data: flags.base_user_data.clone(),
         capacity: CapacityPolicy {

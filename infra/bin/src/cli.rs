@@ -96,6 +96,20 @@ pub struct Cli {
         default_value = "default"
     )]
     pub network: String,
+    /// A NIC of every domain, in order, replacing --network's: network=NAME, bridge=NAME or
+    /// direct=DEVICE[:bridge|vepa|private|passthrough] (libvirt backend; repeatable).
+    #[arg(long, global = true, value_name = "SOURCE")]
+    pub nic: Vec<String>,
+    /// The NICs of one instance type instead, as TYPE:SOURCE (repeatable, one NIC each).
+    #[arg(long, global = true, value_name = "TYPE:SOURCE")]
+    pub instance_nic: Vec<String>,
+    /// Guest CPU: host-passthrough, host-model or a model name, optionally with ,+feature or
+    /// ,-feature (libvirt backend; default host-passthrough on kvm, QEMU's model on qemu).
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_CPU")]
+    pub cpu: Option<String>,
+    /// The guest CPU of one instance type instead, as TYPE:CPU (repeatable).
+    #[arg(long, global = true, value_name = "TYPE:CPU")]
+    pub instance_cpu: Vec<String>,
     /// Domain type: kvm, or qemu for software emulation where KVM cannot run guests.
     #[arg(
         long,
@@ -451,6 +465,10 @@ impl Cli {
             image_source: self.image_source.clone(),
             storage_pool: self.storage_pool.clone(),
             network: self.network.clone(),
+            nic: self.nic.clone(),
+            instance_nic: self.instance_nic.clone(),
+            cpu: self.cpu.clone(),
+            instance_cpu: self.instance_cpu.clone(),
             domain_type: self.domain_type.clone(),
             firmware: self.firmware.clone(),
             guest_kernel: self.guest_kernel.clone(),

@@ -25,6 +25,7 @@ use bigfleet_libvirt_domain::catalog::{
 use bigfleet_libvirt_domain::{
     FenceToken, Kind, Machine, MachineState, MutateRequest, Mutation, StringMap,
 };
+use bigfleet_libvirt_libvirt::devices::{Mac, Nic, NicSource};
 use bigfleet_libvirt_libvirt::fixture::Fixture;
 use bigfleet_libvirt_libvirt::xml::{self, DomainSpec};
 use bigfleet_libvirt_libvirt::{CapacityPolicy, LibvirtConfig, LibvirtHypervisor, Tag};
@@ -102,6 +103,10 @@ fn documents(slots: &[Machine]) -> Vec<String> {
             let tag = Tag::new(PROVIDER, slot.id.as_str());
             let overlay = format!("/var/lib/libvirt/images/{name}-overlay.qcow2");
             let seed = format!("/var/lib/libvirt/images/{name}-cidata.iso");
+            let nics = [Nic {
+                source: NicSource::Network("default".to_owned()),
+                mac: Mac::derive(PROVIDER, slot.id.as_str(), 0, 0),
+            }];
             xml::domain(&DomainSpec {
                 name: &name,
                 tag: &tag,
@@ -109,7 +114,8 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                 memory_mib: 4096,
                 overlay_path: &overlay,
                 seed_path: &seed,
-                network: "default",
+                nics: &nics,
+                cpu: None,
                 platform: &xml::Platform::default(),
             })
         })

@@ -28,6 +28,7 @@ mod agent;
 mod backoff;
 mod capacity;
 mod describe;
+pub mod devices;
 pub mod doctor;
 mod domains;
 mod error;
@@ -58,6 +59,7 @@ use bigfleet_libvirt_ports::{Clock, Spawner};
 
 pub use agent::{AgentError, AgentPolicy, GuestAgent};
 pub use capacity::{CapacityPolicy, Shape};
+pub use devices::{CpuChoice, CpuMode, NicSource};
 pub use host::{Health, HostPolicy};
 pub use orphans::GcPolicy;
 pub use ownership::{NAMESPACE, Tag};
@@ -81,8 +83,17 @@ pub struct LibvirtOptions {
     pub image_source: Option<Arc<golden::GoldenImage>>,
     /// The storage pool for overlays and seeds (`--storage-pool`).
     pub storage_pool: String,
-    /// The libvirt network for each domain's NIC (`--network`); empty = no NIC.
+    /// The libvirt network for each domain's NIC (`--network`); empty = no NIC. Used when
+    /// `nics` is empty.
     pub network: String,
+    /// Every domain's NICs, in order (`--nic`); empty = the one NIC of `network`.
+    pub nics: Vec<NicSource>,
+    /// The NICs of one instance type instead (`--instance-nic TYPE:SOURCE`).
+    pub instance_nics: BTreeMap<String, Vec<NicSource>>,
+    /// The guest CPU (`--cpu`); `None` = the platform's default.
+    pub cpu: Option<CpuChoice>,
+    /// The guest CPU of one instance type instead (`--instance-cpu TYPE:CPU`).
+    pub instance_cpu: BTreeMap<String, CpuChoice>,
     /// Accelerator and boot method (`--domain-type`, `--guest-kernel`, …).
     pub platform: Platform,
     /// `--base-user-data`: the file the composition root reads at start-up into
@@ -102,11 +113,38 @@ impl Default for LibvirtOptions {
             image_source: None,
             storage_pool: "default".to_owned(),
             network: "default".to_owned(),
+            nics: Vec::new(),
+            instance_nics: BTreeMap::new(),
+            cpu: None,
+            instance_cpu: BTreeMap::new(),
             platform: Platform::default(),
             base_user_data: None,
             capacity: CapacityPolicy::default(),
             gc: GcPolicy::default(),
         }
+    }
+}
+
+impl LibvirtOptions {
+    /// The NIC sources of a domain of `instance_type`, in order.
+    #[must_use]
+    pub fn nic_sources(&self, instance_type: &str) -> Vec<NicSource> {
+        if let Some(nics) = self.instance_nics.get(instance_type) {
+            return nics.clone();
+        }
+        if !self.nics.is_empty() {
+            return self.nics.clone();
+        }
+        if self.network.is_empty() {
+            return Vec::new();
+        }
+        vec![NicSource::Network(self.network.clone())]
+    }
+
+    /// The CPU choice for a domain of `instance_type` (`None`: the platform's default).
+    #[must_use]
+    pub fn cpu_for(&self, instance_type: &str) -> Option<&CpuChoice> {
+        self.instance_cpu.get(instance_type).or(self.cpu.as_ref())
     }
 }
 
@@ -173,12 +211,23 @@ pub fn allocatable_for(cpus: u32, memory_kib: u64, policy: &CapacityPolicy) -> S
     capacity::allocatable(capacity::Node { cpus, memory_kib }, policy)
 }
 
+/// The MAC address of every NIC every configured slot will have.
+fn mac_book(config: &LibvirtConfig) -> devices::MacBook {
+    let nics = config.slots.iter().map(|slot| {
+        let count = config.options.nic_sources(&slot.instance_type).len();
+        (slot.id.as_str(), count)
+    });
+    devices::MacBook::new(&config.provider, nics)
+}
+
 /// What the blocking sequences need, shared with their threads.
 #[derive(Debug)]
 pub(crate) struct Settings {
     pub(crate) provider: String,
     pub(crate) options: LibvirtOptions,
     pub(crate) user_data: Vec<u8>,
+    /// The MAC address of every NIC of every configured slot.
+    pub(crate) macs: devices::MacBook,
     /// Where the blocking create path records its define/start phase durations.
     pub(crate) metrics: Metrics,
 }
@@ -246,6 +295,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
                 .user_data
                 .clone()
                 .unwrap_or_else(|| seed::DEFAULT_USER_DATA.to_vec()),
+            macs: mac_book(&config),
             metrics: metrics.clone(),
         });
         let hosts: BTreeMap<String, Arc<Host>> = config

@@ -18,6 +18,7 @@ use virt::domain::Domain;
 
 use super::Settings;
 use super::capacity::Shape;
+use super::devices::Nic;
 use super::domains::{self, ensure_running, owned};
 use super::error::{maybe_done, nothing_done, partly_done, refused, text};
 use super::host::{Host, Session};
@@ -32,6 +33,10 @@ use bigfleet_libvirt_system::Stopwatch;
 pub(crate) struct CreateSpec {
     pub(crate) name: String,
     pub(crate) machine_id: String,
+    pub(crate) instance_type: String,
+    /// The Create's operation id: this incarnation of the slot, for cloud-init's
+    /// instance-id.
+    pub(crate) operation_id: String,
     pub(crate) vcpu: u32,
     pub(crate) memory_mib: u64,
 }
@@ -51,6 +56,17 @@ struct Made {
     overlay: bool,
     seed: bool,
     domain: Option<Domain>,
+}
+
+/// The NICs of `spec`'s domain: its instance type's sources, each with its derived MAC.
+fn nics(settings: &Settings, spec: &CreateSpec) -> Vec<Nic> {
+    let sources = settings.options.nic_sources(&spec.instance_type);
+    (sources.into_iter().enumerate())
+        .map(|(index, source)| Nic {
+            source,
+            mac: settings.macs.mac(&spec.machine_id, index),
+        })
+        .collect()
 }
 
 /// Creates (or adopts) the domain and leaves it running.
@@ -115,7 +131,8 @@ fn build(
     let overlay_path = overlay
         .path()
         .map_err(|e| maybe_done(format!("overlay path: {}", text(&e))))?;
-    let image = seed::build(&spec.name, &settings.user_data).map_err(nothing_done)?;
+    let instance_id = seed::instance_id(&spec.name, &spec.operation_id);
+    let image = seed::build(&spec.name, &instance_id, &settings.user_data).map_err(nothing_done)?;
     let seed_name = seed_name(&spec.name);
     let seed_size = u64::try_from(image.len()).unwrap_or(u64::MAX);
     let (seed_volume, created) =
@@ -128,6 +145,7 @@ fn build(
         .path()
         .map_err(|e| maybe_done(format!("seed path: {}", text(&e))))?;
     let tag = Tag::new(&settings.provider, &spec.machine_id);
+    let nics = nics(settings, spec);
     let document = xml::domain(&DomainSpec {
         name: &spec.name,
         tag: &tag,
@@ -135,7 +153,8 @@ fn build(
         memory_mib: spec.memory_mib,
         overlay_path: &overlay_path,
         seed_path: &seed_path,
-        network: &settings.options.network,
+        nics: &nics,
+        cpu: settings.options.cpu_for(&spec.instance_type),
         platform: &settings.options.platform,
     });
     let watch = Stopwatch::start();

@@ -3,8 +3,11 @@
 //!
 //! The image is written by `hadris-iso` (pure Rust, no external `genisoimage`), with Rock
 //! Ridge and Joliet names like `cloud-localds` produces, so the Linux isofs driver and
-//! cloud-init see the exact file names. The `instance-id` is the domain name: unlike the
-//! reference's machine id it contains no `/`, which cloud-init uses as a directory name.
+//! cloud-init see the exact file names. The `instance-id` is the domain name followed by the
+//! Create's operation id: unlike the reference's machine id it contains no `/`, which
+//! cloud-init uses as a directory name, and each incarnation of a slot gets its own, so a
+//! re-created slot runs its user-data again even if the image kept cloud-init's state from an
+//! earlier life (a retry of the same Create keeps the same one).
 //! The per-cluster bootstrap blob is never put on the seed; it travels through the guest
 //! agent at Configure.
 
@@ -23,23 +26,31 @@ pub const DEFAULT_USER_DATA: &[u8] = b"#cloud-config\n{}\n";
 /// The volume label cloud-init's NoCloud datasource looks for.
 pub const LABEL: &str = "cidata";
 
-/// The `meta-data` document for a domain.
+/// The NoCloud `instance-id` of one incarnation of a domain: its name and the operation id
+/// of the Create that made it.
 #[must_use]
-pub fn meta_data(domain_name: &str) -> String {
-    format!("instance-id: {domain_name}\nlocal-hostname: {domain_name}\n")
+pub fn instance_id(domain_name: &str, operation_id: &str) -> String {
+    format!("{domain_name}-{operation_id}")
 }
 
-/// Builds the seed ISO for `domain_name` with `user_data` verbatim.
+/// The `meta-data` document for a domain.
+#[must_use]
+pub fn meta_data(domain_name: &str, instance_id: &str) -> String {
+    format!("instance-id: {instance_id}\nlocal-hostname: {domain_name}\n")
+}
+
+/// Builds the seed ISO for `domain_name` (this incarnation: `instance_id`) with `user_data`
+/// verbatim.
 ///
 /// # Errors
 /// The writer's error, as text.
-pub fn build(domain_name: &str, user_data: &[u8]) -> Result<Vec<u8>, String> {
+pub fn build(domain_name: &str, instance_id: &str, user_data: &[u8]) -> Result<Vec<u8>, String> {
     let files = InputFiles {
         path_separator: PathSeparator::ForwardSlash,
         files: vec![
             IsoFile::File {
                 name: Arc::new("meta-data".to_owned()),
-                contents: meta_data(domain_name).into_bytes(),
+                contents: meta_data(domain_name, instance_id).into_bytes(),
             },
             IsoFile::File {
                 name: Arc::new("user-data".to_owned()),
@@ -133,7 +144,8 @@ mod tests {
     #[test]
     fn the_seed_is_a_cidata_iso_with_both_files() {
         let user_data = b"#cloud-config\npackages: [qemu-guest-agent]\n";
-        let image = build("bigfleet-0123456789abcdef01234567", user_data).unwrap();
+        let name = "bigfleet-0123456789abcdef01234567";
+        let image = build(name, &instance_id(name, "op-17"), user_data).unwrap();
         assert_eq!(image.len() % SECTOR, 0);
         assert_eq!(&image[16 * SECTOR + 1..16 * SECTOR + 6], b"CD001");
         let label = String::from_utf8_lossy(&image[16 * SECTOR + 40..16 * SECTOR + 72]);
@@ -145,7 +157,7 @@ mod tests {
         let meta = String::from_utf8(files[0].1.clone()).unwrap();
         assert_eq!(
             meta,
-            "instance-id: bigfleet-0123456789abcdef01234567\n\
+            "instance-id: bigfleet-0123456789abcdef01234567-op-17\n\
              local-hostname: bigfleet-0123456789abcdef01234567\n"
         );
         assert!(!meta.lines().next().unwrap().contains('/'));
@@ -153,9 +165,9 @@ mod tests {
 
     #[test]
     fn empty_and_default_user_data_are_kept_verbatim() {
-        let files = root_files(&build("d", b"").unwrap());
+        let files = root_files(&build("d", "d-op-1", b"").unwrap());
         assert_eq!(files[1], ("user-data".to_owned(), Vec::new()));
-        let files = root_files(&build("d", DEFAULT_USER_DATA).unwrap());
+        let files = root_files(&build("d", "d-op-1", DEFAULT_USER_DATA).unwrap());
         assert_eq!(files[1].1, DEFAULT_USER_DATA);
     }
 }

@@ -275,6 +275,8 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let spec = CreateSpec {
             name: domain_name(&config.provider, machine.id.as_str()),
             machine_id: machine.id.to_string(),
+            instance_type: machine.instance_type.clone(),
+            operation_id: request.operation_id.to_string(),
             vcpu: shape.vcpu,
             memory_mib: shape.memory_mib,
         };

@@ -7,10 +7,15 @@
 //! a virtio disk on the qcow2 overlay, the cloud-init seed as a read-only SATA CD-ROM, one
 //! virtio NIC on `--network`, the qemu guest-agent channel and a serial console.
 //!
+//! Each NIC carries the MAC address derived from its machine (`devices`), the CPU is the
+//! operator's choice (`--cpu`, `--instance-cpu`), and the SMBIOS system serial says
+//! `ds=nocloud`, so cloud-init picks the NoCloud datasource without probing for it.
+//!
 //! Beyond the reference, a [`Platform`] can ask for software emulation (`--domain-type
 //! qemu`, for hosts without usable KVM: no host CPU model then), direct kernel boot
 //! (`--guest-kernel`, for images without a boot loader) and no NIC (`--network ''`).
 
+use super::devices::{CpuChoice, Nic};
 use super::ownership::{Tag, escape};
 
 /// The guest-agent channel name qemu-ga listens on.
@@ -97,11 +102,19 @@ pub struct DomainSpec<'a> {
     pub overlay_path: &'a str,
     /// Path of the NoCloud seed volume.
     pub seed_path: &'a str,
-    /// The libvirt network for the NIC; empty = no NIC.
-    pub network: &'a str,
+    /// The NICs, in order (none: no NIC).
+    pub nics: &'a [Nic],
+    /// The guest CPU; `None` is the platform's default (`host-passthrough` on KVM, QEMU's
+    /// own model under TCG).
+    pub cpu: Option<&'a CpuChoice>,
     /// Accelerator and boot method.
     pub platform: &'a Platform,
 }
+
+/// The SMBIOS table the domain presents: its system serial names cloud-init's datasource.
+const SYSINFO: &str = "\n  <sysinfo type='smbios'>
+    <system><entry name='serial'>ds=nocloud</entry></system>
+  </sysinfo>";
 
 /// The `<os>` attribute that asks libvirt to pick the firmware, and the `<os>` child that
 /// narrows its choice: UEFI without Secure Boot (a descriptor of the host's OVMF package).
@@ -137,37 +150,29 @@ pub fn domain(spec: &DomainSpec<'_>) -> String {
     let name = escape(spec.name);
     let overlay = escape(spec.overlay_path);
     let seed = escape(spec.seed_path);
-    let network = escape(spec.network);
     let (vcpu, memory) = (spec.vcpu, spec.memory_mib);
     let tag = spec.tag.to_domain_xml();
     let kind = spec.platform.domain_type.as_str();
     let boot = boot_elements(spec.platform);
     let (firmware, firmware_choice) = firmware_elements(spec.platform.firmware);
     // TCG cannot pass the host CPU through; QEMU's default model is the portable choice.
-    let cpu = match spec.platform.domain_type {
-        DomainType::Kvm => "\n  <cpu mode='host-passthrough' check='none'/>",
-        DomainType::Qemu => "",
+    let cpu = match (spec.cpu, spec.platform.domain_type) {
+        (Some(cpu), _) => cpu.to_xml(),
+        (None, DomainType::Kvm) => "\n  <cpu mode='host-passthrough' check='none'/>".to_owned(),
+        (None, DomainType::Qemu) => String::new(),
     };
-    let nic = if spec.network.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "\n    <interface type='network'>
-      <source network='{network}'/>
-      <model type='virtio'/>
-    </interface>"
-        )
-    };
+    let nic: String = spec.nics.iter().map(Nic::to_xml).collect();
     format!(
         "<domain type='{kind}'>
   <name>{name}</name>
   <metadata>{tag}</metadata>
   <memory unit='MiB'>{memory}</memory>
   <currentMemory unit='MiB'>{memory}</currentMemory>
-  <vcpu placement='static'>{vcpu}</vcpu>
+  <vcpu placement='static'>{vcpu}</vcpu>{SYSINFO}
   <os{firmware}>
     <type arch='x86_64' machine='q35'>hvm</type>{firmware_choice}
     {boot}
+    <smbios mode='sysinfo'/>
   </os>
   <features><acpi/><apic/></features>{cpu}
   <clock offset='utc'/>
@@ -257,7 +262,17 @@ mod tests {
         firmware: Firmware::Bios,
     };
 
-    fn spec<'a>(tag: &'a Tag, network: &'a str) -> DomainSpec<'a> {
+    fn nics(network: &str) -> Vec<Nic> {
+        if network.is_empty() {
+            return Vec::new();
+        }
+        vec![Nic {
+            source: crate::devices::NicSource::Network(network.to_owned()),
+            mac: crate::devices::Mac([2, 0, 0, 0, 0, 1]),
+        }]
+    }
+
+    fn spec<'a>(tag: &'a Tag, nics: &'a [Nic]) -> DomainSpec<'a> {
         DomainSpec {
             platform: &KVM,
             name: "bigfleet-0123456789abcdef01234567",
@@ -266,14 +281,15 @@ mod tests {
             memory_mib: 4096,
             overlay_path: "/var/lib/libvirt/images/o.qcow2",
             seed_path: "/var/lib/libvirt/images/s.iso",
-            network,
+            nics,
+            cpu: None,
         }
     }
 
     #[test]
     fn the_domain_document_parses_and_carries_every_device() {
         let tag = Tag::new("libvirt", "libvirt/OnDemand/kvm.small/a/000");
-        let xml = domain(&spec(&tag, "default"));
+        let xml = domain(&spec(&tag, &nics("default")));
         let document = roxmltree::Document::parse(&xml).unwrap();
         let find =
             |name: &'static str| document.descendants().filter(move |n| n.has_tag_name(name));
@@ -295,7 +311,7 @@ mod tests {
     #[test]
     fn the_reference_platform_is_kvm_with_host_cpu_booting_the_disk() {
         let tag = Tag::new("libvirt", "m");
-        let xml = domain(&spec(&tag, "default"));
+        let xml = domain(&spec(&tag, &nics("default")));
         let document = roxmltree::Document::parse(&xml).unwrap();
         let root = document.root_element();
         assert_eq!(root.attribute("type"), Some("kvm"));
@@ -318,7 +334,7 @@ mod tests {
         };
         let spec = DomainSpec {
             platform: &platform,
-            ..spec(&tag, "")
+            ..spec(&tag, &[])
         };
         let xml = domain(&spec);
         let document = roxmltree::Document::parse(&xml).unwrap();
@@ -360,7 +376,7 @@ mod tests {
         };
         let xml = domain(&DomainSpec {
             platform: &platform,
-            ..spec(&tag, "default")
+            ..spec(&tag, &nics("default"))
         });
         let document = roxmltree::Document::parse(&xml).unwrap();
         assert!(!document.descendants().any(|n| n.has_tag_name("initrd")));
@@ -368,9 +384,65 @@ mod tests {
     }
 
     #[test]
+    fn the_smbios_serial_names_the_nocloud_datasource() {
+        let tag = Tag::new("libvirt", "m");
+        let xml = domain(&spec(&tag, &[]));
+        let document = roxmltree::Document::parse(&xml).unwrap();
+        let serial = document
+            .descendants()
+            .find(|n| n.has_tag_name("entry") && n.attribute("name") == Some("serial"))
+            .unwrap();
+        assert_eq!(serial.text(), Some("ds=nocloud"));
+        let smbios = document
+            .descendants()
+            .find(|n| n.has_tag_name("smbios"))
+            .unwrap();
+        assert_eq!(smbios.attribute("mode"), Some("sysinfo"));
+        assert_eq!(smbios.parent().unwrap().tag_name().name(), "os");
+    }
+
+    #[test]
+    fn a_chosen_cpu_replaces_the_platform_default_and_nics_keep_their_order() {
+        let tag = Tag::new("libvirt", "m");
+        let cpu = CpuChoice::parse("host-model,-arch-capabilities").unwrap();
+        let nics = vec![
+            Nic {
+                source: crate::devices::NicSource::Bridge("br0".to_owned()),
+                mac: crate::devices::Mac([2, 0, 0, 0, 0, 1]),
+            },
+            Nic {
+                source: crate::devices::NicSource::parse("direct=eth1:vepa").unwrap(),
+                mac: crate::devices::Mac([2, 0, 0, 0, 0, 2]),
+            },
+        ];
+        let xml = domain(&DomainSpec {
+            cpu: Some(&cpu),
+            ..spec(&tag, &nics)
+        });
+        let document = roxmltree::Document::parse(&xml).unwrap();
+        let cpu = document
+            .descendants()
+            .find(|n| n.has_tag_name("cpu"))
+            .unwrap();
+        assert_eq!(cpu.attribute("mode"), Some("host-model"));
+        let types: Vec<_> = document
+            .descendants()
+            .filter(|n| n.has_tag_name("interface"))
+            .map(|n| n.attribute("type").unwrap())
+            .collect();
+        assert_eq!(types, ["bridge", "direct"]);
+        let macs: Vec<_> = document
+            .descendants()
+            .filter(|n| n.has_tag_name("mac"))
+            .map(|n| n.attribute("address").unwrap())
+            .collect();
+        assert_eq!(macs, ["02:00:00:00:00:01", "02:00:00:00:00:02"]);
+    }
+
+    #[test]
     fn bios_leaves_the_firmware_to_qemu() {
         let tag = Tag::new("libvirt", "m");
-        let xml = domain(&spec(&tag, "default"));
+        let xml = domain(&spec(&tag, &nics("default")));
         let document = roxmltree::Document::parse(&xml).unwrap();
         let os = document
             .descendants()
@@ -395,7 +467,7 @@ mod tests {
         };
         let xml = domain(&DomainSpec {
             platform: &platform,
-            ..spec(&tag, "")
+            ..spec(&tag, &[])
         });
         let document = roxmltree::Document::parse(&xml).unwrap();
         let os = document
@@ -420,7 +492,8 @@ mod tests {
     #[test]
     fn hostile_values_are_escaped() {
         let tag = Tag::new("p'<x>", "m&n");
-        let xml = domain(&spec(&tag, "net'/><evil/>"));
+        let nics = nics("net'/><evil/>");
+        let xml = domain(&spec(&tag, &nics));
         let document = roxmltree::Document::parse(&xml).unwrap();
         assert!(!document.descendants().any(|n| n.has_tag_name("evil")));
         let source = document

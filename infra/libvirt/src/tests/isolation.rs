@@ -97,7 +97,8 @@ async fn two_provider_labels_never_see_or_touch_each_others_domains() {
         memory_mib: 64,
         overlay_path: "/x",
         seed_path: "/y",
-        network: "default",
+        nics: &[],
+        cpu: None,
         platform: &xml::Platform::default(),
     });
     on_host(&hv_b, ZONE, move |s| {

@@ -163,6 +163,8 @@ async fn a_failed_create_rolls_back_only_what_it_made() {
     let spec = CreateSpec {
         name: name.clone(),
         machine_id: slot.id.to_string(),
+        instance_type: slot.instance_type.clone(),
+        operation_id: "op-1".to_owned(),
         vcpu: 0,
         memory_mib: 512,
     };
@@ -281,4 +283,88 @@ async fn the_tag_is_rewritten_on_the_live_and_persistent_domain() {
     .await
     .unwrap();
     assert_eq!(tag.cluster_id, "cluster-7");
+}
+
+/// The interfaces of `slot`'s domain as (type, source attributes, MAC).
+async fn interfaces(rig: &Rig, slot: &Machine) -> (Vec<(String, Vec<String>, String)>, String) {
+    let name = domain_name("libvirt", slot.id.as_str());
+    let document = on_host(&rig.hv, ZONE, move |s| {
+        let d = s.conn.lookup_domain_by_name(&name).unwrap();
+        d.xml_desc(0).unwrap()
+    })
+    .await;
+    let parsed = roxmltree::Document::parse(&document).unwrap();
+    let nics = parsed
+        .descendants()
+        .filter(|n| n.has_tag_name("interface"))
+        .map(|n| {
+            let child = |tag: &str| n.children().find(|c| c.has_tag_name(tag)).unwrap();
+            let source = child("source")
+                .attributes()
+                .map(|a| format!("{}={}", a.name(), a.value()))
+                .collect();
+            let mac = child("mac").attribute("address").unwrap().to_owned();
+            (n.attribute("type").unwrap().to_owned(), source, mac)
+        })
+        .collect();
+    (nics, document)
+}
+
+#[tokio::test]
+async fn every_nic_source_and_the_cpu_choice_reach_the_defined_domain() {
+    let mut slots = slots("libvirt", ZONE, "kvm.small", 1);
+    slots.extend(super::slots("libvirt", ZONE, "kvm.medium", 1));
+    let rig = rig_with(&Fixture::default(), slots, |config| {
+        let parse = |s: &str| crate::NicSource::parse(s).unwrap();
+        config.options.nics = vec![parse("network=default"), parse("bridge=br0")];
+        config
+            .options
+            .instance_nics
+            .insert("kvm.medium".to_owned(), vec![parse("direct=eth0:vepa")]);
+        config.options.cpu = Some(crate::CpuChoice::parse("host-model").unwrap());
+        config.options.instance_cpu.insert(
+            "kvm.medium".to_owned(),
+            crate::CpuChoice::parse("qemu64,-svm").unwrap(),
+        );
+    })
+    .await;
+    let (small, medium) = (&rig.slots[0], &rig.slots[1]);
+    let made = create(&rig.hv, small).await.unwrap();
+    create(&rig.hv, medium).await.unwrap();
+    let mac = |slot: &Machine, index| {
+        crate::devices::Mac::derive("libvirt", slot.id.as_str(), index, 0).to_string()
+    };
+    let (nics, document) = interfaces(&rig, small).await;
+    let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    assert_eq!(
+        nics,
+        [
+            (
+                "network".to_owned(),
+                strings(&["network=default"]),
+                mac(small, 0)
+            ),
+            ("bridge".to_owned(), strings(&["bridge=br0"]), mac(small, 1)),
+        ],
+        "{document}"
+    );
+    assert!(document.contains("mode='host-model'"), "{document}");
+    let (nics, document) = interfaces(&rig, medium).await;
+    assert_eq!(
+        nics,
+        [(
+            "direct".to_owned(),
+            strings(&["dev=eth0", "mode=vepa"]),
+            mac(medium, 0)
+        )],
+        "{document}"
+    );
+    assert!(document.contains(">qemu64</model>"), "{document}");
+    assert!(document.contains("name='svm'"), "{document}");
+    // Re-created, the slot keeps its addresses (DHCP reservations hold).
+    delete(&rig.hv, &made).await.unwrap();
+    create(&rig.hv, small).await.unwrap();
+    let (again, _) = interfaces(&rig, small).await;
+    assert_eq!(again[0].2, mac(small, 0));
+    assert_eq!(again[1].2, mac(small, 1));
 }

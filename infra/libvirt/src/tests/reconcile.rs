@@ -32,7 +32,8 @@ async fn plant_orphans(rig: &Rig) -> (String, String) {
         memory_mib: 256,
         overlay_path: "/o",
         seed_path: "/s",
-        network: "default",
+        nics: &[],
+        cpu: None,
         platform: &xml::Platform::default(),
     });
     let volume = xml::seed_volume(&stray_volume, 4096);

@@ -1,0 +1,104 @@
+//! The device flags of the libvirt backend: `--nic`, `--instance-nic`, `--cpu` and
+//! `--instance-cpu`, checked against each other, the platform and the instance-type catalog.
+//! Every refusal names the flag and the accepted forms.
+
+use std::collections::BTreeMap;
+
+use bigfleet_libvirt_domain::catalog::InstanceCatalog;
+use bigfleet_libvirt_libvirt::{CpuChoice, DomainType, LibvirtOptions, NicSource};
+
+use super::{Flags, LaunchError, flag};
+
+/// Fills `libvirt`'s NIC and CPU choices from `flags`.
+pub(super) fn apply(
+    flags: &Flags,
+    catalog: &InstanceCatalog,
+    libvirt: &mut LibvirtOptions,
+) -> Result<(), LaunchError> {
+    libvirt.nics = flags
+        .nic
+        .iter()
+        .map(|text| NicSource::parse(text.trim()).map_err(|e| flag(format!("--nic: {e}"))))
+        .collect::<Result<_, _>>()?;
+    if !libvirt.nics.is_empty() && flags.network.trim() != "default" {
+        return Err(flag(
+            "--network and --nic both choose the NICs: give the network as --nic network=NAME \
+             and drop --network",
+        ));
+    }
+    if !libvirt.nics.is_empty() {
+        // What `doctor` checks as the network: the first libvirt network the NICs name (none
+        // when they only use bridges or macvtap, which it does not check).
+        libvirt.network = libvirt
+            .nics
+            .iter()
+            .find_map(|nic| match nic {
+                NicSource::Network(name) => Some(name.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+    }
+    for text in &flags.instance_nic {
+        let (instance_type, source) = per_type("--instance-nic", text, catalog)?;
+        let source = NicSource::parse(source).map_err(|e| flag(format!("--instance-nic: {e}")))?;
+        libvirt
+            .instance_nics
+            .entry(instance_type)
+            .or_default()
+            .push(source);
+    }
+    let domain_type = libvirt.platform.domain_type;
+    if let Some(text) = flags.cpu.as_deref().filter(|t| !t.trim().is_empty()) {
+        libvirt.cpu = Some(cpu("--cpu", text.trim(), domain_type)?);
+    }
+    let mut instance_cpu = BTreeMap::new();
+    for text in &flags.instance_cpu {
+        let (instance_type, choice) = per_type("--instance-cpu", text, catalog)?;
+        let choice = cpu("--instance-cpu", choice, domain_type)?;
+        if instance_cpu.insert(instance_type.clone(), choice).is_some() {
+            return Err(flag(format!(
+                "--instance-cpu names {instance_type} twice: give each instance type one CPU"
+            )));
+        }
+    }
+    libvirt.instance_cpu = instance_cpu;
+    Ok(())
+}
+
+/// Splits `TYPE:VALUE` and checks the type is in the catalog.
+fn per_type<'a>(
+    name: &str,
+    text: &'a str,
+    catalog: &InstanceCatalog,
+) -> Result<(String, &'a str), LaunchError> {
+    let Some((instance_type, value)) = text.trim().split_once(':') else {
+        return Err(flag(format!(
+            "{name} {text:?} must be INSTANCE_TYPE:VALUE, e.g. kvm.large:{}",
+            if name == "--instance-cpu" {
+                "host-model"
+            } else {
+                "bridge=br0"
+            }
+        )));
+    };
+    if catalog.get(instance_type).is_none() {
+        return Err(flag(format!(
+            "{name} {text:?}: unknown instance type {instance_type:?}; the catalog has {}",
+            catalog.names().join(", ")
+        )));
+    }
+    Ok((instance_type.to_owned(), value))
+}
+
+/// Parses one CPU choice; a mode that needs KVM is refused under `--domain-type qemu`.
+fn cpu(name: &str, text: &str, domain_type: DomainType) -> Result<CpuChoice, LaunchError> {
+    let choice = CpuChoice::parse(text).map_err(|e| flag(format!("{name}: {e}")))?;
+    if choice.needs_kvm() && domain_type == DomainType::Qemu {
+        return Err(flag(format!(
+            "{name} {text}: host-passthrough and host-model need KVM, and --domain-type qemu is \
+             software emulation; name a model QEMU emulates (e.g. {name} qemu64) or leave it \
+             unset for QEMU's default model"
+        )));
+    }
+    Ok(choice)
+}
