@@ -1,14 +1,17 @@
 //! Logging and tracing set-up: structured logs on stderr as text or JSON (filtered by
 //! `RUST_LOG` when set, else by the configured level), and, when an OTLP endpoint is
 //! configured, every span exported over OTLP/gRPC with the standard `OTEL_*` variables
-//! honoured by the exporter. Must be called inside the tokio runtime (the exporter's
-//! channel lives on it).
+//! honoured by the exporter (`OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` by the SDK's
+//! sampler, parent-based by default), through the bounded, counted path of `export`.
+//! Without an endpoint spans still get trace ids (a caller's, when it sent one), for the
+//! timeline, but none is sampled or exported. Must be called inside the tokio runtime (the
+//! exporter's channel lives on it).
 
 use std::io::IsTerminal;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{LevelFilter, Targets};
@@ -70,19 +73,20 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<Telemetry> {
             .map_err(|e| anyhow::anyhow!("--log-level {:?} does not parse: {e}", config.level))?,
     };
     let tracer = match &config.otlp_endpoint {
-        Some(endpoint) => Some(exporter(endpoint, config.service_name.clone())?),
-        None => None,
+        Some(endpoint) => exporter(endpoint, config.service_name.clone())?,
+        // Ids only: nothing is recorded or exported, whatever the caller's sampled flag.
+        None => SdkTracerProvider::builder()
+            .with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOff)
+            .build(),
     };
     // Exported spans have their own filter: the provider's own spans down to debug (one per
     // hypervisor call) whatever the log level, everything else from info.
     let span_filter = Targets::new()
         .with_default(LevelFilter::INFO)
         .with_target("bigfleet_libvirt", LevelFilter::DEBUG);
-    let otel = tracer.as_ref().map(|provider| {
-        tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("bigfleet-libvirt"))
-            .with_filter(span_filter)
-    });
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(tracer.tracer("bigfleet-libvirt"))
+        .with_filter(span_filter);
     let ansi = std::io::stderr().is_terminal();
     let logs = match config.format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
@@ -101,7 +105,9 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<Telemetry> {
         .with(otel)
         .try_init()
         .map_err(|e| anyhow::anyhow!("install the log subscriber: {e}"))?;
-    Ok(Telemetry { tracer })
+    Ok(Telemetry {
+        tracer: Some(tracer),
+    })
 }
 
 fn exporter(endpoint: &str, service_name: Option<String>) -> anyhow::Result<SdkTracerProvider> {
@@ -117,8 +123,20 @@ fn exporter(endpoint: &str, service_name: Option<String>) -> anyhow::Result<SdkT
     if let Some(name) = service_name {
         resource = resource.with_service_name(name);
     }
+    let bound = crate::export::queue_bound(
+        std::env::var(opentelemetry_sdk::trace::OTEL_BSP_MAX_QUEUE_SIZE)
+            .ok()
+            .as_deref(),
+    );
+    let (exporter, gate) = crate::export::bounded(exporter, bound);
+    let batch = BatchConfigBuilder::default()
+        .with_max_queue_size(bound)
+        .build();
+    let processor = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(batch)
+        .build();
     Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
+        .with_span_processor(gate.wrap(processor))
         .with_resource(resource.build())
         .build())
 }
