@@ -3,9 +3,9 @@
 //! configured, every span exported over OTLP/gRPC with the standard `OTEL_*` variables
 //! honoured by the exporter (`OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` by the SDK's
 //! sampler, parent-based by default), through the bounded, counted path of `export`.
-//! Without an endpoint spans still get trace ids (a caller's, when it sent one), for the
-//! timeline, but none is sampled or exported. Must be called inside the tokio runtime (the
-//! exporter's channel lives on it).
+//! Without an endpoint no OpenTelemetry layer is installed at all (it costs CPU on every
+//! span), so spans have no trace ids and the caller's context is not read. Must be called
+//! inside the tokio runtime (the exporter's channel lives on it).
 
 use std::io::IsTerminal;
 
@@ -73,20 +73,19 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<Telemetry> {
             .map_err(|e| anyhow::anyhow!("--log-level {:?} does not parse: {e}", config.level))?,
     };
     let tracer = match &config.otlp_endpoint {
-        Some(endpoint) => exporter(endpoint, config.service_name.clone())?,
-        // Ids only: nothing is recorded or exported, whatever the caller's sampled flag.
-        None => SdkTracerProvider::builder()
-            .with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOff)
-            .build(),
+        Some(endpoint) => Some(exporter(endpoint, config.service_name.clone())?),
+        None => None,
     };
     // Exported spans have their own filter: the provider's own spans down to debug (one per
     // hypervisor call) whatever the log level, everything else from info.
     let span_filter = Targets::new()
         .with_default(LevelFilter::INFO)
         .with_target("bigfleet_libvirt", LevelFilter::DEBUG);
-    let otel = tracing_opentelemetry::layer()
-        .with_tracer(tracer.tracer("bigfleet-libvirt"))
-        .with_filter(span_filter);
+    let otel = tracer.as_ref().map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("bigfleet-libvirt"))
+            .with_filter(span_filter)
+    });
     let ansi = std::io::stderr().is_terminal();
     let logs = match config.format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
@@ -105,9 +104,8 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<Telemetry> {
         .with(otel)
         .try_init()
         .map_err(|e| anyhow::anyhow!("install the log subscriber: {e}"))?;
-    Ok(Telemetry {
-        tracer: Some(tracer),
-    })
+    crate::trace_context::ENABLED.store(tracer.is_some(), std::sync::atomic::Ordering::Relaxed);
+    Ok(Telemetry { tracer })
 }
 
 fn exporter(endpoint: &str, service_name: Option<String>) -> anyhow::Result<SdkTracerProvider> {

@@ -8,6 +8,7 @@
 //! `baggage.<key>`, each value cut to the echo bound of every caller-supplied string.
 
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bigfleet_libvirt_domain::EchoField;
 use opentelemetry::Context;
@@ -63,6 +64,10 @@ impl Extractor for Carrier<'_> {
     }
 }
 
+/// Whether spans go to an OpenTelemetry layer (set once by `telemetry::init` when it installs
+/// one): without it there is no trace to continue and no trace id to read.
+pub(crate) static ENABLED: AtomicBool = AtomicBool::new(false);
+
 static PROPAGATOR: LazyLock<TextMapCompositePropagator> = LazyLock::new(|| {
     TextMapCompositePropagator::new(vec![
         Box::new(TraceContextPropagator::new()),
@@ -74,7 +79,8 @@ static PROPAGATOR: LazyLock<TextMapCompositePropagator> = LazyLock::new(|| {
 /// keeps the documented baggage entries as its attributes. Without a valid `traceparent`
 /// the span stays a root (a malformed one is logged at debug).
 pub fn adopt(span: &tracing::Span, carrier: &Carrier<'_>) {
-    if carrier.is_empty() {
+    // Without the layer (no OTLP endpoint) there is nothing to parent: skip the parsing.
+    if carrier.is_empty() || !ENABLED.load(Ordering::Relaxed) {
         return;
     }
     let parent = PROPAGATOR.extract(carrier);
@@ -108,7 +114,7 @@ pub fn current_trace_id() -> Option<TraceId> {
 /// The trace `span` belongs to, if it has one.
 #[must_use]
 pub fn trace_id(span: &tracing::Span) -> Option<TraceId> {
-    if span.is_none() {
+    if span.is_none() || !ENABLED.load(Ordering::Relaxed) {
         return None;
     }
     let context: Context = span.context();

@@ -33,6 +33,23 @@ fn resident_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// User and system CPU seconds `pid` has used.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start after the last `)`.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name; 100 Hz.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// `calls` Gets of `id` from [`CLIENTS`] connections; every latency, sorted.
 async fn gets(server: &Server, id: &str, calls: usize) -> Vec<Duration> {
     let mut tasks = Vec::new();
@@ -82,7 +99,9 @@ async fn provider(extra: &[String]) -> (Server, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_collector_that_is_down_costs_no_call_and_is_counted() {
     let (plain, id) = provider(&[]).await;
+    let cpu = cpu_seconds(plain.pid().unwrap());
     let untraced = gets(&plain, &id, CALLS).await;
+    let untraced_cpu = cpu_seconds(plain.pid().unwrap()) - cpu;
     drop(plain);
 
     let endpoint = format!("--otlp-endpoint=http://{}", closed_port());
@@ -91,10 +110,16 @@ async fn a_collector_that_is_down_costs_no_call_and_is_counted() {
     let pid = traced.pid().unwrap();
     let warm = gets(&traced, &id, CALLS / 5).await;
     let rss_warm = resident_kib(pid);
+    let cpu = cpu_seconds(pid);
     let down = gets(&traced, &id, CALLS).await;
+    let down_cpu = cpu_seconds(pid) - cpu;
     let rss_after = resident_kib(pid);
     describe("without tracing", &untraced);
     describe("collector down", &down);
+    println!(
+        "provider CPU for {CALLS} Gets: {untraced_cpu:.2} s without tracing, {down_cpu:.2} s \
+         with the collector down"
+    );
     println!(
         "collector down: RSS {rss_warm} KiB after {} Gets, {rss_after} KiB after {} more",
         warm.len(),

@@ -50,9 +50,22 @@ fn summary(event: &Value) -> String {
     }
 }
 
-fn server() -> Server {
-    let mut args = vec!["--use-fake-backend", "--seed-count=8", "--fake-fault-hooks"];
-    args.extend(FAST);
+/// A provider with fault hooks; `traced`: with an OTLP endpoint (a closed port: the spans
+/// are dropped, but they have trace ids), without one otherwise.
+fn server(traced: bool) -> Server {
+    let mut args = vec![
+        "--use-fake-backend".to_owned(),
+        "--seed-count=8".to_owned(),
+        "--fake-fault-hooks".to_owned(),
+    ];
+    args.extend(FAST.map(str::to_owned));
+    if traced {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap();
+        drop(closed);
+        args.push(format!("--otlp-endpoint=http://{addr}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Server::start(&args)
 }
 
@@ -81,11 +94,11 @@ async fn walk(c: &mut Client, id: &str, shard: &str) -> (String, String) {
     (create_op.operation_id, configure_op)
 }
 
-/// A full walk with a fenced shard, the Create sent in a caller's trace: every call, phase
-/// and end in order, with the token, operation ids, durations and trace ids.
+/// A full walk with a fenced shard, the Create sent in a caller's trace, tracing on: every
+/// call, phase and end in order, with the token, operation ids, durations and trace ids.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_walk_reads_back_in_order() {
-    let server = server();
+    let server = server(true);
     let metrics = server.metrics_addr.expect("metrics port");
     let mut c = server.client().await;
     let id = pick(&server, &mut c).await;
@@ -140,10 +153,11 @@ async fn a_full_walk_reads_back_in_order() {
 }
 
 /// A Configure that fails: its phase and its end carry the error, which is the machine's
-/// `last_error`; a call refused afterwards shows its code and message.
+/// `last_error`; a call refused afterwards shows its code and message. (No OTLP endpoint
+/// here: no trace ids.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_configure_says_why() {
-    let server = server();
+    let server = server(false);
     let metrics = server.metrics_addr.expect("metrics port");
     let mut c = server.client().await;
     let id = pick(&server, &mut c).await;
@@ -176,6 +190,11 @@ async fn a_failed_configure_says_why() {
         phase["error"].as_str().is_some_and(|e| !e.is_empty()),
         "{phase}"
     );
+    // Without an OTLP endpoint no span has a trace id, so no event names one.
+    assert!(
+        events.iter().all(|e| e.get("trace_id").is_none()),
+        "{events:#?}"
+    );
     let last = events.last().unwrap();
     assert_eq!(last["event"], "received");
     assert_eq!(last["kind"], "drain");
@@ -191,7 +210,7 @@ async fn a_failed_configure_says_why() {
 /// the bootstrap blob of a Configure is in none; unknown ids and a missing id are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_machine_keeps_its_newest_events() {
-    let server = server();
+    let server = server(false);
     let metrics = server.metrics_addr.expect("metrics port");
     let mut c = server.client().await;
     let id = pick(&server, &mut c).await;
