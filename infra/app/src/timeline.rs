@@ -45,3 +45,30 @@ pub(crate) fn reconciled(timeline: &Timeline, report: &ReconcileReport) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bigfleet_libvirt_domain::{MachineId, Timestamp};
+
+    use super::*;
+
+    #[test]
+    fn a_reconcile_pass_tracks_what_it_added_and_records_both_changes() {
+        let timeline = Timeline::default();
+        timeline.use_clock(|| Timestamp(7));
+        timeline.track(["known"]);
+        let id = |s: &str| MachineId::new(s).unwrap();
+        let report = ReconcileReport {
+            added: vec![id("new")],
+            refreshed: vec![id("known")],
+            ..ReconcileReport::default()
+        };
+        reconciled(&timeline, &report);
+        let change = |m: &str| {
+            let events = timeline.events(m).expect("tracked");
+            events.iter().map(|e| e.what.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(change("new"), [What::Reconciled { added: true }]);
+        assert_eq!(change("known"), [What::Reconciled { added: false }]);
+    }
+}

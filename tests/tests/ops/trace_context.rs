@@ -239,6 +239,13 @@ async fn a_traced_create_and_configure_continue_the_callers_trace() {
     let call = run.one("hypervisor", &[("op", "CreateDomain"), ("machine_id", id)]);
     assert_under(call, transition);
     assert_eq!(attr(call, "operation_id").as_deref(), Some(create_op));
+    for child in [transition, call] {
+        assert_eq!(
+            child.trace_state, TRACESTATE,
+            "{} keeps the tracestate",
+            child.name
+        );
+    }
 
     let configure_op = run.configure_op.as_str();
     let rpc = run.one("rpc", &[("method", "Configure"), ("machine_id", id)]);
