@@ -7,7 +7,8 @@
 //! received, with its shard and fencing token, completed with its answer: the transition
 //! it started and its operation id, a replay, or a refusal), the instrumented hypervisor
 //! (each phase of a transition, with its duration), the provider's transition observer (the
-//! transition's end) and the reconcile pass (records it changed). Each carries the trace id
+//! transition's end), the libvirt drift watch (a domain changed behind the provider's back)
+//! and the reconcile pass (records it changed). Each carries the trace id
 //! of the span it was recorded in, so the operator can jump from a line to its trace.
 //!
 //! Bounded: only machines registered with [`Timeline::track`] (the provider's inventory) get
@@ -66,12 +67,37 @@ pub enum What {
         /// The machine's `last_error` when it failed.
         error: Option<Box<str>>,
     },
+    /// The libvirt drift watch saw the machine's domain change outside the provider.
+    Drift(Drift),
     /// A reconcile pass changed the record: added it (`true`) or refreshed it (the
     /// hypervisor reported something the record did not say: drift).
     Reconciled {
         /// Added rather than refreshed.
         added: bool,
     },
+}
+
+/// What the drift watch saw of a machine's domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drift {
+    /// Undefined by someone else.
+    Vanished,
+    /// Destroyed, shut down or crashed by someone else.
+    Stopped,
+    /// Running again, or no longer watched.
+    BackInLine,
+}
+
+impl Drift {
+    /// The name the endpoint shows.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Drift::Vanished => "vanished",
+            Drift::Stopped => "stopped",
+            Drift::BackInLine => "back in line",
+        }
+    }
 }
 
 /// A mutating call on the timeline.
@@ -339,6 +365,11 @@ fn event_json(event: &Event) -> EventJson {
             state: Some(state.name()),
             duration_ms: Some(*millis),
             error: text(error),
+            ..base
+        },
+        What::Drift(drift) => EventJson {
+            event: "drift",
+            change: Some(drift.name()),
             ..base
         },
         What::Reconciled { added } => EventJson {
