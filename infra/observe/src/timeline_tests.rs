@@ -149,52 +149,115 @@ fn resident_bytes() -> u64 {
     me.statm().unwrap().resident * procfs::page_size()
 }
 
-/// 100,000 tracked machines, each with a full ring of the biggest events a walk records
-/// (calls with a 20-byte shard id and an operation id, failures with a 64-byte message,
-/// phases): the
-/// resident memory this takes is printed (a measurement, not a bound; other tests in this
-/// binary allocate meanwhile, so it is an upper estimate).
+const MACHINES: usize = 100_000;
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// The first `steps` of a Create → Configure → Drain → Delete walk, as the provider records
+/// them: per step a call with a shard and an operation id, its phases, its end (13 events
+/// for the whole walk).
+fn walk(timeline: &Timeline, id: &str, steps: usize) {
+    let mut at = 0;
+    let mut next = || {
+        at += 1;
+        Timestamp(at)
+    };
+    let phases: [&[&str]; 4] = [
+        &["CreateDomain"],
+        &["Configure", "NodeReady"],
+        &["Drain"],
+        &["DeleteDomain"],
+    ];
+    for (kind, ops) in [Kind::Create, Kind::Configure, Kind::Drain, Kind::Delete]
+        .into_iter()
+        .zip(phases)
+        .take(steps)
+    {
+        let arrived = next();
+        timeline.record(id, Some(arrived), call("shard-0123456789abc", 1));
+        timeline.answer(id, arrived, Answer::Started("op-123456".into()));
+        for op in ops {
+            timeline.record(id, Some(next()), phase(op));
+        }
+        let end = What::Ended {
+            kind,
+            state: MachineState::Idle,
+            millis: 40,
+            error: None,
+        };
+        timeline.record(id, Some(next()), end);
+    }
+}
+
+/// The worst a ring holds: calls with a 20-byte shard id and an operation id, failures
+/// with a 64-byte message, phases, 16 of them.
+fn fill(timeline: &Timeline, id: &str) {
+    for i in 0..EVENTS_PER_MACHINE {
+        let what = match i % 4 {
+            0 => call("shard-0123456789abc", i as i64),
+            1 => What::Ended {
+                kind: Kind::Configure,
+                state: MachineState::Failed,
+                millis: 10,
+                error: Some(bounded(&"x".repeat(64))),
+            },
+            _ => phase("Configure"),
+        };
+        timeline.record(id, Some(Timestamp(i as u64)), what);
+        if i % 4 == 0 {
+            timeline.answer(id, Timestamp(i as u64), Answer::Started("op-123456".into()));
+        }
+    }
+}
+
+/// What the timeline costs at 100,000 machines: tracked with no events, Created and
+/// Configured (7 events), after one full walk each (13 events), and with every ring full
+/// of the largest events. The resident
+/// memory each takes is printed (a measurement, not a bound; other tests in this binary
+/// allocate meanwhile, so these are upper estimates).
 #[test]
 fn cost_at_100_000_machines() {
-    const MACHINES: usize = 100_000;
     let clock = Arc::new(AtomicU64::new(0));
     let ids: Vec<String> = (0..MACHINES)
         .map(|i| format!("bigfleet-libvirt/OnDemand/m1.large/zone-a/{i}"))
         .collect();
     let before = resident_bytes();
-    let timeline = timeline_at(&clock);
-    timeline.track(ids.iter().map(String::as_str));
+    let walked = timeline_at(&clock);
+    walked.track(ids.iter().map(String::as_str));
     let tracked = resident_bytes();
-    for id in &ids {
-        for i in 0..EVENTS_PER_MACHINE {
-            let what = match i % 4 {
-                0 => call("shard-0123456789abc", i as i64),
-                1 => What::Ended {
-                    kind: Kind::Configure,
-                    state: MachineState::Failed,
-                    millis: 10,
-                    error: Some(bounded(&"x".repeat(64))),
-                },
-                _ => phase("Configure"),
-            };
-            timeline.record(id, Some(Timestamp(i as u64)), what);
-            if i % 4 == 0 {
-                timeline.answer(id, Timestamp(i as u64), Answer::Started("op-123456".into()));
-            }
-        }
-    }
-    let full = resident_bytes();
+    ids.iter().for_each(|id| walk(&walked, id, 4));
+    let walks = resident_bytes().saturating_sub(tracked);
+    let in_use = timeline_at(&clock);
+    in_use.track(ids.iter().map(String::as_str));
+    let start = resident_bytes();
+    ids.iter().for_each(|id| walk(&in_use, id, 2));
+    let configured = resident_bytes().saturating_sub(start);
+    let full = timeline_at(&clock);
+    full.track(ids.iter().map(String::as_str));
+    let start = resident_bytes();
+    ids.iter().for_each(|id| fill(&full, id));
+    let fills = resident_bytes().saturating_sub(start);
+    assert!(ids.iter().all(|id| walked.events(id).unwrap().len() == 13));
+    assert!(ids.iter().all(|id| in_use.events(id).unwrap().len() == 7));
     assert!(
         ids.iter()
-            .all(|id| timeline.events(id).unwrap().len() == EVENTS_PER_MACHINE)
+            .all(|id| full.events(id).unwrap().len() == EVENTS_PER_MACHINE)
     );
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let per_machine = |b: u64| b / MACHINES as u64;
     println!(
-        "timeline at {MACHINES} machines: tracked (empty) {:.1} MiB, full ({EVENTS_PER_MACHINE} \
-         events each) {:.1} MiB more; {} bytes per event; {} bytes per full machine",
-        mib(tracked.saturating_sub(before)),
-        mib(full.saturating_sub(tracked)),
+        "timeline at {MACHINES} machines ({} bytes per event): tracked {:.1} MiB; Created and \
+         Configured {:.1} MiB more ({} bytes per machine); one full walk {:.1} MiB more ({} \
+         bytes per machine); full rings of the largest events {:.1} MiB more ({} bytes per \
+         machine)",
         std::mem::size_of::<Event>(),
-        full.saturating_sub(tracked) / MACHINES as u64,
+        mib(tracked.saturating_sub(before)),
+        mib(configured),
+        per_machine(configured),
+        mib(walks),
+        per_machine(walks),
+        mib(fills),
+        per_machine(fills),
     );
 }
