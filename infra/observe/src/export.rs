@@ -185,6 +185,11 @@ impl Collector for ExportCollector {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
+    use opentelemetry_sdk::error::OTelSdkError;
+
     use super::*;
 
     #[test]
@@ -194,5 +199,97 @@ mod tests {
         assert_eq!(queue_bound(Some(" 64 ")), 64);
         assert_eq!(queue_bound(Some("0")), DEFAULT_QUEUE);
         assert_eq!(queue_bound(Some("lots")), DEFAULT_QUEUE);
+    }
+
+    /// Keeps what it is handed, as the batch processor's queue does.
+    #[derive(Debug, Default)]
+    struct Queue(Mutex<Vec<SpanData>>);
+
+    impl SpanProcessor for Queue {
+        fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &Context) {}
+        fn on_end(&self, span: SpanData) {
+            self.0.lock().unwrap().push(span);
+        }
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    impl Queue {
+        fn take(&self) -> Vec<SpanData> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    /// A collector that takes everything, or nothing.
+    #[derive(Debug)]
+    struct Collector(bool);
+
+    impl SpanExporter for Collector {
+        async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
+            if self.0 {
+                Ok(())
+            } else {
+                Err(OTelSdkError::InternalFailure(
+                    "connection refused".to_owned(),
+                ))
+            }
+        }
+    }
+
+    fn span() -> SpanData {
+        SpanData {
+            span_context: SpanContext::empty_context(),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: "rpc".into(),
+            start_time: std::time::UNIX_EPOCH,
+            end_time: std::time::UNIX_EPOCH,
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: Default::default(),
+        }
+    }
+
+    fn counts() -> [u64; 3] {
+        [&EXPORTED, &DROPPED_QUEUE_FULL, &DROPPED_EXPORT_FAILED].map(|c| c.load(Ordering::SeqCst))
+    }
+
+    /// Three may wait: the fourth and fifth are dropped and counted; a batch the collector
+    /// refuses is counted and frees its places; one it takes is counted as exported.
+    #[tokio::test]
+    async fn at_most_the_bound_waits_and_every_drop_is_counted() {
+        let start = counts();
+        let delta = || {
+            let now = counts();
+            [0, 1, 2].map(|i| now[i] - start[i])
+        };
+        let (down, gate) = bounded(Collector(false), 3);
+        let gate = gate.wrap(Queue::default());
+        (0..5).for_each(|_| gate.on_end(span()));
+        let waiting = gate.inner.take();
+        assert_eq!(waiting.len(), 3, "the bound");
+        assert_eq!(delta(), [0, 2, 0], "two turned away");
+        assert!(down.export(waiting).await.is_err());
+        assert_eq!(delta(), [0, 2, 3], "the refused batch");
+        gate.on_end(span());
+        assert_eq!(
+            gate.inner.take().len(),
+            1,
+            "places freed by the failed export"
+        );
+
+        let (up, gate) = bounded(Collector(true), 3);
+        let gate = gate.wrap(Queue::default());
+        (0..2).for_each(|_| gate.on_end(span()));
+        up.export(gate.inner.take()).await.unwrap();
+        assert_eq!(delta(), [2, 2, 3], "the accepted batch");
     }
 }
