@@ -19,6 +19,7 @@
 //! libvirt and redb; the simulator depends on this crate without them.
 
 mod server;
+mod timeline;
 
 #[cfg(feature = "redb")]
 mod exit;

@@ -137,7 +137,8 @@ pub async fn assemble<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     spawner: E,
     metrics: &Metrics,
 ) -> Result<Provider<H, S, C, E>, StartError> {
-    let provider = Provider::start(config, hypervisor, store, clock, spawner).await?;
+    let provider = Provider::start(config, hypervisor, store, clock.clone(), spawner).await?;
+    let provider = crate::timeline::attach(provider, clock, &metrics.timeline);
     if !provider.readiness_gate() {
         warn!(
             "the hypervisor cannot observe node readiness: Configured is reported when bootstrap returns"
@@ -505,6 +506,7 @@ async fn reconcile_loop<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     reconcile_every(provider, interval, |outcome| {
         let outcome = match outcome {
             Ok(report) => {
+                crate::timeline::reconciled(&metrics.timeline, report);
                 if !report.added.is_empty() || !report.refreshed.is_empty() {
                     info!(
                         added = report.added.len(),

@@ -9,5 +9,6 @@ pub mod list_budget;
 pub mod service;
 pub mod status;
 pub mod tls;
+pub mod trace_context;
 
 pub use service::CapacityService;

@@ -1,7 +1,7 @@
 //! The `bigfleet.v1alpha1.CapacityProvider` service over the Provider.
 //!
-//! Each handler opens one span (`rpc.<method>`), converts the request, calls the provider,
-//! and maps the answer; a panicking handler is caught, counted and answered with INTERNAL
+//! Each handler opens one span (`rpc`, a child of the caller's span when the call carries
+//! W3C trace context), converts the request, calls the provider, and maps the answer; a panicking handler is caught, counted and answered with INTERNAL
 //! so the process keeps serving. Mutating calls log at info, reads at debug, errors at warn.
 //! The bootstrap blob is never logged: it leaves this module only inside a `BootstrapBlob`.
 //!
@@ -23,8 +23,10 @@ use tracing::{Instrument, Level, debug, error, info, info_span, warn};
 
 use crate::identity::{self, Access, IdentityMode, PeerIdentity, Reason, Seen};
 use crate::list_budget::{DEFAULT_BUDGET_MIB, LARGE_ANSWER, ListBudget, StreamedList};
+use crate::trace_context::{self, Received};
 use crate::{convert, status};
 use bigfleet_libvirt_observe::metrics::{AuthzLabels, GrpcLabels, MethodLabels, Metrics};
+use bigfleet_libvirt_observe::trace_context::adopt;
 use bigfleet_libvirt_system::Stopwatch;
 
 /// The RPCs the identity check guards, and whether each mutates.
@@ -124,20 +126,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
     async fn observe<T>(
         &self,
         method: &'static str,
+        span: tracing::Span,
         changed: fn(&T) -> bool,
-        machine_id: &str,
         body: impl Future<Output = Result<T, Status>>,
     ) -> Result<T, Status> {
         let watch = Stopwatch::start();
-        // The id is the caller's: the span (and so every log line in it) carries it bounded.
-        let span = info_span!(
-            "rpc",
-            method,
-            machine_id = %EchoField(machine_id),
-            operation_id = tracing::field::Empty,
-            identity = tracing::field::Empty,
-            code = tracing::field::Empty
-        );
         let result = AssertUnwindSafe(body)
             .catch_unwind()
             .instrument(span.clone())
@@ -150,6 +143,13 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         });
         let code = status::outcome_name(result.as_ref().err());
         span.record("code", code.as_str());
+        if let Err(e) = &result {
+            span.record("outcome", "error");
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_description", e.message());
+        } else {
+            span.record("outcome", "ok");
+        }
         let labels = GrpcLabels {
             method: method.to_owned(),
             code: code.clone(),
@@ -170,6 +170,28 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
             Ok(_) => debug!(parent: &span, code, dur_ms, "rpc"),
         }
         result
+    }
+
+    /// The span of one call (`rpc`), a child of the caller's span when the call carries W3C
+    /// trace context (see `trace_context`). The id is the caller's: the span (and so every
+    /// log line in it) carries it bounded.
+    fn rpc_span<T>(method: &'static str, machine_id: &str, request: &Request<T>) -> tracing::Span {
+        let span = info_span!(
+            "rpc",
+            method,
+            machine_id = %EchoField(machine_id),
+            operation_id = tracing::field::Empty,
+            shard_id = tracing::field::Empty,
+            zone = tracing::field::Empty,
+            identity = tracing::field::Empty,
+            code = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
+        adopt(&span, &trace_context::carrier(request.metadata()));
+        span
     }
 
     /// The caller's identity, when identities are enforced.
@@ -217,15 +239,38 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         mutation: bigfleet_libvirt_domain::Mutation,
         blob: bigfleet_libvirt_ports::BootstrapBlob,
     ) -> Result<Mutated, Status> {
+        // Runs inside the rpc span (see `observe`): the span carries the shard, and once
+        // answered the operation id and zone; the timeline the call and its answer.
+        let span = tracing::Span::current();
+        span.record("shard_id", EchoField(&mutation.token.shard_id).to_string());
+        let received = Received::arrive(&self.metrics.timeline, &mutation);
+        let answer = self.decide(method, peer, mutation, blob).await;
+        match &answer {
+            Ok(mutated) => {
+                let ack = mutated.response.get_ref();
+                span.record("operation_id", ack.operation_id.as_str());
+                if let Some(machine) = &ack.machine {
+                    span.record("zone", machine.zone.as_str());
+                }
+                received.answered(Ok((ack.operation_id.as_str(), mutated.started)));
+            }
+            Err(e) => received.answered(Err(e)),
+        }
+        answer
+    }
+
+    async fn decide(
+        &self,
+        method: &'static str,
+        peer: Option<PeerIdentity>,
+        mutation: bigfleet_libvirt_domain::Mutation,
+        blob: bigfleet_libvirt_ports::BootstrapBlob,
+    ) -> Result<Mutated, Status> {
         let access = Access::Mutate {
             shard_id: &mutation.token.shard_id,
         };
         self.authorize(method, peer.as_ref(), access)?;
         let ack = self.provider.mutate(mutation, blob).await;
-        if let Ok(ack) = &ack {
-            // Runs inside the rpc span (see `observe`), so the span carries the operation id.
-            tracing::Span::current().record("operation_id", ack.operation_id.as_str());
-        }
         ack.map(|ack| Mutated {
             started: ack.dispatch.is_some(),
             response: Response::new(transition_ack(&ack)),
@@ -238,11 +283,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
     async fn observe_mutation(
         &self,
         method: &'static str,
-        machine_id: &str,
+        span: tracing::Span,
         body: impl Future<Output = Result<Mutated, Status>>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let started = |m: &Mutated| m.started;
-        let mutated = self.observe(method, started, machine_id, body).await?;
+        let mutated = self.observe(method, span, started, body).await?;
         Ok(mutated.response)
     }
 }
@@ -298,11 +343,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         request: Request<pb::CreateRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let peer = self.peer(&request);
+        let span = Self::rpc_span("Create", &request.get_ref().machine_id, &request);
         let mutation = convert::create(request.into_inner());
-        let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
         let body = self.mutate("Create", peer, mutation, blob);
-        self.observe_mutation("Create", &id, body).await
+        self.observe_mutation("Create", span, body).await
     }
 
     async fn configure(
@@ -310,10 +355,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         request: Request<pb::ConfigureRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let peer = self.peer(&request);
+        let span = Self::rpc_span("Configure", &request.get_ref().machine_id, &request);
         let (mutation, blob) = convert::configure(request.into_inner());
-        let id = mutation.machine_id.clone();
         let body = self.mutate("Configure", peer, mutation, blob);
-        self.observe_mutation("Configure", &id, body).await
+        self.observe_mutation("Configure", span, body).await
     }
 
     async fn drain(
@@ -321,11 +366,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         request: Request<pb::DrainRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let peer = self.peer(&request);
+        let span = Self::rpc_span("Drain", &request.get_ref().machine_id, &request);
         let mutation = convert::drain(request.into_inner());
-        let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
         let body = self.mutate("Drain", peer, mutation, blob);
-        self.observe_mutation("Drain", &id, body).await
+        self.observe_mutation("Drain", span, body).await
     }
 
     async fn delete(
@@ -333,15 +378,16 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let peer = self.peer(&request);
+        let span = Self::rpc_span("Delete", &request.get_ref().machine_id, &request);
         let mutation = convert::delete(request.into_inner());
-        let id = mutation.machine_id.clone();
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
         let body = self.mutate("Delete", peer, mutation, blob);
-        self.observe_mutation("Delete", &id, body).await
+        self.observe_mutation("Delete", span, body).await
     }
 
     async fn get(&self, request: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
         let peer = self.peer(&request);
+        let span = Self::rpc_span("Get", &request.get_ref().id, &request);
         let id = request.into_inner().id;
         let body = async {
             self.authorize("Get", peer.as_ref(), Access::Read)?;
@@ -361,9 +407,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
                 .await
                 .map_err(|e| status::for_store_error(&e))?;
             let machine = found.ok_or_else(|| status::unknown_machine(&id))?;
+            tracing::Span::current().record("zone", machine.zone.as_str());
             Ok(Response::new(convert::machine(&machine)))
         };
-        self.observe("Get", |_| false, &id, body).await
+        self.observe("Get", span, |_| false, body).await
     }
 
     async fn list(
@@ -371,6 +418,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         request: Request<pb::ListFilter>,
     ) -> Result<Response<EncodedMachineList>, Status> {
         let peer = self.peer(&request);
+        let span = Self::rpc_span("List", "", &request);
         let query = convert::list_query(&request.into_inner());
         let body = async {
             self.authorize("List", peer.as_ref(), Access::Read)?;
@@ -418,6 +466,6 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
                 .insert(StreamedList::new(answer, held));
             Ok(response)
         };
-        self.observe("List", |_| false, "", body).await
+        self.observe("List", span, |_| false, body).await
     }
 }

@@ -44,6 +44,7 @@ mod seed;
 mod service;
 mod volumes;
 mod watch;
+mod watch_timeline;
 pub mod xml;
 
 #[cfg(test)]

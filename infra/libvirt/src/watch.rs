@@ -192,6 +192,7 @@ pub(crate) async fn run<C: Clock>(inner: Weak<Inner<C>>, zone: String, clock: C)
         let found = classify(&provider, &ids, &seen);
         if found != reported {
             log_changes(&zone, &reported, &found);
+            crate::watch_timeline::record(&strong.metrics.timeline, &reported, &found);
             reported = found;
         }
         strong.publish_drift(&zone, &reported);

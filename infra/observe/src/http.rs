@@ -2,13 +2,14 @@
 //! (liveness: always `ok`) and `/readyz` (`ready` only while gRPC serves and the state store
 //! takes commits; `not ready` during start-up, from the first shutdown signal, and with the
 //! reason while the last commit attempt failed). The same answer is exported as the gauge
-//! `bigfleet_libvirt_ready`, so alert rules can see it.
+//! `bigfleet_libvirt_ready`, so alert rules can see it. `/timeline?machine=ID` answers one
+//! machine's recent events as JSON (`timeline`), read-only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -79,6 +80,7 @@ pub fn router(metrics: Metrics, readiness: Readiness, on_scrape: ScrapeHook) -> 
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/timeline", get(timeline_page))
         .with_state(HttpState {
             metrics,
             readiness,
@@ -95,6 +97,21 @@ async fn metrics_page(State(state): State<HttpState>) -> impl IntoResponse {
     let body = state.metrics.render();
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     ([(header::CONTENT_TYPE, content_type)], body)
+}
+
+/// `GET /timeline?machine=ID`: the machine's recent events as JSON (see `timeline`).
+async fn timeline_page(
+    State(state): State<HttpState>,
+    Query(query): Query<crate::timeline::Query>,
+) -> (StatusCode, [(header::HeaderName, &'static str); 1], String) {
+    let (status, body) = crate::timeline::answer(&state.metrics.timeline, &query);
+    let content_type = if status == 200 {
+        "application/json"
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(header::CONTENT_TYPE, content_type)], body)
 }
 
 async fn healthz() -> &'static str {

@@ -1,11 +1,14 @@
 //! A decorator that gives every hypervisor call a span and the reference's metrics
 //! (`bigfleet_libvirt_api_calls_total{op,outcome}` and
 //! `bigfleet_libvirt_api_duration_seconds{op}`), whichever hypervisor it wraps. The op names
-//! are the reference's, so dashboards carry over.
+//! are the reference's, so dashboards carry over. Each call on a machine is also a phase on
+//! that machine's timeline (`timeline`), with its duration and error.
 
 use std::future::Future;
 
-use bigfleet_libvirt_domain::Machine;
+use std::sync::Arc;
+
+use bigfleet_libvirt_domain::{Machine, Timestamp};
 use bigfleet_libvirt_ports::{
     ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
     HypervisorError, ReadinessRequest,
@@ -13,6 +16,7 @@ use bigfleet_libvirt_ports::{
 use tracing::{Instrument, debug_span};
 
 use crate::metrics::{ApiLabels, Metrics, OpLabels};
+use crate::timeline::{What, bounded, millis, phase_index};
 use bigfleet_libvirt_system::Stopwatch;
 
 /// Wraps a hypervisor with spans and metrics.
@@ -37,13 +41,31 @@ impl<H> InstrumentedHypervisor<H> {
         &self,
         op: &'static str,
         span: tracing::Span,
+        machine: Option<&Machine>,
         call: impl Future<Output = Result<T, HypervisorError>>,
     ) -> Result<T, HypervisorError> {
         let watch = Stopwatch::start();
         let result = call.instrument(span.clone()).await;
         let outcome = if result.is_ok() { "success" } else { "error" };
+        span.record("outcome", outcome);
         if let Err(e) = &result {
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_description", e.message.as_str());
             span.in_scope(|| tracing::debug!(error = %e, "hypervisor call failed"));
+        }
+        if let Some(machine) = machine {
+            let duration = std::time::Duration::from_secs_f64(watch.seconds());
+            let timeline = &self.metrics.timeline;
+            let began = timeline
+                .now()
+                .map(|now| Timestamp(now.0.saturating_sub(duration_nanos(duration))));
+            let error = result.as_ref().err().map(|e| bounded(&e.message));
+            let phase = What::Phase {
+                op: phase_index(op),
+                millis: millis(duration),
+                error,
+            };
+            span.in_scope(|| timeline.record(machine.id.as_str(), began, phase));
         }
         let labels = ApiLabels {
             op: op.to_owned(),
@@ -60,13 +82,32 @@ impl<H> InstrumentedHypervisor<H> {
 }
 
 fn call_span(name: &'static str, machine: &Machine, operation_id: &str) -> tracing::Span {
-    debug_span!("hypervisor", op = name, machine_id = %machine.id, operation_id)
+    debug_span!(
+        "hypervisor",
+        op = name,
+        machine_id = %machine.id,
+        operation_id,
+        zone = %machine.zone,
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    )
+}
+
+fn duration_nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl<H: Hypervisor> Hypervisor for InstrumentedHypervisor<H> {
     async fn describe(&self) -> Result<Vec<Machine>, HypervisorError> {
-        let span = debug_span!("hypervisor", op = "DescribeManaged");
-        self.observe("DescribeManaged", span, self.inner.describe())
+        let span = debug_span!(
+            "hypervisor",
+            op = "DescribeManaged",
+            outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
+        self.observe("DescribeManaged", span, None, self.inner.describe())
             .await
     }
 
@@ -76,20 +117,38 @@ impl<H: Hypervisor> Hypervisor for InstrumentedHypervisor<H> {
             &request.machine,
             request.operation_id.as_str(),
         );
-        self.observe("CreateDomain", span, self.inner.create(request))
-            .await
+        let machine = Arc::clone(&request.machine);
+        self.observe(
+            "CreateDomain",
+            span,
+            Some(&machine),
+            self.inner.create(request),
+        )
+        .await
     }
 
     async fn configure(&self, request: ConfigureRequest) -> Result<(), HypervisorError> {
         let span = call_span("Configure", &request.machine, request.operation_id.as_str());
-        self.observe("Configure", span, self.inner.configure(request))
-            .await
+        let machine = Arc::clone(&request.machine);
+        self.observe(
+            "Configure",
+            span,
+            Some(&machine),
+            self.inner.configure(request),
+        )
+        .await
     }
 
     async fn confirm_node_ready(&self, request: ReadinessRequest) -> Result<(), HypervisorError> {
         let span = call_span("NodeReady", &request.machine, request.operation_id.as_str());
-        self.observe("NodeReady", span, self.inner.confirm_node_ready(request))
-            .await
+        let machine = Arc::clone(&request.machine);
+        self.observe(
+            "NodeReady",
+            span,
+            Some(&machine),
+            self.inner.confirm_node_ready(request),
+        )
+        .await
     }
 
     fn readiness_gate(&self) -> bool {
@@ -98,7 +157,9 @@ impl<H: Hypervisor> Hypervisor for InstrumentedHypervisor<H> {
 
     async fn drain(&self, request: DrainRequest) -> Result<(), HypervisorError> {
         let span = call_span("Drain", &request.machine, request.operation_id.as_str());
-        self.observe("Drain", span, self.inner.drain(request)).await
+        let machine = Arc::clone(&request.machine);
+        self.observe("Drain", span, Some(&machine), self.inner.drain(request))
+            .await
     }
 
     async fn delete(&self, request: DeleteRequest) -> Result<(), HypervisorError> {
@@ -107,7 +168,13 @@ impl<H: Hypervisor> Hypervisor for InstrumentedHypervisor<H> {
             &request.machine,
             request.operation_id.as_str(),
         );
-        self.observe("DeleteDomain", span, self.inner.delete(request))
-            .await
+        let machine = Arc::clone(&request.machine);
+        self.observe(
+            "DeleteDomain",
+            span,
+            Some(&machine),
+            self.inner.delete(request),
+        )
+        .await
     }
 }

@@ -155,6 +155,8 @@ pub struct Metrics {
     pub state_writable: Gauge,
     /// Idle connections evicted at a port's connection cap to let a new client in, by port.
     pub connections_evicted: Family<PortLabels, Counter>,
+    /// Every machine's recent events, recorded by the same adapters that count them.
+    pub timeline: crate::timeline::Timeline,
 }
 
 fn latency_histogram() -> Histogram {
@@ -207,6 +209,7 @@ impl Metrics {
             api_duration.clone(),
         );
         registry.register_collector(Box::new(crate::process::ProcessCollector));
+        registry.register_collector(Box::new(crate::export::ExportCollector));
         registry.register(
             format!("{prefix}_grpc_requests"),
             "Unary gRPC requests by method and status code",
@@ -314,6 +317,7 @@ impl Metrics {
             state_commit_failures,
             state_writable,
             connections_evicted,
+            timeline: crate::timeline::Timeline::default(),
         }
     }
 

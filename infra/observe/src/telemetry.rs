@@ -1,14 +1,17 @@
 //! Logging and tracing set-up: structured logs on stderr as text or JSON (filtered by
 //! `RUST_LOG` when set, else by the configured level), and, when an OTLP endpoint is
 //! configured, every span exported over OTLP/gRPC with the standard `OTEL_*` variables
-//! honoured by the exporter. Must be called inside the tokio runtime (the exporter's
-//! channel lives on it).
+//! honoured by the exporter (`OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` by the SDK's
+//! sampler, parent-based by default), through the bounded, counted path of `export`.
+//! Without an endpoint no OpenTelemetry layer is installed at all (it costs CPU on every
+//! span), so spans have no trace ids and the caller's context is not read. Must be called
+//! inside the tokio runtime (the exporter's channel lives on it).
 
 use std::io::IsTerminal;
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::{LevelFilter, Targets};
@@ -101,6 +104,7 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<Telemetry> {
         .with(otel)
         .try_init()
         .map_err(|e| anyhow::anyhow!("install the log subscriber: {e}"))?;
+    crate::trace_context::ENABLED.store(tracer.is_some(), std::sync::atomic::Ordering::Relaxed);
     Ok(Telemetry { tracer })
 }
 
@@ -117,8 +121,20 @@ fn exporter(endpoint: &str, service_name: Option<String>) -> anyhow::Result<SdkT
     if let Some(name) = service_name {
         resource = resource.with_service_name(name);
     }
+    let bound = crate::export::queue_bound(
+        std::env::var(opentelemetry_sdk::trace::OTEL_BSP_MAX_QUEUE_SIZE)
+            .ok()
+            .as_deref(),
+    );
+    let (exporter, gate) = crate::export::bounded(exporter, bound);
+    let batch = BatchConfigBuilder::default()
+        .with_max_queue_size(bound)
+        .build();
+    let processor = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(batch)
+        .build();
     Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
+        .with_span_processor(gate.wrap(processor))
         .with_resource(resource.build())
         .build())
 }

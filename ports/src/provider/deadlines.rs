@@ -3,6 +3,10 @@
 //! critical section that spawns its worker), and a background task owned by the provider
 //! fails, as timed out, whatever is still in flight [`SWEEP_GRACE`] after its deadline,
 //! whatever its worker did.
+//!
+//! A worker's `transition` span is opened in the accepting call's span, so it, and every
+//! hypervisor call under it, is in that call's trace even though it runs after the answer;
+//! `finish` records its `outcome` (and an error status when it failed) on it.
 
 use std::sync::{Arc, Weak};
 
@@ -46,6 +50,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             kind = %dispatch.kind,
             machine_id = %dispatch.machine.id,
             operation_id = %dispatch.operation_id,
+            zone = %dispatch.machine.zone,
+            outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
         );
         let task = async move {
             if let Err(error) = durable.await {
@@ -85,6 +93,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 kind = %dispatch.kind,
                 machine_id = %dispatch.machine.id,
                 operation_id = %dispatch.operation_id,
+                zone = %dispatch.machine.zone,
+                outcome = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+                otel.status_description = tracing::field::Empty,
             );
             async {
                 warn!(

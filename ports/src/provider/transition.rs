@@ -151,6 +151,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 None
             }
         };
+        record_outcome(machine.as_deref());
         self.notify(&TransitionEvent {
             kind: dispatch.kind,
             machine: machine.clone(),
@@ -210,6 +211,25 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for observer in observers.iter() {
             observer(event);
+        }
+    }
+}
+
+/// Records how the transition ended on its span (the worker's, or the sweep's for an
+/// overdue one; `finish` runs in it): `outcome`, and an error status when it failed.
+fn record_outcome(machine: Option<&Machine>) {
+    let span = tracing::Span::current();
+    match machine {
+        Some(m) if m.state == MachineState::Failed => {
+            span.record("outcome", "failed");
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_description", m.last_error.as_str());
+        }
+        Some(_) => {
+            span.record("outcome", "succeeded");
+        }
+        None => {
+            span.record("outcome", "dropped");
         }
     }
 }

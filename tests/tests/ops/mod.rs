@@ -10,10 +10,13 @@
 mod health;
 mod metrics;
 mod otlp;
+mod otlp_down;
 mod panics;
 mod rotation;
 mod startup;
+mod timeline;
 mod tls;
+mod trace_context;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

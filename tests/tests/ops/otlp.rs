@@ -41,7 +41,7 @@ impl TraceService for Capture {
     }
 }
 
-async fn collector() -> (
+pub(super) async fn collector() -> (
     SocketAddr,
     tokio::sync::mpsc::UnboundedReceiver<ExportTraceServiceRequest>,
 ) {
@@ -55,7 +55,7 @@ async fn collector() -> (
     (addr, rx)
 }
 
-fn any_text(value: Option<&AnyValue>) -> Option<String> {
+pub(super) fn any_text(value: Option<&AnyValue>) -> Option<String> {
     match value?.value.as_ref()? {
         any_value::Value::StringValue(s) => Some(s.clone()),
         any_value::Value::IntValue(i) => Some(i.to_string()),
@@ -64,14 +64,14 @@ fn any_text(value: Option<&AnyValue>) -> Option<String> {
     }
 }
 
-fn attr_in(attrs: &[KeyValue], key: &str) -> Option<String> {
+pub(super) fn attr_in(attrs: &[KeyValue], key: &str) -> Option<String> {
     attrs
         .iter()
         .find(|kv| kv.key == key)
         .and_then(|kv| any_text(kv.value.as_ref()))
 }
 
-fn attr(span: &Span, key: &str) -> Option<String> {
+pub(super) fn attr(span: &Span, key: &str) -> Option<String> {
     attr_in(&span.attributes, key)
 }
 

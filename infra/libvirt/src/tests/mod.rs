@@ -10,6 +10,7 @@ mod isolation;
 mod lifecycle;
 mod reconcile;
 mod watch;
+mod watch_timeline;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
