@@ -242,7 +242,10 @@ fn tls(uri: &str, target: &Target, message: &str) -> Option<Refusal> {
             format!("put the client certificate the hosts' CA issued, and that CA, in {pkipath}"),
         );
     }
-    if message.contains("Cannot read") || message.contains("Cannot access") {
+    if message.contains("Cannot read")
+        || message.contains("Cannot access")
+        || message.contains("Error while reading file")
+    {
         return refusal(
             format!("a TLS credential file in {pkipath} is missing or unreadable"),
             format!(
