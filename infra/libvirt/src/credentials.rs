@@ -173,7 +173,9 @@ fn ssh(uri: &str, target: &Target, message: &str) -> Option<Refusal> {
             format!("the host's sshd refused the key {keyfile} for {user} (key not authorised)"),
             format!(
                 "append the key's public half (ssh-keygen -y -f {keyfile}) to \
-                 ~{}/.ssh/authorized_keys on the host (deploy/README.md step 2 A)",
+                 ~{}/.ssh/authorized_keys on the host (deploy/README.md step 2 A); libvirt \
+                 offers {keyfile}.pub instead of the key's own public half when that file \
+                 exists, so replace or remove it with the key",
                 target.user
             ),
         );

@@ -45,10 +45,13 @@ impl Drop for Restore {
 fn rotate(dir: &std::path::Path, local: &Tier, creds: &Creds) -> (String, String) {
     // The old key and certificate, kept aside to show the hosts refuse them afterwards.
     let old = Creds::copy(&dir.join("old"));
-    // Zone A: a new key in the key file; authorized_keys holds only the new key.
+    // Zone A: a new key in the key file, and its public half beside it (libvirt offers
+    // <keyfile>.pub when it exists, so a stale one would still offer the old key);
+    // authorized_keys holds only the new key.
     let fresh = dir.join("fresh_ed25519");
     new_ssh_key(local, &fresh);
     std::fs::copy(&fresh, creds.ssh("id_ed25519")).unwrap();
+    std::fs::copy(fresh.with_extension("pub"), creds.ssh("id_ed25519.pub")).unwrap();
     let public = std::fs::read_to_string(fresh.with_extension("pub")).unwrap();
     std::fs::write(
         local.a.root.join("home/bigfleet/.ssh/authorized_keys"),
