@@ -110,6 +110,19 @@ pub fn fix_of(line: &str) -> Option<&str> {
         .flatten()
 }
 
+/// `doctor`'s detail and fix for a host it could not connect to: a refusal explained by
+/// [`connect_failure`] split into its two halves, anything else with the general advice.
+pub(crate) fn connection_block<'a>(uri: &str, error: &'a str) -> (String, &'a str) {
+    match error.rsplit_once("; fix: ") {
+        Some((detail, fix)) if fix_of(error).is_some() => (detail.to_owned(), fix),
+        _ => (
+            format!("{uri}: {error}"),
+            "check the --connect URI, that libvirtd runs there, and this process's \
+             credentials for it (ssh key, TLS certificate or socket permissions)",
+        ),
+    }
+}
+
 fn explain(uri: &str, message: &str) -> Option<Refusal> {
     let target = Target::parse(uri);
     match target.scheme.split_once('+').map(|(_, t)| t) {

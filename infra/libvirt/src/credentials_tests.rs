@@ -114,6 +114,16 @@ fn the_line_redacts_and_doctor_finds_the_fix() {
     let plain = describe("qemu+unix:///system", "Failed to connect socket", "raw");
     assert_eq!(plain, "connect: raw");
     assert_eq!(fix_of(&plain), None);
+    // doctor's detail and fix: the two halves, or the general advice.
+    let (detail, fix) = connection_block("u", &shown);
+    assert!(
+        !detail.contains("; fix: ") && detail.starts_with("connect to "),
+        "{detail}"
+    );
+    assert!(fix.starts_with("mount the SSH key Secret"), "{fix}");
+    let (detail, fix) = connection_block("qemu+unix:///system", &plain);
+    assert_eq!(detail, "qemu+unix:///system: connect: raw");
+    assert!(fix.starts_with("check the --connect URI"), "{fix}");
 }
 
 #[test]

@@ -350,26 +350,9 @@ fn judge_host(want: &Expectations, host: &HostFacts, slots: &[Slots], out: &mut 
     let zone = host.zone.as_str();
     let connection = match &host.connection {
         Ok(c) => c,
-        Err(e) if crate::credentials::fix_of(e).is_some() => {
-            let (detail, fix) = e.rsplit_once("; fix: ").unwrap_or((e, ""));
-            out.push(check(
-                zone,
-                "connection",
-                Status::Block,
-                detail.to_owned(),
-                fix,
-            ));
-            return;
-        }
         Err(e) => {
-            out.push(check(
-                zone,
-                "connection",
-                Status::Block,
-                format!("{}: {e}", host.uri),
-                "check the --connect URI, that libvirtd runs there, and this process's \
-                 credentials for it (ssh key, TLS certificate or socket permissions)",
-            ));
+            let (detail, fix) = crate::credentials::connection_block(&host.uri, e);
+            out.push(check(zone, "connection", Status::Block, detail, fix));
             return;
         }
     };

@@ -82,16 +82,11 @@ fn rotate(dir: &std::path::Path, local: &Tier, creds: &Creds) -> (String, String
     (old.ssh_uri(), old.tls_uri())
 }
 
-#[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
-async fn credential_rotation() {
-    let dir = tempfile::tempdir().unwrap();
-    let creds = Creds::copy(dir.path());
-    let (tier, local) = remote(creds.ssh_uri(), creds.tls_uri());
-    let server = tier.provider(dir.path(), "e2e-rotation", (1, 1), &[]);
+/// Waits until both remote zones report healthy.
+async fn both_healthy(server: &Server) {
     for zone in ["rackA", "rackB"] {
         gauge_until(
-            &server,
+            server,
             HEALTH,
             &[("zone", zone), ("state", "healthy")],
             1.0,
@@ -99,6 +94,16 @@ async fn credential_rotation() {
         )
         .await;
     }
+}
+
+#[tokio::test]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
+async fn credential_rotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let creds = Creds::copy(dir.path());
+    let (tier, local) = remote(creds.ssh_uri(), creds.tls_uri());
+    let server = tier.provider(dir.path(), "e2e-rotation", (1, 1), &[]);
+    both_healthy(&server).await;
     let _restore = Restore::new(&local);
     let (old_ssh, old_tls) = rotate(dir.path(), &local, &creds);
 
@@ -133,16 +138,7 @@ async fn credential_rotation() {
         "SIGHUP -> rackA redialled with the new key: {:?}",
         start.elapsed()
     );
-    for zone in ["rackA", "rackB"] {
-        gauge_until(
-            &server,
-            HEALTH,
-            &[("zone", zone), ("state", "healthy")],
-            1.0,
-            Duration::from_secs(30),
-        )
-        .await;
-    }
+    both_healthy(&server).await;
     println!("SIGHUP -> both zones healthy: {:?}", start.elapsed());
 
     let mut c = server.client().await;
