@@ -2,7 +2,7 @@
 //! through the tier's real sshd as the non-root user `bigfleet` (libvirt group, polkit rule
 //! from deploy/examples/), zone `rackB` over `qemu+tls://` to the tier's libvirtd listening
 //! for TLS (scripts/qemu-tier/remote.sh). Each test is named after its scenario:
-//! `remote_libssh`, `remote_tls`, `remote_failures`, `credential_rotation`.
+//! `remote_libssh`, `remote_tls`, `remote_failures`, `credential_rotation`, `image_remote_doctor`.
 //!
 //! `#[ignore]`d outside `scripts/qemu-tier/run.sh ci`. Every change a test makes to a host
 //! (authorized_keys, the polkit rule, libvirtd.conf) is undone by a guard when it ends.
@@ -21,6 +21,7 @@ use crate::harness::*;
 use crate::qemu_zones::*;
 
 mod failures;
+mod image;
 mod rotation;
 
 fn var(name: &str) -> String {
@@ -58,7 +59,7 @@ impl Creds {
     }
 
     /// Zone A's URI with this key file and known_hosts.
-    pub fn ssh_uri_with(&self, keyfile: &Path, known_hosts: &Path) -> String {
+    pub fn ssh_uri_with(keyfile: &Path, known_hosts: &Path) -> String {
         format!(
             "qemu+libssh://bigfleet@127.0.0.1:{}/system?keyfile={}&known_hosts={}&known_hosts_verify=normal",
             var("BIGFLEET_QEMU_SSH_PORT"),
@@ -68,7 +69,7 @@ impl Creds {
     }
 
     pub fn ssh_uri(&self) -> String {
-        self.ssh_uri_with(&self.ssh("id_ed25519"), &self.ssh("known_hosts"))
+        Self::ssh_uri_with(&self.ssh("id_ed25519"), &self.ssh("known_hosts"))
     }
 
     /// Zone B's URI to `host` with `pkipath`.
@@ -208,20 +209,11 @@ pub fn doctor(dir: &Path, connect: &str) -> (i32, Value) {
 
 /// As [`doctor`], run through `wrapper` (e.g. setpriv to another uid).
 pub fn doctor_as(dir: &Path, connect: &str, wrapper: &[&str]) -> (i32, Value) {
-    let tier = Tier::from_env();
-    let types = dir.join("doctor-types.json");
-    std::fs::write(
-        &types,
-        r#"{ "e2e.tiny": { "vcpu": 1, "memory_mib": 384 } }"#,
-    )
-    .unwrap();
-    let offerings = dir.join("doctor-offerings.json");
-    std::fs::write(
-        &offerings,
-        r#"[{ "instance_type": "e2e.tiny", "zone": "rackA", "count": 1 },
-            { "instance_type": "e2e.tiny", "zone": "rackB", "count": 1 }]"#,
-    )
-    .unwrap();
+    let (types, offerings) = (
+        dir.join("doctor-types.json"),
+        dir.join("doctor-offerings.json"),
+    );
+    write_doctor_files(&types, &offerings);
     let binary = binary();
     let mut command = match wrapper.split_first() {
         Some((program, rest)) => {
@@ -231,22 +223,51 @@ pub fn doctor_as(dir: &Path, connect: &str, wrapper: &[&str]) -> (i32, Value) {
         }
         None => Command::new(&binary),
     };
-    let output = command
-        .args([
-            "doctor",
-            "--output=json",
-            "--provider=e2e-doctor",
-            "--network=",
-            "--domain-type=qemu",
-        ])
-        .arg(format!("--connect={connect}"))
-        .arg(format!("--image={}", tier.image))
-        .arg(format!("--storage-pool={}", tier.pool))
-        .arg(format!("--instance-types={}", types.display()))
-        .arg(format!("--offerings={}", offerings.display()))
-        .args(["--host-reserve-cpu=0", "--host-reserve-memory-mib=0"])
-        .output()
-        .expect("run doctor");
+    let args = doctor_args(
+        connect,
+        &types.display().to_string(),
+        &offerings.display().to_string(),
+    );
+    run_doctor(command.args(args))
+}
+
+/// The instance types and offerings `doctor` is given (one tiny slot in each zone).
+pub fn write_doctor_files(types: &Path, offerings: &Path) {
+    std::fs::write(types, r#"{ "e2e.tiny": { "vcpu": 1, "memory_mib": 384 } }"#).unwrap();
+    std::fs::write(
+        offerings,
+        r#"[{ "instance_type": "e2e.tiny", "zone": "rackA", "count": 1 },
+            { "instance_type": "e2e.tiny", "zone": "rackB", "count": 1 }]"#,
+    )
+    .unwrap();
+}
+
+/// `doctor --output json` with the tier provider's flags, the files named as the binary
+/// sees them.
+pub fn doctor_args(connect: &str, types: &str, offerings: &str) -> Vec<String> {
+    let tier = Tier::from_env();
+    let mut args: Vec<String> = [
+        "doctor",
+        "--output=json",
+        "--provider=e2e-doctor",
+        "--network=",
+        "--domain-type=qemu",
+        "--host-reserve-cpu=0",
+        "--host-reserve-memory-mib=0",
+    ]
+    .map(String::from)
+    .into();
+    args.push(format!("--connect={connect}"));
+    args.push(format!("--image={}", tier.image));
+    args.push(format!("--storage-pool={}", tier.pool));
+    args.push(format!("--instance-types={types}"));
+    args.push(format!("--offerings={offerings}"));
+    args
+}
+
+/// Runs a `doctor --output json` command; returns the exit code and the report.
+pub fn run_doctor(command: &mut Command) -> (i32, Value) {
+    let output = command.output().expect("run doctor");
     let report: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
         panic!(
             "doctor printed no JSON ({e}): {}",

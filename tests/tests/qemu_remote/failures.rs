@@ -216,25 +216,25 @@ fn ssh_cases(dir: &Path, local: &Tier, creds: &Creds) -> Vec<Case> {
         Case {
             name: "unknown-host-key",
             zone: "rackA",
-            broken: creds.ssh_uri_with(&key, &empty),
+            broken: Creds::ssh_uri_with(&key, &empty),
             words: "(unknown host key)",
         },
         Case {
             name: "changed-host-key",
             zone: "rackA",
-            broken: creds.ssh_uri_with(&key, &changed),
+            broken: Creds::ssh_uri_with(&key, &changed),
             words: "(changed host key",
         },
         Case {
             name: "missing-key-file",
             zone: "rackA",
-            broken: creds.ssh_uri_with(&dir.join("no-such-key"), &hosts),
+            broken: Creds::ssh_uri_with(&dir.join("no-such-key"), &hosts),
             words: "no-such-key does not exist",
         },
         Case {
             name: "key-not-authorised",
             zone: "rackA",
-            broken: creds.ssh_uri_with(&stranger, &hosts),
+            broken: Creds::ssh_uri_with(&stranger, &hosts),
             words: "(key not authorised)",
         },
     ]
@@ -294,7 +294,7 @@ fn unreadable_key(dir: &Path, creds: &Creds) {
     }
     let connect = format!(
         "rackA={},rackB={}",
-        creds.ssh_uri_with(&key, &hosts),
+        Creds::ssh_uri_with(&key, &hosts),
         creds.tls_uri()
     );
     let (code, report) = doctor_as(
