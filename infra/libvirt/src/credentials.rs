@@ -146,15 +146,7 @@ fn ssh(uri: &str, target: &Target, message: &str) -> Option<Refusal> {
     if (message.contains("was not accepted") && message.contains("SSH host key"))
         || message.contains("Can't verify the session host key")
     {
-        return refusal(
-            format!("the SSH host key of {host} is not in {known_hosts} (unknown host key)"),
-            format!(
-                "add the host's public key to {known_hosts} as a line `{}` (take it from \
-                 the host's /etc/ssh/ssh_host_ed25519_key.pub, not from the network), then \
-                 update the Secret",
-                known_host_name(target)
-            ),
-        );
+        return unknown_host(&known_hosts, &host, target);
     }
     if message.contains("HOST KEY VERIFICATION FAILED") {
         return refusal(
@@ -194,6 +186,29 @@ fn ssh(uri: &str, target: &Target, message: &str) -> Option<Refusal> {
         );
     }
     polkit(target, message)
+}
+
+/// libssh could not verify the host key: an unreadable known_hosts (libssh says the same
+/// then), or a host not in it.
+fn unknown_host(known_hosts: &str, host: &str, target: &Target) -> Option<Refusal> {
+    if std::fs::File::open(known_hosts).is_err_and(|e| e.kind() == ErrorKind::PermissionDenied) {
+        return refusal(
+            format!("the known_hosts file {known_hosts} cannot be read by this process"),
+            format!(
+                "mount the SSH Secret so that {known_hosts} is readable by the provider's \
+                 uid (the chart mounts it at /etc/bigfleet/libvirt-ssh with mode 0440)"
+            ),
+        );
+    }
+    refusal(
+        format!("the SSH host key of {host} is not in {known_hosts} (unknown host key)"),
+        format!(
+            "add the host's public key to {known_hosts} as a line `{}` (take it from the \
+             host's /etc/ssh/ssh_host_ed25519_key.pub, not from the network), then update \
+             the Secret",
+            known_host_name(target)
+        ),
+    )
 }
 
 fn polkit(target: &Target, message: &str) -> Option<Refusal> {

@@ -273,9 +273,10 @@ fn tls_cases(dir: &Path, creds: &Creds) -> Vec<Case> {
     ]
 }
 
-/// A key file root owns with mode 0600, read by doctor as uid 65532 (the image's user).
-fn unreadable_key(dir: &Path, creds: &Creds) {
-    let open = dir.join("open");
+/// doctor as uid 65532 (the image's user) with copies of zone A's key and known_hosts in
+/// `dir/sub`, root-owned with these modes.
+fn doctor_as_nonroot(dir: &Path, sub: &str, creds: &Creds, modes: (u32, u32)) -> (i32, Value) {
+    let open = dir.join(sub);
     std::fs::create_dir_all(&open).unwrap();
     let (key, hosts) = (open.join("id_ed25519"), open.join("known_hosts"));
     std::fs::copy(creds.ssh("id_ed25519"), &key).unwrap();
@@ -283,8 +284,8 @@ fn unreadable_key(dir: &Path, creds: &Creds) {
     for (path, mode) in [
         (dir, 0o755),
         (open.as_path(), 0o755),
-        (hosts.as_path(), 0o644),
-        (key.as_path(), 0o600),
+        (key.as_path(), modes.0),
+        (hosts.as_path(), modes.1),
     ] {
         Command::new("chmod")
             .arg(format!("{mode:o}"))
@@ -297,16 +298,32 @@ fn unreadable_key(dir: &Path, creds: &Creds) {
         Creds::ssh_uri_with(&key, &hosts),
         creds.tls_uri()
     );
-    let (code, report) = doctor_as(
-        dir,
-        &connect,
-        &[
-            "setpriv",
-            "--reuid=65532",
-            "--regid=65532",
-            "--clear-groups",
-        ],
+    let wrapper = [
+        "setpriv",
+        "--reuid=65532",
+        "--regid=65532",
+        "--clear-groups",
+    ];
+    doctor_as(dir, &connect, &wrapper)
+}
+
+/// A known_hosts root owns with mode 0600 (the key readable): libssh's "cannot verify the
+/// host key" is the unreadable file, not an unknown host.
+fn unreadable_known_hosts(dir: &Path, creds: &Creds) {
+    let (code, report) = doctor_as_nonroot(dir, "hosts-closed", creds, (0o644, 0o600));
+    let blocker = connection(&report, "rackA");
+    println!("unreadable-known-hosts (uid 65532): doctor: {blocker}");
+    assert_eq!(code, 1, "{report:#}");
+    let detail = blocker["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("known_hosts cannot be read by this process"),
+        "{detail}"
     );
+}
+
+/// A key file root owns with mode 0600, read by doctor as uid 65532 (the image's user).
+fn unreadable_key(dir: &Path, creds: &Creds) {
+    let (code, report) = doctor_as_nonroot(dir, "open", creds, (0o600, 0o644));
     let blocker = connection(&report, "rackA");
     println!("unreadable-key-file (uid 65532): doctor: {blocker}");
     assert_eq!(code, 1, "{report:#}");
@@ -345,6 +362,7 @@ async fn remote_failures() {
         check_case(dir.path(), &creds, case).await;
     }
     unreadable_key(dir.path(), &creds);
+    unreadable_known_hosts(dir.path(), &creds);
     let polkit = Case {
         name: "polkit-refusal",
         zone: "rackA",
