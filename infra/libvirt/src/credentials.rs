@@ -4,10 +4,11 @@
 //! methods with credentials were rejected by the server", "Unable to read TLS
 //! confirmation"), which names neither the zone nor the file to change. A failed dial's
 //! error is matched here against the refusals of the `qemu+libssh://` and `qemu+tls://`
-//! transports (host key unknown or changed, key file missing, unreadable or not a key, key
-//! not authorised, polkit refusing the user, the server certificate from another CA, for
-//! another host name or expired, the client certificate expired, from another CA or its DN
-//! not allowed, a credential file missing). A match becomes
+//! transports (host key unknown or changed, known_hosts missing or unreadable, key file
+//! missing, unreadable or not a key, key not authorised, polkit refusing the user, the
+//! server certificate from another CA, for another host name or expired, the client
+//! certificate expired, from another CA or its DN not allowed, a credential file missing).
+//! A match becomes
 //! `connect to <redacted URI>: <what was refused> (libvirt: <libvirt's text>); fix: <the fix>`;
 //! anything else keeps libvirt's text after `connect: `. The same line goes to the serving
 //! log (with the zone) and to `doctor`, which shows the part after `; fix: ` as the fix.
@@ -188,17 +189,32 @@ fn ssh(uri: &str, target: &Target, message: &str) -> Option<Refusal> {
     polkit(target, message)
 }
 
-/// libssh could not verify the host key: an unreadable known_hosts (libssh says the same
-/// then), or a host not in it.
+/// libssh could not verify the host key: a missing or unreadable known_hosts (libssh says
+/// the same then), or a host not in it.
 fn unknown_host(known_hosts: &str, host: &str, target: &Target) -> Option<Refusal> {
-    if std::fs::File::open(known_hosts).is_err_and(|e| e.kind() == ErrorKind::PermissionDenied) {
-        return refusal(
-            format!("the known_hosts file {known_hosts} cannot be read by this process"),
-            format!(
-                "mount the SSH Secret so that {known_hosts} is readable by the provider's \
-                 uid (the chart mounts it at /etc/bigfleet/libvirt-ssh with mode 0440)"
-            ),
-        );
+    match std::fs::File::open(known_hosts) {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            return refusal(
+                format!("the known_hosts file {known_hosts} does not exist"),
+                format!(
+                    "mount the SSH Secret with its known_hosts (a line `{}` for each host, \
+                     from the host's /etc/ssh/ssh_host_ed25519_key.pub) so that {known_hosts} \
+                     exists (the chart mounts it at /etc/bigfleet/libvirt-ssh), or correct \
+                     known_hosts= in --connect",
+                    known_host_name(target)
+                ),
+            );
+        }
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => {
+            return refusal(
+                format!("the known_hosts file {known_hosts} cannot be read by this process"),
+                format!(
+                    "mount the SSH Secret so that {known_hosts} is readable by the provider's \
+                     uid (the chart mounts it at /etc/bigfleet/libvirt-ssh with mode 0440)"
+                ),
+            );
+        }
+        _ => {}
     }
     refusal(
         format!("the SSH host key of {host} is not in {known_hosts} (unknown host key)"),

@@ -6,6 +6,16 @@ use super::*;
 const SSH: &str = "qemu+libssh://bigfleet@127.0.0.1:2222/system?keyfile=/k/id_ed25519&known_hosts=/k/known_hosts&known_hosts_verify=normal";
 const TLS: &str = "qemu+tls://localhost:16514/system?pkipath=/nonexistent/tls";
 
+/// [`SSH`] with a known_hosts that exists (the refusals that look at it need one).
+fn ssh_with_known_hosts() -> (String, std::path::PathBuf) {
+    let file = std::env::temp_dir().join(format!("bigfleet-known-hosts-{}", std::process::id()));
+    std::fs::write(&file, "").unwrap();
+    (
+        SSH.replace("/k/known_hosts", &file.display().to_string()),
+        file,
+    )
+}
+
 fn line(uri: &str, message: &str) -> (String, String) {
     let r = explain(uri, message).unwrap_or_else(|| panic!("{message:?} not recognised"));
     (r.refused, r.fix)
@@ -13,20 +23,33 @@ fn line(uri: &str, message: &str) -> (String, String) {
 
 #[test]
 fn ssh_host_key_refusals_name_known_hosts() {
+    let (uri, known_hosts) = ssh_with_known_hosts();
     let (refused, fix) = line(
-        SSH,
+        &uri,
         "libssh transport error: SSH host key for '127.0.0.1' (72:e0) was not accepted",
     );
     assert!(
-        refused.contains("not in /k/known_hosts (unknown host key)"),
+        refused.ends_with(&format!(
+            "not in {} (unknown host key)",
+            known_hosts.display()
+        )),
         "{refused}"
     );
     assert!(fix.contains("[127.0.0.1]:2222 ssh-ed25519"), "{fix}");
-    let (refused, _) = line(
-        SSH,
-        "libssh transport error: No user interaction callback provided: Can't verify the session host key",
-    );
+    let cannot_verify = "libssh transport error: No user interaction callback provided: Can't verify the session host key";
+    let (refused, _) = line(&uri, cannot_verify);
     assert!(refused.contains("(unknown host key)"), "{refused}");
+    // libssh says the same when the file is not there at all.
+    let (refused, fix) = line(SSH, cannot_verify);
+    assert_eq!(
+        refused,
+        "the known_hosts file /k/known_hosts does not exist"
+    );
+    assert!(
+        fix.contains("so that /k/known_hosts exists") && fix.contains("correct known_hosts="),
+        "{fix}"
+    );
+    assert!(fix.contains("[127.0.0.1]:2222 ssh-ed25519"), "{fix}");
     let (refused, fix) = line(
         SSH,
         "authentication failed: !!! SSH HOST KEY VERIFICATION FAILED !!!: Identity of host '127.0.0.1:2222' differs",
@@ -36,6 +59,7 @@ fn ssh_host_key_refusals_name_known_hosts() {
         "{refused}"
     );
     assert!(fix.contains("replace its line in /k/known_hosts"), "{fix}");
+    let _ = std::fs::remove_file(known_hosts);
 }
 
 #[test]

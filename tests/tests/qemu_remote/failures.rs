@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rcgen::{BasicConstraints, Issuer, KeyPair, KeyUsagePurpose};
 use rcgen::{CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa};
@@ -110,26 +110,51 @@ impl Authority {
     }
 }
 
-/// Moves zone A's polkit rule away until dropped.
-struct NoPolkitRule(PathBuf);
+/// Moves zone A's polkit rule away until dropped. polkitd rereads its rules when the
+/// directory changes, so each way waits until a dial over `uri` shows the change.
+struct NoPolkitRule {
+    rule: PathBuf,
+    uri: String,
+}
 
 impl NoPolkitRule {
-    fn new(local: &Tier) -> Self {
+    fn new(local: &Tier, uri: String) -> Self {
         let rule = local
             .a
             .root
             .join("etc/polkit-1/rules.d/49-bigfleet-libvirt.rules");
         std::fs::rename(&rule, rule.with_extension("off")).unwrap();
-        // polkitd rereads its rules on a change; give it a moment.
-        std::thread::sleep(Duration::from_secs(2));
-        NoPolkitRule(rule)
+        let refused = dial_until(&uri, |r| r.as_ref().is_err_and(|e| e.contains("polkit")));
+        assert!(refused, "polkitd still lets bigfleet in without the rule");
+        NoPolkitRule { rule, uri }
     }
 }
 
 impl Drop for NoPolkitRule {
     fn drop(&mut self) {
-        let _ = std::fs::rename(self.0.with_extension("off"), &self.0);
-        std::thread::sleep(Duration::from_secs(2));
+        let _ = std::fs::rename(self.rule.with_extension("off"), &self.rule);
+        if !dial_until(&self.uri, Result::is_ok) {
+            eprintln!("polkitd still refuses bigfleet with the rule back");
+        }
+    }
+}
+
+/// Dials `uri` until `done` holds for the result (the error's text), for up to 30 s;
+/// whether it did.
+fn dial_until(uri: &str, done: impl Fn(&Result<(), String>) -> bool) -> bool {
+    virt::error::clear_error_callback();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let result = Connect::open(Some(uri))
+            .map(drop)
+            .map_err(|e| e.to_string());
+        if done(&result) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -218,6 +243,12 @@ fn ssh_cases(dir: &Path, local: &Tier, creds: &Creds) -> Vec<Case> {
             zone: "rackA",
             broken: Creds::ssh_uri_with(&key, &empty),
             words: "(unknown host key)",
+        },
+        Case {
+            name: "missing-known-hosts",
+            zone: "rackA",
+            broken: Creds::ssh_uri_with(&key, &dir.join("no-such-known-hosts")),
+            words: "no-such-known-hosts does not exist",
         },
         Case {
             name: "changed-host-key",
@@ -369,7 +400,7 @@ async fn remote_failures() {
         broken: creds.ssh_uri(),
         words: "polkit does not allow it to manage libvirt",
     };
-    let guard = NoPolkitRule::new(&local);
+    let guard = NoPolkitRule::new(&local, creds.ssh_uri());
     check_case(dir.path(), &creds, &polkit).await;
     drop(guard);
 }
