@@ -30,6 +30,11 @@ fn var(name: &str) -> String {
     })
 }
 
+/// A port the tier exports.
+pub fn port(name: &str) -> u16 {
+    var(name).parse().unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
 /// The provider's credentials for both remote zones, copied into one directory the test may
 /// break or rotate, laid out as the chart mounts the Secrets (`ssh/`, `tls/`).
 pub struct Creds {
@@ -94,6 +99,12 @@ pub fn remote(ssh: String, tls: String) -> (Tier, Tier) {
     tier.a.uri = ssh;
     tier.b.uri = tls;
     (tier, local)
+}
+
+/// [`remote`] with the tier's own credentials (`$QEMU_TIER_DIR/creds`), for the scenarios
+/// of `qemu_e2e` and `qemu_faults` that run over the remote transports.
+pub fn over_remote() -> (Tier, Tier) {
+    remote(var("BIGFLEET_QEMU_SSH_URI"), var("BIGFLEET_QEMU_TLS_URI"))
 }
 
 /// Mean time of `n` fresh connections to `uri` (open + one call + close), printed.
@@ -166,6 +177,10 @@ async fn remote_libssh() {
     let mut c = server.client().await;
     let machine = lifecycle(&mut c, &tier.a, "qemu+libssh").await;
     assert!(
+        connected_to(&server, port("BIGFLEET_QEMU_SSH_PORT")),
+        "the provider holds no connection to sshd"
+    );
+    assert!(
         machine.host.as_ref().unwrap().r#ref.starts_with("rackA/"),
         "{machine:?}"
     );
@@ -194,6 +209,10 @@ async fn remote_tls() {
     let server = tier.provider(dir.path(), "e2e-tls", (0, 1), &[]);
     let mut c = server.client().await;
     let machine = lifecycle(&mut c, &tier.b, "qemu+tls").await;
+    assert!(
+        connected_to(&server, port("BIGFLEET_QEMU_TLS_PORT")),
+        "the provider holds no TLS connection to zone b's libvirtd"
+    );
     assert!(
         machine.host.as_ref().unwrap().r#ref.starts_with("rackB/"),
         "{machine:?}"
