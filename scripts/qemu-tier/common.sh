@@ -8,9 +8,11 @@ tier_dir=$(realpath -m "${QEMU_TIER_DIR:-/var/tmp/bigfleet-qemu-tier}")
 R=$tier_dir/bookworm
 
 suite=bookworm
-# Packages installed in the chroot (the daemon, QEMU, the tools, and the guest's parts).
+# Packages installed in the chroot (the daemon, QEMU, the tools, and the guest's parts; and
+# for the remote zones, sshd, polkit and its system bus, and nc for libvirt's remote helper).
 chroot_packages=(libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils
-    libvirt-clients qemu-guest-agent busybox-static cpio kmod ovmf)
+    libvirt-clients qemu-guest-agent busybox-static cpio kmod ovmf
+    openssh-server polkitd dbus netcat-openbsd)
 # Bump when the chroot recipe changes in a way that needs a fresh debootstrap.
 base_recipe=2
 # The zones: overlay mounts of the chroot, one libvirtd each.

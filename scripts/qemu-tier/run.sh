@@ -50,6 +50,8 @@ source "$guest_src/check.sh"
 source "$guest_src/chroot.sh"
 # shellcheck source=scripts/qemu-tier/zones.sh
 source "$guest_src/zones.sh"
+# shellcheck source=scripts/qemu-tier/remote.sh
+source "$guest_src/remote.sh"
 # shellcheck source=scripts/qemu-tier/ci.sh
 source "$guest_src/ci.sh"
 

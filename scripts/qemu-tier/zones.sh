@@ -37,7 +37,9 @@ launch_daemons() {
 launch_libvirtd() {
     if ! chroot_pid libvirtd >/dev/null; then
         rm -f "$R/run/libvirtd.pid"
-        in_chroot libvirtd -d -p /run/libvirtd.pid 9>&-
+        local listen=()
+        listens_tls && listen=(--listen)
+        in_chroot libvirtd -d "${listen[@]}" -p /run/libvirtd.pid 9>&-
     fi
 }
 
@@ -74,6 +76,8 @@ cmd_start() {
     # Both daemons probe QEMU at once, then each gets its pool.
     for z in "${zones[@]}"; do
         mount_zone "$z"
+        in_zone "$z" mount_chroot
+        in_zone "$z" setup_remote_zone "$z"
         in_zone "$z" launch_daemons
     done
     for z in "${zones[@]}"; do
@@ -107,7 +111,8 @@ stop_root() {
     local pid
     if pid=$(chroot_pid libvirtd); then terminate 15 "$pid"; fi
     if pid=$(chroot_pid virtlogd); then terminate 10 "$pid"; fi
-    rm -f "$R/run/libvirtd.pid" "$R/run/virtlogd.pid"
+    rm -f "$R/run/libvirtd.pid" "$R/run/virtlogd.pid" "$R/run/sshd.pid" "$R/run/polkitd.pid" \
+        "$R/run/dbus-daemon.pid"
     # Anything else still running inside (a QEMU orphaned by a killed daemon).
     local left
     mapfile -t left < <(chroot_pids)
@@ -185,4 +190,5 @@ cmd_env() {
     # The fault tests stop and start daemons through this script, in this tier.
     echo "export BIGFLEET_QEMU_TIER_SCRIPT='$repo/scripts/qemu-tier/run.sh'"
     echo "export QEMU_TIER_DIR='$tier_dir'"
+    remote_env
 }

@@ -28,10 +28,10 @@ use crate::harness::*;
 /// The image's user (`USER 65532:65532` in the Dockerfile).
 const NONROOT: &str = "65532:65532";
 
-/// A staged runtime tree in a temporary directory.
-struct Tree {
+/// A staged runtime tree in a temporary directory (also used by `qemu_remote::image`).
+pub(crate) struct Tree {
     _dir: tempfile::TempDir,
-    root: PathBuf,
+    pub(crate) root: PathBuf,
     /// The host's `chroot`, resolved before the child's environment is cleared (None: the
     /// tree is only inspected, nothing runs in it).
     chroot: Option<PathBuf>,
@@ -42,7 +42,7 @@ struct Tree {
 impl Tree {
     /// Stages the binary under test for running it in a chroot, or says why this machine
     /// cannot run the test.
-    fn stage() -> Result<Tree, String> {
+    pub(crate) fn stage() -> Result<Tree, String> {
         if !nix_is_root() {
             return Err("chroot needs root (CI runs as root)".to_owned());
         }
@@ -78,7 +78,7 @@ impl Tree {
 
     /// `chroot --userspec=65532:65532 <tree> /usr/local/bin/bigfleet-libvirt`, with an
     /// environment as bare as the image's.
-    fn command(&self) -> Command {
+    pub(crate) fn command(&self) -> Command {
         let chroot = self
             .chroot
             .as_ref()

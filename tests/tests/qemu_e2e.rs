@@ -9,6 +9,12 @@
 //!
 //! The guest's hooks record what they received under `/var/lib/bigfleet-e2e/`; the test
 //! reads those files back through the guest agent, independently of the provider.
+//!
+//! Transports (issue 25): the lifecycle walk drives zone a over `qemu+libssh://` (the tier's
+//! sshd, user `bigfleet`), the failing hook drives zone b over `qemu+tls://`; `doctor` and
+//! `image_source` keep zone a's local socket (the host's `/dev/kvm` and a pool the test
+//! mounts a tmpfs on). The test's own checks always use the zone's local socket, never the
+//! transport under test.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -30,7 +36,14 @@ const BOOT: Duration = Duration::from_secs(180);
 
 /// The tier the script prepared, from its `BIGFLEET_QEMU_*` exports.
 struct Tier {
+    /// The provider's `--connect` URI: the zone's local socket or a remote transport.
     uri: String,
+    /// What `uri` goes over, for the printed timings.
+    transport: &'static str,
+    /// The TCP port `uri` dials (none for the local socket).
+    port: Option<u16>,
+    /// The same daemon's local socket, for the test's own checks.
+    local_uri: String,
     pool: String,
     image: String,
     kernel: String,
@@ -49,15 +62,41 @@ fn var(name: &str) -> String {
 }
 
 impl Tier {
+    /// Zone a over its local socket.
     fn from_env() -> Self {
         Self {
             uri: var("BIGFLEET_QEMU_URI"),
+            transport: "the local socket (zone a)",
+            port: None,
+            local_uri: var("BIGFLEET_QEMU_URI"),
             pool: var("BIGFLEET_QEMU_POOL"),
             image: var("BIGFLEET_QEMU_IMAGE"),
             kernel: var("BIGFLEET_QEMU_KERNEL"),
             initrd: var("BIGFLEET_QEMU_INITRD"),
             cmdline: var("BIGFLEET_QEMU_CMDLINE"),
             root: PathBuf::from(var("BIGFLEET_QEMU_ROOT")),
+        }
+    }
+
+    /// Zone a over `qemu+libssh://` through the tier's sshd.
+    fn over_libssh() -> Self {
+        Self {
+            uri: var("BIGFLEET_QEMU_SSH_URI"),
+            transport: "qemu+libssh (zone a)",
+            port: Some(crate::qemu_remote::port("BIGFLEET_QEMU_SSH_PORT")),
+            ..Self::from_env()
+        }
+    }
+
+    /// Zone b over `qemu+tls://`.
+    fn over_tls() -> Self {
+        Self {
+            uri: var("BIGFLEET_QEMU_TLS_URI"),
+            transport: "qemu+tls (zone b)",
+            port: Some(crate::qemu_remote::port("BIGFLEET_QEMU_TLS_PORT")),
+            local_uri: var("BIGFLEET_QEMU_URI_B"),
+            root: PathBuf::from(var("BIGFLEET_QEMU_ROOT_B")),
+            ..Self::from_env()
         }
     }
 
@@ -100,6 +139,18 @@ impl Tier {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Server::start(&args)
     }
+
+    /// Checks that `server` reaches the zone over this tier's transport (a TCP connection to
+    /// its port), not over the local socket.
+    fn assert_transport(&self, server: &Server) {
+        if let Some(port) = self.port {
+            assert!(
+                crate::qemu_zones::connected_to(server, port),
+                "the provider holds no connection over {} (port {port})",
+                self.transport
+            );
+        }
+    }
 }
 
 /// A direct connection to the tier's libvirtd, for checks the provider cannot vouch for.
@@ -112,7 +163,7 @@ impl Libvirt {
     fn open(tier: Tier) -> Self {
         // Errors are expected (a file the guest must not have); keep libvirt off stderr.
         virt::error::clear_error_callback();
-        let conn = Connect::open(Some(&tier.uri)).expect("connect to the tier's libvirtd");
+        let conn = Connect::open(Some(&tier.local_uri)).expect("connect to the tier's libvirtd");
         Self { conn, tier }
     }
 
@@ -231,14 +282,16 @@ async fn settle(
 #[tokio::test]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn a_real_guest_goes_create_configure_drain_delete() {
-    let tier = Tier::from_env();
+    let tier = Tier::over_libssh();
     let dir = tempfile::tempdir().unwrap();
     let server = tier.provider(dir.path(), "e2e");
+    let transport = tier.transport;
+    let mut c = server.client().await;
+    let id = pick(&server, &mut c).await;
+    tier.assert_transport(&server);
     let virt = Libvirt::open(tier);
     let image_before = virt.image_bytes();
     let volumes_before = virt.volumes();
-    let mut c = server.client().await;
-    let id = pick(&server, &mut c).await;
 
     // Create → Idle: a running domain.
     let start = Instant::now();
@@ -322,7 +375,9 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
     );
 
     let phases = phases(&server).await;
-    println!("real-QEMU tier timings (wall = RPC sent until the state was read back):");
+    println!(
+        "real-QEMU tier timings over {transport} (wall = RPC sent until the state was read back):"
+    );
     println!("  create → Idle       {create_wall:>9.2?}");
     println!("  configure → Configured {configure_wall:>6.2?}");
     println!("  drain → Idle        {drain_wall:>9.2?}");
@@ -344,13 +399,15 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
 #[tokio::test]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn a_failing_hook_fails_configure_with_its_bounded_output() {
-    let tier = Tier::from_env();
+    let tier = Tier::over_tls();
     let dir = tempfile::tempdir().unwrap();
     let server = tier.provider(dir.path(), "e2efail");
-    let virt = Libvirt::open(tier);
-    let volumes_before = virt.volumes();
+    println!("failing hook over {}", tier.transport);
     let mut c = server.client().await;
     let id = pick(&server, &mut c).await;
+    tier.assert_transport(&server);
+    let virt = Libvirt::open(tier);
+    let volumes_before = virt.volumes();
     let accepted = create(&mut c, &id, None).await;
     let (idle, _) = settle(&mut c, &id, accepted, S::Idle, Instant::now()).await;
     let name = domain_name(&idle);

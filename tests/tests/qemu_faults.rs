@@ -2,6 +2,11 @@
 //! two real daemons (zones `rackA` and `rackB`, see `qemu_zones`), each test named after
 //! its scenario: `host_loss`, `daemon_restart`, `out_of_band`, `orphan_gc`, `uefi`.
 //!
+//! Transports (issue 25): `host_loss` and `daemon_restart` reach both zones over their local
+//! sockets (they SIGKILL and restart zone b's libvirtd); `out_of_band` and `orphan_gc` drive
+//! zone a over `qemu+libssh://`, `uefi` zone b over `qemu+tls://` (`qemu_remote::over_remote`),
+//! the tests' own checks and `virsh` going by the local sockets.
+//!
 //! These need the real-QEMU tier, so they are `#[ignore]`d in the ordinary suite;
 //! `scripts/qemu-tier/run.sh ci` runs them. Each prints its timings (detection and reconnect
 //! times in particular) and leaves both hosts as it found them.
@@ -14,6 +19,7 @@ use pb::MachineState as S;
 
 use crate::harness::logs::{lines_of, logged};
 use crate::harness::*;
+use crate::qemu_remote::{over_remote, port};
 use crate::qemu_zones::*;
 
 const HEALTH: &str = "bigfleet_libvirt_host_health";
@@ -283,7 +289,7 @@ async fn daemon_restart() {
 #[tokio::test]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn out_of_band() {
-    let tier = Tier::from_env();
+    let (tier, local) = over_remote();
     let dir = tempfile::tempdir().unwrap();
     // No background reconcile: whatever is reported, the drift watch found.
     let server = tier.provider(dir.path(), "e2e-oob", (2, 0), &["--reconcile-interval=0"]);
@@ -294,7 +300,11 @@ async fn out_of_band() {
     }
     let first = reach(&mut c, &a[0], S::Idle, BOOT).await;
     let second = reach(&mut c, &a[1], S::Idle, BOOT).await;
-    let virt = Libvirt::open(&tier, &tier.a);
+    assert!(
+        connected_to(&server, port("BIGFLEET_QEMU_SSH_PORT")),
+        "over qemu+libssh"
+    );
+    let virt = Libvirt::open(&local, &local.a);
     let volumes_before = virt.volumes();
     let zone = [("zone", "rackA"), ("kind", "stopped")];
     let gone = [("zone", "rackA"), ("kind", "vanished")];
@@ -364,9 +374,9 @@ async fn out_of_band() {
 #[tokio::test]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn orphan_gc() {
-    let tier = Tier::from_env();
+    let (tier, local) = over_remote();
     let dir = tempfile::tempdir().unwrap();
-    let virt = Libvirt::open(&tier, &tier.a);
+    let virt = Libvirt::open(&local, &local.a);
     let golden = virt.image_bytes();
     let volumes_before = virt.volumes();
 
@@ -433,6 +443,10 @@ async fn orphan_gc() {
     })
     .await;
     let collected_at = start.elapsed();
+    assert!(
+        connected_to(&server, port("BIGFLEET_QEMU_SSH_PORT")),
+        "over qemu+libssh"
+    );
     gauge_until(&server, DRIFT, &labels("orphan_domain"), 0.0, within).await;
     gauge_until(&server, DRIFT, &labels("orphan_volume"), 0.0, within).await;
 
@@ -464,14 +478,18 @@ async fn orphan_gc() {
 #[tokio::test]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn uefi() {
-    let tier = Tier::from_env();
+    let (tier, local) = over_remote();
     let dir = tempfile::tempdir().unwrap();
     let server = tier.provider(dir.path(), "e2e-efi", (0, 1), &["--firmware=efi"]);
     let mut c = server.client().await;
     let id = ids_in(&mut c, "rackB").await.remove(0);
-    let virt = Libvirt::open(&tier, &tier.b);
+    let virt = Libvirt::open(&local, &local.b);
     let volumes_before = virt.volumes();
     let (idle, created) = create_until(&mut c, &id, S::Idle).await;
+    assert!(
+        connected_to(&server, port("BIGFLEET_QEMU_TLS_PORT")),
+        "over qemu+tls"
+    );
     let name = domain_name(&idle);
     // libvirt resolved `<os firmware='efi'>` to OVMF's code and a per-domain NVRAM copy.
     let xml = virt.domain(&name).unwrap().xml_desc(0).unwrap();

@@ -321,3 +321,26 @@ pub async fn until(what: &str, within: Duration, ok: impl Fn() -> bool) -> Durat
     }
     start.elapsed()
 }
+
+/// Whether `server` holds an established TCP connection to 127.0.0.1:`port` (its socket
+/// descriptors matched against `/proc/net/tcp`): proof that a zone is reached over the
+/// remote transport on that port, not over a local socket.
+pub fn connected_to(server: &Server, port: u16) -> bool {
+    let pid = server.pid().expect("the provider runs");
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the provider's descriptors")
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?;
+            Some(link.to_owned())
+        })
+        .collect();
+    // 127.0.0.1:port as the kernel prints it (little-endian address), state 01 = established.
+    let peer = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .expect("/proc/net/tcp")
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .any(|f| f.len() > 9 && f[2] == peer && f[3] == "01" && inodes.iter().any(|i| i == f[9]))
+}

@@ -17,7 +17,7 @@ use bigfleet_libvirt_memory::MemoryStateStore;
 use bigfleet_libvirt_memory::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_observe::metrics::Metrics;
-use bigfleet_libvirt_ports::{Hypervisor, Provider, StateStore};
+use bigfleet_libvirt_ports::{Hypervisor, Provider, Spawner, StateStore};
 use bigfleet_libvirt_redb::RedbStateStore;
 use bigfleet_libvirt_system::{SystemClock, TokioSpawner};
 use tokio::net::TcpListener;
@@ -155,6 +155,10 @@ async fn serve_libvirt<S: StateStore>(
     let config = libvirt_config(&mut plan)?;
     let libvirt =
         LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone()).await;
+    TokioSpawner.spawn(
+        "libvirt-redial-on-sighup",
+        libvirt.clone().redial_on_sighup(),
+    );
     let hypervisor = InstrumentedHypervisor::new(libvirt.clone(), metrics.clone());
     let provider = start(&plan, hypervisor, store, &metrics).await?;
     // Restored machines tell the adapter what should be running (drift and orphan checks).

@@ -190,8 +190,16 @@ fn libssh_problem(parsed: &ParsedUri) -> Option<&'static str> {
     parsed.no_verify().then_some(NO_VERIFY_SSH)
 }
 
+/// The last value of query parameter `key` in `uri`, percent-decoded (libvirt honours the
+/// last copy); `None` when absent or when the URI does not parse.
+#[must_use]
+pub fn query_value(uri: &str, key: &str) -> Option<String> {
+    parse_uri(uri).ok()?.values(key).last().map(str::to_owned)
+}
+
 /// Masks the password of a `user:password@` userinfo so error messages never leak it.
-pub(super) fn redact(uri: &str) -> String {
+#[must_use]
+pub fn redact(uri: &str) -> String {
     let Some((scheme, rest)) = uri.split_once("://") else {
         return uri.to_owned();
     };

@@ -351,14 +351,8 @@ fn judge_host(want: &Expectations, host: &HostFacts, slots: &[Slots], out: &mut 
     let connection = match &host.connection {
         Ok(c) => c,
         Err(e) => {
-            out.push(check(
-                zone,
-                "connection",
-                Status::Block,
-                format!("{}: {e}", host.uri),
-                "check the --connect URI, that libvirtd runs there, and this process's \
-                 credentials for it (ssh key, TLS certificate or socket permissions)",
-            ));
+            let (detail, fix) = crate::credentials::connection_block(&host.uri, e);
+            out.push(check(zone, "connection", Status::Block, detail, fix));
             return;
         }
     };

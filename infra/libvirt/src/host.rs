@@ -14,6 +14,7 @@
 //! one-hot gauge `bigfleet_libvirt_host_health{zone,state}`.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
@@ -123,6 +124,8 @@ pub(crate) struct Host {
     freed: Condvar,
     /// `--image-source` and the pool it goes to, checked on every (re)connect.
     golden: Option<(Arc<GoldenImage>, String)>,
+    /// A redial was asked for (SIGHUP): dial a fresh connection even while healthy.
+    redial: AtomicBool,
 }
 
 /// Holds a domain name in [`Host::exclusive`] until dropped.
@@ -168,6 +171,7 @@ impl Host {
             busy: Mutex::new(BTreeSet::new()),
             freed: Condvar::new(),
             golden,
+            redial: AtomicBool::new(false),
         };
         host.publish(Health::Connecting);
         if host.golden.is_some() {
@@ -306,6 +310,12 @@ impl Host {
         self.wake.notify_one();
     }
 
+    /// Asks the supervisor to dial again now (credentials on disk may have changed).
+    pub(crate) fn redial(&self) {
+        self.redial.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
     /// Test hook: behaves as if the transport had died under the current session.
     #[cfg(test)]
     pub(crate) fn sever(&self) {
@@ -350,17 +360,20 @@ impl Host {
             }
         }
         self.ledger().set_node(node);
-        {
+        let replaced = {
             let mut slot = self.slot();
             slot.generation += 1;
-            slot.session = Some(Arc::new(Session {
+            let session = Arc::new(Session {
                 conn,
                 generation: slot.generation,
                 test_driver,
                 base: Mutex::new(None),
-            }));
+            });
             slot.last_error.clear();
-        }
+            slot.session.replace(session)
+        };
+        // A redial replaces a live session: closing it may block, never on an async worker.
+        drop(tokio::task::spawn_blocking(move || drop(replaced)));
         self.publish(Health::Healthy);
         Ok(())
     }
@@ -392,7 +405,8 @@ impl Host {
 
 /// Opens the connection, enables keepalive and reads the node info.
 fn dial(uri: &str, zone: &str, interval: i32, count: u32) -> Result<(Connect, bool, Node), String> {
-    let conn = Connect::open(Some(uri)).map_err(|e| format!("connect: {}", text(&e)))?;
+    let conn =
+        Connect::open(Some(uri)).map_err(|e| super::credentials::connect_failure(uri, &e))?;
     if let Err(e) = conn.set_keep_alive(interval, count) {
         if !is_unsupported(&e) {
             warn!(zone, error = %text(&e), "libvirt keepalive not enabled");
@@ -413,7 +427,7 @@ fn dial(uri: &str, zone: &str, interval: i32, count: u32) -> Result<(Connect, bo
 
 /// Registers libvirt's default event loop once per process and runs it on a dedicated
 /// thread: remote connections need it for keepalive and for noticing a dead peer.
-fn ensure_event_loop() {
+pub(crate) fn ensure_event_loop() {
     static STARTED: OnceLock<()> = OnceLock::new();
     STARTED.get_or_init(|| {
         virt::error::clear_error_callback();
@@ -445,6 +459,13 @@ pub(crate) async fn supervise<C: Clock>(host: Weak<Host>, clock: C, seed: u64) {
     };
     loop {
         let Some(h) = host.upgrade() else { return };
+        if h.redial.swap(false, Ordering::SeqCst) && h.session().is_ok() {
+            match h.open().await {
+                Ok(()) => info!(zone = %h.zone, "libvirt host redialled"),
+                Err(error) => warn!(zone = %h.zone, error = %error,
+                    "libvirt redial failed; keeping the current connection"),
+            }
+        }
         if h.session().is_ok() {
             backoff.reset();
             let deadline = clock.now().saturating_add(h.policy.probe_interval);
@@ -455,7 +476,9 @@ pub(crate) async fn supervise<C: Clock>(host: Weak<Host>, clock: C, seed: u64) {
                 () = clock.sleep_until(deadline).fuse() => {}
             }
             if let Some(h) = host.upgrade() {
-                h.probe(&clock).await;
+                if !h.redial.load(Ordering::SeqCst) {
+                    h.probe(&clock).await;
+                }
             }
             continue;
         }
@@ -466,7 +489,15 @@ pub(crate) async fn supervise<C: Clock>(host: Weak<Host>, clock: C, seed: u64) {
                 h.dial_failed(error);
                 let deadline = clock.now().saturating_add(backoff.next_wait());
                 drop(h);
-                clock.sleep_until(deadline).await;
+                // A redial request (SIGHUP) cuts the wait short: rotated credentials are
+                // tried at once.
+                futures::select_biased! {
+                    () = wake.notified().fuse() => {}
+                    () = clock.sleep_until(deadline).fuse() => {}
+                }
+                if let Some(h) = host.upgrade() {
+                    h.redial.store(false, Ordering::SeqCst);
+                }
             }
         }
     }

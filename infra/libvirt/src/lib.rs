@@ -18,6 +18,8 @@
 //! - `watch`: the 2-second state poll that reports out-of-band changes between reconciles;
 //! - `service`: the `Hypervisor` implementation tying the above together;
 //! - `probe`: the read-only look at a host behind `bigfleet-libvirt doctor`;
+//! - `credentials`, `tls_peer`: a refused remote dial (ssh key, host key, polkit, TLS
+//!   certificates) as one line with the fix;
 //! - `fixture`: libvirt test-driver node files for tests, benchmarks and demos.
 //!
 //! docs/libvirt.md describes how it behaves, and the README's "Running against real libvirt
@@ -27,6 +29,7 @@
 mod agent;
 mod backoff;
 mod capacity;
+mod credentials;
 mod describe;
 pub mod devices;
 pub mod doctor;
@@ -42,6 +45,7 @@ mod ownership;
 mod probe;
 mod seed;
 mod service;
+mod tls_peer;
 mod volumes;
 mod watch;
 mod watch_timeline;
@@ -57,6 +61,7 @@ use std::time::Duration;
 
 use bigfleet_libvirt_domain::Machine;
 use bigfleet_libvirt_ports::{Clock, Spawner};
+use tracing::{info, warn};
 
 pub use agent::{AgentError, AgentPolicy, GuestAgent};
 pub use capacity::{CapacityPolicy, Shape};
@@ -365,6 +370,34 @@ impl<C: Clock> LibvirtHypervisor<C> {
     #[must_use]
     pub fn health(&self, zone: &str) -> Option<Health> {
         self.inner.hosts.get(zone).map(|h| h.health())
+    }
+
+    /// Redials every host now (a healthy one keeps its connection until the new one is
+    /// up, and keeps it if the new dial fails), so rotated credentials on disk take effect.
+    pub fn redial_all(&self, reason: &'static str) {
+        info!(
+            reason,
+            hosts = self.inner.hosts.len(),
+            "redialling every libvirt host"
+        );
+        for host in self.inner.hosts.values() {
+            host.redial();
+        }
+    }
+
+    /// Redials every host on each SIGHUP, until the process ends (the documented trigger
+    /// for a credential rotation; the next dial reads the files anyway).
+    pub async fn redial_on_sighup(self) {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+            warn!(
+                "cannot install the SIGHUP handler: rotated libvirt credentials apply on the next reconnect only"
+            );
+            return;
+        };
+        while hangup.recv().await.is_some() {
+            self.redial_all("SIGHUP");
+        }
     }
 
     /// Waits until a zone's host is healthy (returns at once for an unknown zone).

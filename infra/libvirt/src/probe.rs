@@ -45,7 +45,9 @@ fn answer<T>(result: Result<T, VirtError>, missing: ErrorNumber) -> Probe<T> {
 /// Reads every fact about the host at `uri` (blocking; run it off the async runtime).
 #[must_use]
 pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
-    virt::error::clear_error_callback();
+    // Remote transports need libvirt's event loop: without it a large answer (domain
+    // capabilities) over qemu+libssh:// never arrives.
+    super::host::ensure_event_loop();
     fn skipped<T>() -> Probe<T> {
         Probe::Unsupported("no connection".to_owned())
     }
@@ -62,7 +64,7 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
     let conn = match Connect::open(Some(uri)) {
         Ok(conn) => conn,
         Err(e) => {
-            facts.connection = Err(format!("connect: {}", text(&e)));
+            facts.connection = Err(super::credentials::connect_failure(uri, &e));
             return facts;
         }
     };
