@@ -17,7 +17,7 @@
 //! until it is durable.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
@@ -97,7 +97,9 @@ pub struct TransitionEvent {
     pub elapsed: Duration,
 }
 
-type Observer = Arc<dyn Fn(&TransitionEvent) + Send + Sync>;
+/// Told about every finished transition (metrics, benchmarks, tests), in the order given to
+/// [`Provider::start`].
+pub type Observer = Arc<dyn Fn(&TransitionEvent) + Send + Sync>;
 
 /// The durability of the most recently enqueued change set. The store makes change sets
 /// durable in the order they were enqueued, so once this resolves, everything decided
@@ -161,7 +163,8 @@ struct Inner<H, S, C, E> {
     store: S,
     clock: C,
     spawner: E,
-    observers: RwLock<Vec<Observer>>,
+    /// Fixed at start, so no transition's end can be missed by one registered later.
+    observers: Vec<Observer>,
     /// Wakes the deadline sweep when a new earliest deadline is recorded; dropped with the
     /// provider, which ends the sweep.
     sweep_wake: mpsc::Sender<()>,
@@ -182,7 +185,8 @@ impl<H, S, C, E> Clone for Provider<H, S, C, E> {
 
 impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     /// Loads durable state (seeding from the hypervisor on first boot, failing interrupted
-    /// transitions after a restart) and returns a provider ready to serve.
+    /// transitions after a restart) and returns a provider ready to serve, which tells
+    /// `observers` about every transition it finishes.
     ///
     /// # Errors
     /// When the store cannot be read or committed, or first-boot seeding fails.
@@ -192,6 +196,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         store: S,
         clock: C,
         spawner: E,
+        observers: Vec<Observer>,
     ) -> Result<Self, StartError> {
         let snapshot = store.load().await?;
         let (core, changes) = if snapshot.is_fresh() {
@@ -235,7 +240,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             store,
             clock,
             spawner,
-            observers: RwLock::default(),
+            observers,
             sweep_wake,
         };
         let provider = Self {
@@ -252,21 +257,6 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         }
         provider.compensate_failed_creates();
         Ok(provider)
-    }
-
-    /// Registers a callback told about every finished transition (in registration order,
-    /// after those registered before it). Register before serving, so no event is missed.
-    #[must_use]
-    pub fn with_observer(
-        self,
-        observer: impl Fn(&TransitionEvent) + Send + Sync + 'static,
-    ) -> Self {
-        self.inner
-            .observers
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(Arc::new(observer));
-        self
     }
 
     /// Decides a mutating call, makes the decision durable, starts the transition it
@@ -474,6 +464,13 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     #[must_use]
     pub fn readiness_gate(&self) -> bool {
         self.inner.hypervisor.readiness_gate()
+    }
+
+    /// The restore hand-off: gives the hypervisor the machines the provider holds
+    /// ([`Hypervisor::restored`]). The composition root calls it once, before serving.
+    pub fn hand_off_restored(&self) {
+        let machines = self.peek(&ListQuery::default()).machines;
+        self.inner.hypervisor.restored(&machines);
     }
 
     /// Number of machines by state.

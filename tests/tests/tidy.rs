@@ -10,6 +10,7 @@ use std::process::Command;
 
 mod deps;
 mod length;
+mod root;
 mod shell;
 mod skips;
 

@@ -2,16 +2,17 @@
 //! every adapter; the binary, the benchmarks and the simulator all build the provider through
 //! it instead of wiring adapters by hand.
 //!
-//! - `server`: [`assemble`] (the provider over its adapters, transitions wired into the
-//!   metrics), [`capacity_server`] (the generated gRPC server over the real handlers) and
-//!   [`serve`] (both ports until shutdown; compiled out under `--cfg madsim`);
+//! - `server`: [`assemble`] (the adapter-level root: the hypervisor instrumented, the
+//!   provider started with its observers, the restored machines handed back),
+//!   [`capacity_server`] (the generated gRPC server over the real handlers) and [`serve`]
+//!   (both ports until shutdown; compiled out under `--cfg madsim`);
 //! - `launch` (feature `libvirt`): the operator's flags, as plain values, validated into a
 //!   [`launch::Plan`];
 //! - `preflight` (feature `libvirt`): `doctor`'s run over every `--connect` host;
 //! - `inspect` (feature `redb`): the `state inspect` report;
 //! - `wiring` (features `libvirt` and `redb`): [`run`], a [`launch::Plan`] to a serving
-//!   provider: store and backend chosen, the adapter configured and instrumented, restored
-//!   machines handed back to it, both ports bound and served;
+//!   provider: store and backend chosen, the adapter configured, the provider built through
+//!   [`assemble`], both ports bound and served;
 //! - `exit` (feature `redb`): [`Exit`], what `run` leaves for a fast process exit (the
 //!   state file closed, the inventory left unfreed).
 //!
@@ -34,7 +35,8 @@ mod wiring;
 #[cfg(feature = "redb")]
 pub use exit::Exit;
 pub use server::{
-    Banner, NetLimits, ServeConfig, assemble, capacity_server, reconcile_every, serve,
+    Assembled, Banner, NetLimits, Parts, ServeConfig, assemble, capacity_server, reconcile_every,
+    serve,
 };
 #[cfg(all(feature = "libvirt", feature = "redb"))]
-pub use wiring::{Listeners, OnStart, Running, run};
+pub use wiring::{Launch, Listeners, OnStart, Running, run};

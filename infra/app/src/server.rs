@@ -1,5 +1,5 @@
-//! The composition root shared by the binary and the simulator: [`assemble`] builds the
-//! provider from config and adapters, [`capacity_server`] the generated gRPC server over
+//! The composition root shared by the binary, the simulator and the benchmarks:
+//! [`assemble`] builds the provider from its settings and raw adapters, [`capacity_server`] the generated gRPC server over
 //! its handlers, [`serve`] runs them on already-bound listeners until a shutdown future
 //! completes. Nothing here parses flags or reads the environment.
 //!
@@ -14,14 +14,13 @@
 use std::future::Future;
 #[cfg(not(madsim))]
 use std::net::SocketAddr;
-#[cfg(not(madsim))]
 use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{MachineState, ReconcileReport, Timestamp};
 use bigfleet_libvirt_ports::{
-    Clock, Hypervisor, Provider, ProviderConfig, ReconcileError, Spawner, StartError, StateStore,
-    TransitionEvent,
+    Clock, Hypervisor, Observer, Provider, ProviderConfig, ReconcileError, Spawner, StartError,
+    StateStore, TransitionEvent,
 };
 use bigfleet_libvirt_proto::v1alpha1::capacity_provider_server::CapacityProviderServer;
 use tokio::net::TcpListener;
@@ -36,6 +35,7 @@ use bigfleet_libvirt_grpc::CapacityService;
 use bigfleet_libvirt_grpc::identity::{Identified, PeerConnection, PeerIdentity};
 #[cfg(not(madsim))]
 use bigfleet_libvirt_observe::http::{self, Readiness};
+use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_observe::metrics::{KindLabels, Metrics, TransitionLabels};
 #[cfg(not(madsim))]
 use bigfleet_libvirt_observe::metrics::{OutcomeLabels, StateLabels};
@@ -125,26 +125,63 @@ pub struct Banner {
     pub client_identity: String,
 }
 
-/// Starts the provider over its adapters and wires its transition events into `metrics`.
+/// What [`assemble`] builds the provider from: the raw adapters (the hypervisor not yet
+/// instrumented), the provider's settings, the metrics registry the series go to, and
+/// whoever else is told about finished transitions.
+pub struct Parts<H, S, C, E> {
+    /// The provider's settings.
+    pub config: ProviderConfig,
+    /// The backend, as its adapter built it.
+    pub hypervisor: H,
+    /// The state store.
+    pub store: S,
+    /// The clock the provider runs on.
+    pub clock: C,
+    /// Where the provider's tasks run.
+    pub spawner: E,
+    /// Where the hypervisor calls and finished transitions are counted.
+    pub metrics: Metrics,
+    /// Told about every finished transition, after the metrics (a benchmark's timer, say).
+    pub observers: Vec<Observer>,
+}
+
+/// The provider [`assemble`] returns: over the instrumented hypervisor.
+pub type Assembled<H, S, C, E> = Provider<InstrumentedHypervisor<H>, S, C, E>;
+
+/// The adapter-level composition root, which every builder of the provider calls (the
+/// binary through [`run`](crate::run), the simulator and the benchmarks directly): wraps the
+/// hypervisor in the [`InstrumentedHypervisor`] metrics decorator, starts the provider with
+/// the transition metrics and `parts.observers` as its observers, and hands the machines it
+/// started with back to the hypervisor ([`Hypervisor::restored`]: the fake re-creates their
+/// domains, libvirt tracks them for drift and orphan checks).
 ///
 /// # Errors
 /// When durable state cannot be loaded or first-boot seeding fails.
 pub async fn assemble<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
-    config: ProviderConfig,
-    hypervisor: H,
-    store: S,
-    clock: C,
-    spawner: E,
-    metrics: &Metrics,
-) -> Result<Provider<H, S, C, E>, StartError> {
-    let provider = Provider::start(config, hypervisor, store, clock, spawner).await?;
+    parts: Parts<H, S, C, E>,
+) -> Result<Assembled<H, S, C, E>, StartError> {
+    let Parts {
+        config,
+        hypervisor,
+        store,
+        clock,
+        spawner,
+        metrics,
+        observers,
+    } = parts;
+    let hypervisor = InstrumentedHypervisor::new(hypervisor, metrics.clone());
+    let counted: Observer = Arc::new(move |event: &TransitionEvent| {
+        record_transition(&metrics, event);
+    });
+    let observers = std::iter::once(counted).chain(observers).collect();
+    let provider = Provider::start(config, hypervisor, store, clock, spawner, observers).await?;
     if !provider.readiness_gate() {
         warn!(
             "the hypervisor cannot observe node readiness: Configured is reported when bootstrap returns"
         );
     }
-    let metrics = metrics.clone();
-    Ok(provider.with_observer(move |event: &TransitionEvent| record_transition(&metrics, event)))
+    provider.hand_off_restored();
+    Ok(provider)
 }
 
 fn record_transition(metrics: &Metrics, event: &TransitionEvent) {

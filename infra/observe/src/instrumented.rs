@@ -110,4 +110,8 @@ impl<H: Hypervisor> Hypervisor for InstrumentedHypervisor<H> {
         self.observe("DeleteDomain", span, self.inner.delete(request))
             .await
     }
+
+    fn restored(&self, machines: &[std::sync::Arc<Machine>]) {
+        self.inner.restored(machines);
+    }
 }
