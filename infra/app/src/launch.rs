@@ -12,7 +12,7 @@ use bigfleet_libvirt_domain::{Machine, Policy, Timeouts};
 use bigfleet_libvirt_ports::ProviderConfig;
 
 use crate::NetLimits;
-use bigfleet_libvirt_grpc::identity::IdentityMode;
+use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsFiles;
 use bigfleet_libvirt_libvirt::golden;
 use bigfleet_libvirt_libvirt::{

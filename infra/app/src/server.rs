@@ -60,7 +60,7 @@ pub struct ServeConfig {
     /// Honour the fake's test-only hooks in the gRPC layer (the injected handler panic).
     pub fault_hooks: bool,
     /// Check every call against the client certificate's `bigfleet://` identity (mTLS).
-    pub client_identity: bigfleet_libvirt_grpc::identity::IdentityMode,
+    pub client_identity: bigfleet_libvirt_domain::authorization::IdentityMode,
     /// Per-client bounds on both ports.
     pub limits: NetLimits,
 }

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::Context;
-use bigfleet_libvirt_grpc::identity::IdentityMode;
+use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsState;
 use bigfleet_libvirt_libvirt::{LibvirtConfig, LibvirtHypervisor};
 use bigfleet_libvirt_memory::MemoryStateStore;

@@ -8,11 +8,11 @@
 use std::time::Duration;
 
 use bigfleet_libvirt_app::{self as app, Banner, ServeConfig};
+use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_domain::catalog::{
     InstanceCatalog, InventoryConfig, PriceTable, build_inventory, default_offerings,
 };
 use bigfleet_libvirt_domain::{Core, Machine, Policy};
-use bigfleet_libvirt_grpc::identity::IdentityMode;
 use bigfleet_libvirt_memory::MemoryStateStore;
 use bigfleet_libvirt_memory::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_observe::metrics::Metrics;

@@ -38,10 +38,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
         "starts the gRPC and HTTP servers and runs the graceful shutdown, in the order they happen",
     ),
     (
-        "infra/grpc/src/identity.rs::authorize",
-        "the module doc's authorization table as one decision, refusal by refusal",
-    ),
-    (
         "infra/app/src/launch.rs::net_limits",
         "a table: one (flag, value, default) row per per-client bound",
     ),
