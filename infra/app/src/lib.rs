@@ -3,9 +3,9 @@
 //! it instead of wiring adapters by hand.
 //!
 //! - `server`: [`assemble`] (the adapter-level root: the hypervisor instrumented, the
-//!   provider started with its observers, the restored machines handed back),
-//!   [`capacity_server`] (the generated gRPC server over the real handlers) and [`serve`]
-//!   (both ports until shutdown; compiled out under `--cfg madsim`);
+//!   provider started with its observers, the restored machines handed back) and
+//!   [`capacity_server`] (the generated gRPC server over the real handlers);
+//! - `serve`: [`serve`] (both ports until shutdown; compiled out under `--cfg madsim`);
 //! - `launch` (feature `libvirt`): the operator's flags, as plain values, validated into a
 //!   [`launch::Plan`];
 //! - `preflight` (feature `libvirt`): `doctor`'s run over every `--connect` host;
@@ -19,6 +19,8 @@
 //! The features `libvirt` and `redb` (both on by default) pull in the adapters that link
 //! libvirt and redb; the simulator depends on this crate without them.
 
+#[cfg(not(madsim))]
+mod serve;
 mod server;
 
 #[cfg(feature = "redb")]
@@ -34,9 +36,12 @@ mod wiring;
 
 #[cfg(feature = "redb")]
 pub use exit::Exit;
+#[cfg(not(madsim))]
+pub use serve::serve;
+#[cfg(madsim)]
+pub use server::serve;
 pub use server::{
     Assembled, Banner, NetLimits, Parts, ServeConfig, assemble, capacity_server, reconcile_every,
-    serve,
 };
 #[cfg(all(feature = "libvirt", feature = "redb"))]
 pub use wiring::{Launch, Listeners, OnStart, Running, run};
