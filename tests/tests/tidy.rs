@@ -12,6 +12,7 @@ mod deps;
 mod length;
 mod root;
 mod shell;
+mod sim;
 mod skips;
 
 fn workspace_root() -> PathBuf {
