@@ -8,10 +8,14 @@
 //! caller must persist before it acknowledges. That shape is what lets the same core run
 //! under the real runtime, under deterministic simulation and in plain unit tests.
 //!
+//! The [`authorization`] module holds the table of who may call what under a client
+//! identity (mTLS).
+//!
 //! The [`catalog`] module holds the other pure half: what the provider offers (instance
 //! types, prices, capacity type, offerings) and the slot ids of the Speculative inventory
 //! built from them.
 
+pub mod authorization;
 pub mod catalog;
 mod changes;
 mod core;
@@ -22,6 +26,7 @@ mod list;
 mod machine;
 mod mutate;
 mod operation;
+mod read;
 mod reconcile;
 mod savepoint;
 mod shared;
@@ -42,6 +47,7 @@ pub use crate::machine::{
 };
 pub use crate::mutate::{Ack, Dispatch, MutateDecision, MutateError, MutateRequest, Mutation};
 pub use crate::operation::{Kind, OperationId};
+pub use crate::read::{GetIdError, check_get_id};
 pub use crate::savepoint::Savepoint;
 pub use crate::shared::{Interner, SharedMap};
 pub use crate::validate::{InvalidMachine, validate_instance};

@@ -176,6 +176,20 @@ impl Core {
                 state,
             });
         }
+        Ok(self.accept(id, request, now, changes))
+    }
+
+    /// Step 8 of a mutating call: accepts `request` on the machine, which is in its source
+    /// state: mints the operation id, moves the machine to the transitional state, records the
+    /// transition in flight with its deadline, and returns the ack with the dispatch.
+    fn accept(
+        &mut self,
+        id: &MachineId,
+        request: MutateRequest,
+        now: Timestamp,
+        changes: &mut ChangeSet,
+    ) -> Ack {
+        let kind = request.kind();
         self.next_operation += 1;
         let operation_id = OperationId::mint(&self.policy.operation_prefix, self.next_operation);
         let timeout = self.policy.timeouts.for_kind(kind);
@@ -219,11 +233,11 @@ impl Core {
             timeout,
             grace_period_seconds,
         };
-        Ok(Ack {
+        Ack {
             operation_id,
             machine,
             dispatch: Some(dispatch),
-        })
+        }
     }
 
     /// Finishes a dispatched transition at time `now`. A completion for anything but the

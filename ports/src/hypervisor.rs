@@ -158,6 +158,9 @@ pub struct DeleteRequest {
 /// - `drain` and `delete` MUST be idempotent; `delete` of a machine that is already gone
 ///   MUST succeed and still clean its volumes.
 /// - Every call MUST tolerate its future being dropped at the deadline.
+/// - `restored` is told, once the provider has started and before it serves, the machines
+///   its durable state holds; an adapter that keeps its own view of what should be running
+///   takes it from there, one that keeps none ignores it (the default).
 pub trait Hypervisor: Send + Sync + 'static {
     /// The substrate's view of every slot and machine this provider owns.
     fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send;
@@ -199,4 +202,10 @@ pub trait Hypervisor: Send + Sync + 'static {
         &self,
         request: DeleteRequest,
     ) -> impl Future<Output = Result<(), HypervisorError>> + Send;
+
+    /// The restore hand-off: the machines the provider started with (seeded or restored),
+    /// given back once before serving. The default keeps nothing.
+    fn restored(&self, machines: &[Arc<Machine>]) {
+        let _ = machines;
+    }
 }

@@ -22,8 +22,8 @@ pub use crate::hypervisor::{
     Hypervisor, HypervisorError, ReadinessRequest, SideEffects,
 };
 pub use crate::provider::{
-    Provider, ProviderConfig, ProviderError, ReconcileError, SWEEP_GRACE, StartError, StoreStatus,
-    TransitionEvent,
+    Observer, Provider, ProviderConfig, ProviderError, ReconcileError, SWEEP_GRACE, StartError,
+    StoreStatus, TransitionEvent,
 };
 pub use crate::spawn::Spawner;
 pub use crate::store::{StateStore, StoreError};

@@ -1,7 +1,16 @@
 //! The Provider service: accept → persist → acknowledge → run the transition under its
 //! deadline → complete → persist (→ compensate a failed Create that may have left a
-//! domain, see `compensation.rs`). The transition runner is in `provider/transition.rs`, the
-//! deadline sweep in `provider/deadlines.rs`.
+//! domain, see `compensation.rs`). This file holds the service's types and its small
+//! accessors; each job has its own file under `provider/`:
+//!
+//! - `start.rs`: loading, first-boot seeding, restart recovery;
+//! - `mutate.rs`: the mutating paths (a call and its critical section, the reconcile pass,
+//!   the probe commit);
+//! - `read.rs`: the read paths (Get, List);
+//! - `rewind.rs`: enqueueing change sets and the failed-commit rewind;
+//! - `transition.rs`: the transition runner and its completion;
+//! - `deadlines.rs`: the deadline sweep;
+//! - `compensate.rs`: starting the Create compensation.
 //!
 //! The domain core sits behind one mutex. A decision and the enqueueing of its change set
 //! happen under that lock, so the store sees change sets in decision order; waiting for
@@ -17,22 +26,18 @@
 //! until it is durable.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
-    Ack, Core, Kind, ListPage, ListQuery, ListRotation, Machine, MachineId, MachineState,
-    MutateDecision, MutateError, Mutation, OperationId, Policy, ReconcileReport, Savepoint,
-    SeedError, Timestamp,
+    Core, Kind, ListPage, ListQuery, ListRotation, Machine, MachineId, MachineState, MutateError,
+    Policy, Savepoint, SeedError, Timestamp,
 };
-use futures::FutureExt;
 use futures::channel::mpsc;
 use futures::future::{BoxFuture, Shared};
-use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::clock::Clock;
-use crate::compensation;
-use crate::hypervisor::{BootstrapBlob, Hypervisor, HypervisorError};
+use crate::hypervisor::{Hypervisor, HypervisorError};
 use crate::spawn::Spawner;
 use crate::store::{StateStore, StoreError};
 
@@ -97,7 +102,9 @@ pub struct TransitionEvent {
     pub elapsed: Duration,
 }
 
-type Observer = Arc<dyn Fn(&TransitionEvent) + Send + Sync>;
+/// Told about every finished transition (metrics, benchmarks, tests), in the order given to
+/// [`Provider::start`].
+pub type Observer = Arc<dyn Fn(&TransitionEvent) + Send + Sync>;
 
 /// The durability of the most recently enqueued change set. The store makes change sets
 /// durable in the order they were enqueued, so once this resolves, everything decided
@@ -161,7 +168,8 @@ struct Inner<H, S, C, E> {
     store: S,
     clock: C,
     spawner: E,
-    observers: RwLock<Vec<Observer>>,
+    /// Fixed at start, so no transition's end can be missed by one registered later.
+    observers: Vec<Observer>,
     /// Wakes the deadline sweep when a new earliest deadline is recorded; dropped with the
     /// provider, which ends the sweep.
     sweep_wake: mpsc::Sender<()>,
@@ -181,266 +189,6 @@ impl<H, S, C, E> Clone for Provider<H, S, C, E> {
 }
 
 impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
-    /// Loads durable state (seeding from the hypervisor on first boot, failing interrupted
-    /// transitions after a restart) and returns a provider ready to serve.
-    ///
-    /// # Errors
-    /// When the store cannot be read or committed, or first-boot seeding fails.
-    pub async fn start(
-        config: ProviderConfig,
-        hypervisor: H,
-        store: S,
-        clock: C,
-        spawner: E,
-    ) -> Result<Self, StartError> {
-        let snapshot = store.load().await?;
-        let (core, changes) = if snapshot.is_fresh() {
-            let deadline = clock.now().saturating_add(config.seed_timeout);
-            let described = futures::select_biased! {
-                described = hypervisor.describe().fuse() => described.map_err(StartError::Describe)?,
-                () = clock.sleep_until(deadline).fuse() =>
-                    return Err(StartError::DescribeTimedOut(config.seed_timeout)),
-            };
-            let (core, changes) = Core::seed(config.policy, described)?;
-            info!(
-                machines = core.len(),
-                "seeded an empty store from the hypervisor"
-            );
-            (core, Some(changes))
-        } else {
-            let (core, changes) = Core::restore(config.policy, snapshot)?;
-            let failed = changes.as_ref().map_or(0, |c| c.machines.len());
-            info!(
-                machines = core.len(),
-                interrupted = failed,
-                "restored durable state"
-            );
-            (core, changes)
-        };
-        if let Some(changes) = changes {
-            store.commit(changes).await.map_err(StartError::Persist)?;
-        }
-        let guarded = Guarded {
-            core,
-            last_commit: settled(),
-            rotation: ListRotation::default(),
-            pending: VecDeque::new(),
-            deadlines: BTreeSet::new(),
-        };
-        let (sweep_wake, woken) = mpsc::channel(1);
-        let inner = Inner {
-            core: Mutex::new(guarded),
-            store_status: Mutex::default(),
-            hypervisor: Arc::new(hypervisor),
-            store,
-            clock,
-            spawner,
-            observers: RwLock::default(),
-            sweep_wake,
-        };
-        let provider = Self {
-            inner: Arc::new(inner),
-        };
-        let sweep = sweep_deadlines(Arc::downgrade(&provider.inner), woken);
-        // Injected bug (simulator bug hunt only, with the one in `mutate`): no sweep, so
-        // nothing but a restart ends a transition whose worker never started.
-        if !cfg!(feature = "bug-transition-after-commit") {
-            provider.inner.spawner.spawn(
-                "deadline-sweep",
-                sweep.instrument(info_span!("deadline_sweep")),
-            );
-        }
-        provider.compensate_failed_creates();
-        Ok(provider)
-    }
-
-    /// Registers a callback told about every finished transition (in registration order,
-    /// after those registered before it). Register before serving, so no event is missed.
-    #[must_use]
-    pub fn with_observer(
-        self,
-        observer: impl Fn(&TransitionEvent) + Send + Sync + 'static,
-    ) -> Self {
-        self.inner
-            .observers
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(Arc::new(observer));
-        self
-    }
-
-    /// Decides a mutating call, makes the decision durable, starts the transition it
-    /// accepted, and returns the acknowledgement.
-    ///
-    /// Cancellation-safe: the transition's worker is spawned in the same critical section
-    /// that takes the decision, before the first await, and it waits for the decision to be
-    /// durable on its own. A caller that stops waiting (a client deadline, a reset stream)
-    /// loses only its answer; an accepted transition runs to completion either way.
-    ///
-    /// # Errors
-    /// The core's rejection, or a store failure (then nothing was acknowledged).
-    pub async fn mutate(
-        &self,
-        mutation: Mutation,
-        blob: BootstrapBlob,
-    ) -> Result<Ack, ProviderError> {
-        let now = self.inner.clock.now();
-        let mut mutation = mutation;
-        let mut blob = Some(blob);
-        let mut attempt = 0;
-        let decision = loop {
-            let (decision, durable, spare) = self.decide(mutation, now, &mut blob);
-            // Injected bug (simulator bug hunt only): acknowledge before the decision is durable.
-            #[cfg(feature = "bug-ack-before-persist")]
-            let durable = {
-                drop(durable);
-                settled()
-            };
-            // Even an answer that changed nothing (an idempotent retry, a rejection) waits
-            // for the decisions it observed to be durable: no answer may reflect state a
-            // crash could still take back.
-            let durable = durable.await;
-            self.settle();
-            // Injected bug (simulator bug hunt only): the worker is started by the caller's
-            // future once the commit is in, so a caller that goes away while it waits leaves
-            // the transition without a worker.
-            #[cfg(feature = "bug-transition-after-commit")]
-            if let (
-                Ok(()),
-                Ok(Ack {
-                    dispatch: Some(dispatch),
-                    ..
-                }),
-            ) = (&durable, &decision.outcome)
-            {
-                let blob = blob.clone().unwrap_or_default();
-                self.start_transition(&mut self.lock(), dispatch.clone(), blob, settled());
-            }
-            match durable {
-                Ok(()) => break decision,
-                // This call's own decision was in the commit that failed: it is not
-                // acknowledged.
-                Err(store_error)
-                    if decision.changes.is_some()
-                        && !matches!(store_error, StoreError::AfterFailure(_)) =>
-                {
-                    warn!(error = %store_error, "decision not persisted; call not acknowledged");
-                    return Err(ProviderError::Store(store_error));
-                }
-                // It was decided on top of (or observed) a decision that was rewound, and was
-                // not written itself: decide again on what is durable.
-                Err(store_error) => match spare {
-                    Some(again) if attempt + 1 < DECISIONS_MAX => {
-                        attempt += 1;
-                        mutation = again;
-                    }
-                    _ => return Err(ProviderError::Store(store_error)),
-                },
-            }
-        };
-        Ok(decision.outcome?)
-    }
-
-    /// Takes one decision of [`Self::mutate`] in one critical section: settles what the store
-    /// reported, decides, enqueues the change set and spawns the worker of an accepted
-    /// transition. Returns the decision, its barrier, and a copy of the mutation when the
-    /// decision observed others not yet durable (it may have to be taken again, with the
-    /// blob, which is then kept too).
-    fn decide(
-        &self,
-        mutation: Mutation,
-        now: Timestamp,
-        blob: &mut Option<BootstrapBlob>,
-    ) -> (MutateDecision, Barrier, Option<Mutation>) {
-        let mut guarded = self.lock();
-        self.settle_locked(&mut guarded);
-        let spare = (!guarded.pending.is_empty()).then(|| mutation.clone());
-        let (decision, savepoint) = guarded.core.with_savepoint(|c| c.mutate(mutation, now));
-        let durable = self.enqueue(&mut guarded, decision.changes.clone(), savepoint);
-        if let Ok(Ack {
-            dispatch: Some(dispatch),
-            ..
-        }) = &decision.outcome
-            && !cfg!(feature = "bug-transition-after-commit")
-        {
-            let blob = if spare.is_some() {
-                blob.clone()
-            } else {
-                blob.take()
-            };
-            let blob = blob.unwrap_or_default();
-            self.start_transition(&mut guarded, dispatch.clone(), blob, durable.clone());
-        }
-        (decision, durable, spare)
-    }
-    /// One machine by id, once everything it may reflect is durable.
-    ///
-    /// # Errors
-    /// When the state it reflects could not be persisted.
-    pub async fn get(&self, id: &str) -> Result<Option<Arc<Machine>>, StoreError> {
-        self.read(|guarded| guarded.core.get(id)).await
-    }
-
-    /// The machines a List call returns, once everything they may reflect is durable (so a
-    /// cursor handed out is never ahead of what a restart reloads). A capped call continues
-    /// where the previous capped call stopped (see [`ListRotation`]); the step happens under
-    /// the lock, so concurrent capped pickers get different machines.
-    ///
-    /// # Errors
-    /// When the state it reflects could not be persisted.
-    pub async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
-        self.read(|guarded| {
-            let Guarded { core, rotation, .. } = guarded;
-            core.list_rotating(query, rotation)
-        })
-        .await
-    }
-
-    /// Answers a read once everything it may reflect is durable. When what it observed is
-    /// rewound by a failed commit, it answers from the last durable state instead: at once,
-    /// by looking past the decisions still waiting for the store (rewound for the look and
-    /// redone right after), so reads never wait on a disk that keeps failing.
-    async fn read<T>(&self, mut look: impl FnMut(&mut Guarded) -> T) -> Result<T, StoreError> {
-        let (answer, durable) = {
-            let mut guarded = self.lock();
-            (look(&mut guarded), guarded.last_commit.clone())
-        };
-        let durable = durable.await;
-        let mut guarded = self.lock();
-        self.settle_locked(&mut guarded);
-        if durable.is_ok() {
-            return Ok(answer);
-        }
-        let mut redos = Vec::with_capacity(guarded.pending.len());
-        for index in (0..guarded.pending.len()).rev() {
-            let savepoint = std::mem::take(&mut guarded.pending[index].savepoint);
-            redos.push(guarded.core.rewind(savepoint));
-        }
-        let answer = look(&mut guarded);
-        for (index, redo) in redos.into_iter().rev().enumerate() {
-            guarded.pending[index].savepoint = guarded.core.rewind(redo);
-        }
-        Ok(answer)
-    }
-
-    /// Commits a change set that changes nothing, to learn whether the store takes writes
-    /// again after a failure even when no call arrives (a provider taken out of service
-    /// while its disk is full gets none).
-    ///
-    /// # Errors
-    /// When the commit fails.
-    pub async fn probe_store(&self) -> Result<(), StoreError> {
-        let durable = {
-            let mut guarded = self.lock();
-            self.settle_locked(&mut guarded);
-            let changes = guarded.core.probe();
-            self.enqueue(&mut guarded, Some(changes), Savepoint::default())
-        };
-        let durable = durable.await;
-        self.settle();
-        durable
-    }
-
     /// Whether the store takes commits (the last attempt's outcome) and how many failed.
     #[must_use]
     pub fn store_status(&self) -> StoreStatus {
@@ -476,6 +224,13 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         self.inner.hypervisor.readiness_gate()
     }
 
+    /// The restore hand-off: gives the hypervisor the machines the provider holds
+    /// ([`Hypervisor::restored`]). The composition root calls it once, before serving.
+    pub fn hand_off_restored(&self) {
+        let machines = self.peek(&ListQuery::default()).machines;
+        self.inner.hypervisor.restored(&machines);
+    }
+
     /// Number of machines by state.
     #[must_use]
     pub fn count_by_state(&self) -> Vec<(MachineState, usize)> {
@@ -484,28 +239,6 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             .into_iter()
             .map(|s| (s, page.machines.iter().filter(|m| m.state == s).count()))
             .collect()
-    }
-
-    /// Describes the hypervisor and folds the result into the inventory.
-    ///
-    /// # Errors
-    /// When describe fails or the result cannot be persisted.
-    pub async fn reconcile(&self) -> Result<ReconcileReport, ReconcileError> {
-        let described = self.inner.hypervisor.describe().await?;
-        let (report, durable) = {
-            let mut guarded = self.lock();
-            self.settle_locked(&mut guarded);
-            let (report, savepoint) = guarded.core.with_savepoint(|c| c.reconcile(described));
-            let durable = self.enqueue(&mut guarded, report.changes.clone(), savepoint);
-            (report, durable)
-        };
-        for skipped in &report.skipped {
-            warn!(error = %skipped, "reconcile skipped an invalid record");
-        }
-        let durable = durable.await;
-        self.settle();
-        durable?;
-        Ok(report)
     }
 
     /// Completes at `deadline` on the provider's clock.
@@ -520,86 +253,6 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
     #[must_use]
     pub fn now(&self) -> Timestamp {
         self.inner.clock.now()
-    }
-
-    /// Enqueues a decision's change set (under the lock, so the store sees decisions in
-    /// order) and returns the barrier that resolves once it, and everything before it, is
-    /// durable. A decision without changes gets the previous barrier. The savepoint is kept
-    /// until the store confirms the change set, to take the decision back if it fails.
-    ///
-    /// The caller settles ([`Self::settle_locked`]) before it takes the decision, in the same
-    /// critical section; this never settles. A failed commit rewound *beneath* a decision
-    /// that is already taken but not yet pending would come back when that decision is
-    /// rewound in turn (its savepoint recorded the state with the failed decision in it). A
-    /// caller that gave up leaves its failed commit to whoever decides next, so this is the
-    /// common case, not a corner.
-    fn enqueue(
-        &self,
-        guarded: &mut Guarded,
-        changes: Option<bigfleet_libvirt_domain::ChangeSet>,
-        savepoint: Savepoint,
-    ) -> Barrier {
-        if let Some(changes) = changes {
-            let commit: BoxFuture<'static, _> = Box::pin(self.inner.store.commit(changes));
-            guarded.last_commit = commit.shared();
-            guarded.pending.push_back(Pending {
-                barrier: guarded.last_commit.clone(),
-                savepoint,
-            });
-        }
-        guarded.last_commit.clone()
-    }
-
-    /// [`Self::settle_locked`] under the lock.
-    fn settle(&self) {
-        let mut guarded = self.lock();
-        self.settle_locked(&mut guarded);
-    }
-
-    /// Forgets the savepoints of decisions the store confirmed, oldest first. At the first
-    /// failure reported, every decision not yet durable is rewound, newest first: the store
-    /// confirms in order and refuses everything after a failure, so none of them can still
-    /// become durable, and the core is back at the last durable state. Then the store may
-    /// attempt the next change set afresh.
-    fn settle_locked(&self, guarded: &mut Guarded) {
-        while let Some(front) = guarded.pending.front() {
-            match front.barrier.clone().now_or_never() {
-                None => return,
-                Some(Ok(())) => {
-                    guarded.pending.pop_front();
-                    self.set_store_status(|status| {
-                        if status.failing.take().is_some() {
-                            info!("the state store takes commits again");
-                        }
-                    });
-                }
-                Some(Err(error)) => {
-                    let rewound = guarded.pending.len();
-                    while let Some(pending) = guarded.pending.pop_back() {
-                        let _redo = guarded.core.rewind(pending.savepoint);
-                    }
-                    guarded.last_commit = settled();
-                    self.inner.store.resume();
-                    self.set_store_status(|status| {
-                        // Said loudly once; while the store keeps failing, the failure count
-                        // and readiness say the rest.
-                        if status.failing.is_none() {
-                            error!(
-                                error = %error,
-                                rewound,
-                                "state commit failed: its calls are not acknowledged and \
-                                 reads serve the last durable state; the next commit tries again"
-                            );
-                        } else {
-                            debug!(error = %error, rewound, "state commit failed again");
-                        }
-                        status.failing = Some(error.to_string());
-                        status.failures += 1;
-                    });
-                    return;
-                }
-            }
-        }
     }
 
     fn set_store_status(&self, change: impl FnOnce(&mut StoreStatus)) {
@@ -619,47 +272,6 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    /// Start-up half of the Create compensation: a restart may have interrupted a Create
-    /// (now Failed without a host) or a compensation in flight, so every Failed record
-    /// without a host gets its compensating delete again (idempotent when nothing is left).
-    fn compensate_failed_creates(&self) {
-        let failed = {
-            let guarded = self.lock();
-            let query = ListQuery {
-                states: Some([MachineState::Failed].into()),
-                ..ListQuery::default()
-            };
-            let page = guarded.core.list(&query);
-            page.machines
-                .into_iter()
-                .filter(|m| !m.has_host())
-                .filter_map(|m| Some((guarded.core.operation(&m.id, Kind::Create)?.clone(), m)))
-                .collect::<Vec<_>>()
-        };
-        for (operation_id, machine) in failed {
-            self.compensate(machine, operation_id);
-        }
-    }
-
-    /// Starts the best-effort delete of whatever a failed Create may have left on its host
-    /// (`compensation.rs`). The task holds the hypervisor and clock, not the provider.
-    fn compensate(&self, machine: Arc<Machine>, operation_id: OperationId) {
-        if cfg!(feature = "bug-no-create-compensation") {
-            return; // Injected bug (simulator bug hunt only): leak the domain.
-        }
-        let timeout = self.lock().core.policy().timeouts.delete;
-        let span = info_span!(
-            "compensation",
-            machine_id = %machine.id,
-            operation_id = %operation_id,
-        );
-        let hypervisor = Arc::clone(&self.inner.hypervisor);
-        let clock = self.inner.clock.clone();
-        let task = compensation::delete_leftover(hypervisor, clock, timeout, machine, operation_id);
-        self.inner
-            .spawner
-            .spawn("create-compensation", task.map(drop).instrument(span));
-    }
 }
 
 /// Why a reconcile pass failed.
@@ -677,14 +289,12 @@ fn duration_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// A barrier that is already resolved.
-fn settled() -> Barrier {
-    let ready: BoxFuture<'static, Result<(), StoreError>> = Box::pin(std::future::ready(Ok(())));
-    ready.shared()
-}
-
+mod compensate;
 mod deadlines;
-use deadlines::sweep_deadlines;
+mod mutate;
+mod read;
+mod rewind;
+mod start;
 mod transition;
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ pub mod fakes;
 #[cfg(madsim)]
 pub mod faults;
 #[cfg(madsim)]
+pub mod history;
+#[cfg(madsim)]
 pub mod net;
 #[cfg(madsim)]
 pub mod rng;

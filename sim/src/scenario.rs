@@ -82,6 +82,8 @@ pub fn run_plan(plan: FaultPlan, keep_trace: bool) -> RunReport {
             at
         }
     };
+    // What happened since the checkers last read the history is checked before the verdict.
+    checkers::read_history(&world);
     let mut trace: std::sync::MutexGuard<'_, Trace> = world.trace_log();
     RunReport {
         seed,

@@ -1,8 +1,9 @@
 //! The provider process: what the provider node runs each time it (re)starts.
 //!
 //! It builds the provider through the binary's composition root (`bigfleet_libvirt_app::assemble`)
-//! with the simulated adapters, wrapped in the same `InstrumentedHypervisor` decorator the
-//! binary uses, and serves the generated `CapacityProviderServer` over the real
+//! from the simulated adapters (the root wraps the hypervisor in the same
+//! `InstrumentedHypervisor` decorator, and does the same restore hand-off, as for the
+//! binary), and serves the generated `CapacityProviderServer` over the real
 //! `CapacityService` (`bigfleet_libvirt_app::capacity_server`: proto conversion, the status module,
 //! the panic guard, metrics) on a madsim-tonic `Server` at [`PROVIDER_ADDR`], on madsim's
 //! simulated network. `app::serve` itself is compiled out of this build: it runs tonic,
@@ -15,9 +16,8 @@ use std::time::Duration;
 
 use bigfleet_libvirt_app as app;
 use bigfleet_libvirt_domain::{Policy, Timeouts};
-use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_observe::metrics::Metrics;
-use bigfleet_libvirt_ports::{Provider, ProviderConfig};
+use bigfleet_libvirt_ports::ProviderConfig;
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;
 use futures::future::Either;
@@ -34,10 +34,8 @@ use crate::fakes::store::SimStateStore;
 use crate::net::{Answer, PROVIDER_ADDR, Reply, Rpc};
 use crate::world::World;
 
-/// The hypervisor as the provider sees it.
-pub type SimHost = InstrumentedHypervisor<SimHypervisor>;
-/// The provider under test.
-pub type SimProvider = Provider<SimHost, SimStateStore, SimClock, SimSpawner>;
+/// The provider under test, as the composition root builds it.
+pub type SimProvider = app::Assembled<SimHypervisor, SimStateStore, SimClock, SimSpawner>;
 
 /// The provider's configuration in the simulation.
 #[must_use]
@@ -57,17 +55,15 @@ pub async fn run_provider(world: Arc<World>) {
     world.trace(format!("provider #{incarnation} starting"));
     let before = checkers::restart::before_start(&world);
     let metrics = Metrics::new();
-    let hypervisor =
-        InstrumentedHypervisor::new(SimHypervisor::new(Arc::clone(&world)), metrics.clone());
-    let store = SimStateStore::open(Arc::clone(&world), incarnation);
-    let started = app::assemble(
-        config(&world),
-        hypervisor,
-        store,
-        SimClock,
-        SimSpawner,
-        &metrics,
-    )
+    let started = app::assemble(app::Parts {
+        config: config(&world),
+        hypervisor: SimHypervisor::new(Arc::clone(&world)),
+        store: SimStateStore::open(Arc::clone(&world), incarnation),
+        clock: SimClock,
+        spawner: SimSpawner,
+        metrics: metrics.clone(),
+        observers: Vec::new(),
+    })
     .await;
     let provider = match started {
         Ok(provider) => provider,

@@ -1,6 +1,6 @@
 //! The shared world of one run: the fault plan, the things that outlive the provider
-//! process (hosts, disk), the simulated network's endpoint, the checkers' ledger and the
-//! trace. Every lock here is held only for a synchronous step (never across an await), and
+//! process (hosts, disk), the simulated network's endpoint, the history the fakes append to
+//! and the checkers read, the checkers' ledger and the trace. Every lock here is held only for a synchronous step (never across an await), and
 //! madsim runs everything on one thread, so the locks only serve the type system.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +17,7 @@ use crate::fakes::clock::elapsed;
 use crate::fakes::hypervisor::Hosts;
 use crate::fakes::store::Disk;
 use crate::faults::FaultPlan;
+use crate::history::{Event, History};
 use crate::rng::SimRng;
 use crate::server::SimProvider;
 use crate::trace::Trace;
@@ -56,6 +57,7 @@ pub struct World {
     /// The slots the hosts offer (all Speculative).
     pub inventory: Vec<Machine>,
     trace: Mutex<Trace>,
+    history: Mutex<History>,
     hosts: Mutex<Hosts>,
     disk: Mutex<Disk>,
     net_rng: Mutex<SimRng>,
@@ -80,6 +82,7 @@ impl World {
             provider_label: PROVIDER_LABEL.to_owned(),
             inventory,
             trace: Mutex::new(Trace::new(keep_trace)),
+            history: Mutex::new(History::default()),
             hosts: Mutex::new(Hosts::new(plan.seed, plan.hosts)),
             disk: Mutex::new(Disk::default()),
             net_rng: Mutex::new(SimRng::stream(plan.seed, "network")),
@@ -107,11 +110,28 @@ impl World {
         lock(&self.trace)
     }
 
+    /// Appends what a fake saw happen to the history, at the current simulated time.
+    pub fn record(&self, event: Event) {
+        lock(&self.history).push(elapsed(), event);
+    }
+
+    /// The history, for the checkers.
+    pub fn history(&self) -> MutexGuard<'_, History> {
+        lock(&self.history)
+    }
+
     /// Records a broken invariant.
     pub fn violation(&self, invariant: Invariant, detail: impl Into<String>) {
+        self.violation_at(invariant, elapsed(), detail);
+    }
+
+    /// Records an invariant broken at `at` (a checker reading the history finds it later,
+    /// possibly after the runtime has stopped, so the trace line carries `at` too).
+    pub fn violation_at(&self, invariant: Invariant, at: Duration, detail: impl Into<String>) {
         let detail = detail.into();
-        self.trace(format!("VIOLATION {}: {detail}", invariant.name()));
-        lock(&self.violations).push(invariant, elapsed(), detail);
+        let line = format!("VIOLATION {}: {detail}", invariant.name());
+        lock(&self.trace).record(at, &line);
+        lock(&self.violations).push(invariant, at, detail);
     }
 
     /// The violations so far.

@@ -77,15 +77,15 @@ async fn start(plan: Plan) -> Result<Running, BoxError> {
         };
         // Dropped when serving ends: the benchmark frees what the binary leaves at exit.
         let exit = app::Exit::default();
-        app::run(
+        app::run(app::Launch {
             plan,
-            None,
-            app::NetLimits::default(),
-            Some(listeners),
-            (),
+            tls: None,
+            limits: app::NetLimits::default(),
+            listeners: Some(listeners),
+            on_start: (),
             shutdown,
-            &exit,
-        )
+            exit: &exit,
+        })
         .await
         .map_err(|e| e.to_string())
     });

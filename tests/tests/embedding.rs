@@ -37,15 +37,15 @@ async fn serve(
         let shutdown = async move {
             let _ = stopped.await;
         };
-        app::run(
+        app::run(app::Launch {
             plan,
-            None,
-            app::NetLimits::default(),
-            Some(listeners),
-            (),
+            tls: None,
+            limits: app::NetLimits::default(),
+            listeners: Some(listeners),
+            on_start: (),
             shutdown,
-            &exit,
-        )
+            exit: &exit,
+        })
         .await
         .map_err(|e| format!("{e:#}"))
     });

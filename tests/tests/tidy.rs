@@ -10,7 +10,9 @@ use std::process::Command;
 
 mod deps;
 mod length;
+mod root;
 mod shell;
+mod sim;
 mod skips;
 
 fn workspace_root() -> PathBuf {

@@ -118,7 +118,10 @@ pub fn report(
     if let Some(wanted) = machine {
         if !machines.iter().any(|m| m.id.as_str() == wanted) {
             return Err(ReportError::UnknownMachine {
-                id: format!("\"{}\"", bigfleet_libvirt_grpc::identity::escaped(wanted)),
+                id: format!(
+                    "\"{}\"",
+                    bigfleet_libvirt_domain::authorization::escaped(wanted)
+                ),
                 file: file.to_owned(),
                 stored: machines.len(),
             });

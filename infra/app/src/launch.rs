@@ -11,14 +11,10 @@ use std::time::Duration;
 use bigfleet_libvirt_domain::{Machine, Policy, Timeouts};
 use bigfleet_libvirt_ports::ProviderConfig;
 
-use crate::NetLimits;
-use bigfleet_libvirt_grpc::identity::IdentityMode;
+use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsFiles;
 use bigfleet_libvirt_libvirt::golden;
-use bigfleet_libvirt_libvirt::{
-    CapacityPolicy, DirectKernel, DomainType, Firmware, GcPolicy, LibvirtOptions, Platform,
-};
-use bigfleet_libvirt_observe::side_server::HttpLimits;
+use bigfleet_libvirt_libvirt::{CapacityPolicy, GcPolicy, LibvirtOptions};
 
 use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
 
@@ -26,6 +22,9 @@ mod devices;
 use bigfleet_libvirt_domain::catalog::{
     self, CatalogError, InstanceCatalog, Inventory, InventoryConfig, Offering, PriceTable,
 };
+
+mod limits;
+pub use limits::{LimitFlags, net_limits};
 
 /// Every flag, as typed values. Field names are the flag names.
 #[derive(Clone, Debug)]
@@ -179,17 +178,7 @@ pub fn check_client_programs(
 pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     config::validate_default_zone(&flags.default_zone)?;
     let connections = config::parse_connect(&flags.connect, &flags.default_zone)?;
-    let catalog = match &flags.instance_types {
-        Some(path) => config::load_instance_types(path)?,
-        None => InstanceCatalog::builtin(),
-    };
-    let overrides = catalog::parse_prices(&flags.prices)?;
-    let prices = PriceTable::new(
-        overrides,
-        flags.price_per_vcpu_hour,
-        flags.price_per_gib_hour,
-        &catalog,
-    )?;
+    let (catalog, prices) = catalog_and_prices(flags)?;
     let backend = select_backend(flags, &connections)?;
     let tls = check_tls(flags)?;
     let client_identity = check_client_identity(flags, tls.as_ref())?;
@@ -198,49 +187,10 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     if backend == Backend::Libvirt {
         golden_settings(flags, &mut libvirt)?;
     }
-    if flags.fake_fault_hooks && backend != Backend::Fake {
-        return Err(flag(
-            "--fake-fault-hooks only works with the fake backend; remove it or pass --use-fake-backend",
-        ));
-    }
-    if flags.fake_delay_min > flags.fake_delay_max {
-        return Err(flag("--fake-delay-min must not exceed --fake-delay-max"));
-    }
-    if flags.transition_timeout.is_some_and(|t| t.is_zero()) {
-        return Err(flag(
-            "--transition-timeout must be above 0 (e.g. 2s); omit it for the defaults",
-        ));
-    }
+    check_fake_flags(flags, backend)?;
     let zones: Vec<String> = connections.iter().map(|c| c.zone.clone()).collect();
-    let mut offerings = match &flags.offerings {
-        Some(path) => config::load_offerings(path)?,
-        None => catalog::default_offerings(
-            flags.seed_count,
-            &zones,
-            &flags.default_zone,
-            &flags.capacity_type,
-            &catalog,
-        ),
-    };
-    if flags.fake_fault_hooks {
-        let capacity = offerings
-            .first()
-            .map_or(flags.capacity_type.clone(), |o| o.capacity_type.clone());
-        offerings.push(catalog::fault_offering(
-            &catalog,
-            &zones,
-            &flags.default_zone,
-            &capacity,
-        ));
-    }
-    if let Some(path) = &flags.base_user_data {
-        std::fs::read(path).map_err(|e| {
-            flag(format!(
-                "--base-user-data {}: cannot read the file: {e}",
-                path.display()
-            ))
-        })?;
-    }
+    let offerings = offerings(flags, &zones, &catalog)?;
+    check_base_user_data(flags)?;
     let require_zones = (backend == Backend::Libvirt).then_some(zones.as_slice());
     let inventory_config = InventoryConfig {
         provider: &flags.provider,
@@ -249,27 +199,17 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         require_zones,
     };
     let inventory = catalog::build_inventory(&offerings, &inventory_config)?;
-    let timeouts = flags
-        .transition_timeout
-        .map_or_else(Timeouts::default, Timeouts::uniform);
-    let policy = Policy {
-        delete_supported: inventory.delete_supported,
-        require_zone: true,
-        timeouts,
-        operation_prefix: "op".to_owned(),
-    };
+    let provider = provider_config(flags, &inventory);
+    let grpc_addr = listen_addr("--addr", &flags.addr)?
+        .ok_or_else(|| flag("--addr must not be empty; the default is :9000"))?;
     Ok(Plan {
         backend,
         provider_label: flags.provider.clone(),
         connections,
         offerings,
         inventory,
-        provider: ProviderConfig {
-            policy,
-            seed_timeout: Duration::from_secs(30),
-        },
-        grpc_addr: listen_addr("--addr", &flags.addr)?
-            .ok_or_else(|| flag("--addr must not be empty; the default is :9000"))?,
+        provider,
+        grpc_addr,
         metrics_addr: listen_addr("--metrics-addr", &flags.metrics_addr)?,
         state: flags.state.clone(),
         reconcile_interval: (!flags.reconcile_interval.is_zero())
@@ -286,6 +226,103 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         catalog,
         libvirt,
     })
+}
+
+/// The instance types (`--instance-types`, else the built-in ones) and their prices
+/// (`--prices` over the per-vCPU and per-GiB rates).
+fn catalog_and_prices(flags: &Flags) -> Result<(InstanceCatalog, PriceTable), LaunchError> {
+    let catalog = match &flags.instance_types {
+        Some(path) => config::load_instance_types(path)?,
+        None => InstanceCatalog::builtin(),
+    };
+    let overrides = catalog::parse_prices(&flags.prices)?;
+    let prices = PriceTable::new(
+        overrides,
+        flags.price_per_vcpu_hour,
+        flags.price_per_gib_hour,
+        &catalog,
+    )?;
+    Ok((catalog, prices))
+}
+
+/// `--base-user-data`, when set, must name a readable file.
+fn check_base_user_data(flags: &Flags) -> Result<(), LaunchError> {
+    if let Some(path) = &flags.base_user_data {
+        std::fs::read(path).map_err(|e| {
+            flag(format!(
+                "--base-user-data {}: cannot read the file: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// The provider's settings: Delete offered as the inventory allows, zones required, the
+/// deadlines (`--transition-timeout` sets all four).
+fn provider_config(flags: &Flags, inventory: &Inventory) -> ProviderConfig {
+    let timeouts = flags
+        .transition_timeout
+        .map_or_else(Timeouts::default, Timeouts::uniform);
+    ProviderConfig {
+        policy: Policy {
+            delete_supported: inventory.delete_supported,
+            require_zone: true,
+            timeouts,
+            operation_prefix: "op".to_owned(),
+        },
+        seed_timeout: Duration::from_secs(30),
+    }
+}
+
+/// The fake backend's flags: its hooks only with the fake, a delay range that is one, and a
+/// transition timeout above 0.
+fn check_fake_flags(flags: &Flags, backend: Backend) -> Result<(), LaunchError> {
+    if flags.fake_fault_hooks && backend != Backend::Fake {
+        return Err(flag(
+            "--fake-fault-hooks only works with the fake backend; remove it or pass --use-fake-backend",
+        ));
+    }
+    if flags.fake_delay_min > flags.fake_delay_max {
+        return Err(flag("--fake-delay-min must not exceed --fake-delay-max"));
+    }
+    if flags.transition_timeout.is_some_and(|t| t.is_zero()) {
+        return Err(flag(
+            "--transition-timeout must be above 0 (e.g. 2s); omit it for the defaults",
+        ));
+    }
+    Ok(())
+}
+
+/// The offerings: `--offerings`' file, or the defaults over `zones`; with the fake's fault
+/// hooks, the fault offering too.
+fn offerings(
+    flags: &Flags,
+    zones: &[String],
+    catalog: &InstanceCatalog,
+) -> Result<Vec<Offering>, LaunchError> {
+    let mut offerings = match &flags.offerings {
+        Some(path) => config::load_offerings(path)?,
+        None => catalog::default_offerings(
+            flags.seed_count,
+            zones,
+            &flags.default_zone,
+            &flags.capacity_type,
+            catalog,
+        ),
+    };
+    if flags.fake_fault_hooks {
+        let capacity = offerings
+            .first()
+            .map_or(flags.capacity_type.clone(), |o| o.capacity_type.clone());
+        offerings.push(catalog::fault_offering(
+            catalog,
+            zones,
+            &flags.default_zone,
+            &capacity,
+        ));
+    }
+    Ok(offerings)
 }
 
 /// Backend selection: `--use-fake-backend` forces the fake; `auto` (or empty) means libvirt
@@ -343,7 +380,7 @@ fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
         instance_nics: std::collections::BTreeMap::new(),
         cpu: None,
         instance_cpu: std::collections::BTreeMap::new(),
-        platform: platform(flags)?,
+        platform: devices::platform(flags)?,
         base_user_data: flags.base_user_data.clone(),
         capacity: CapacityPolicy {
             reserve_cpu: flags.host_reserve_cpu,
@@ -379,64 +416,6 @@ fn golden_settings(flags: &Flags, libvirt: &mut LibvirtOptions) -> Result<(), La
     libvirt.image.clone_from(&golden.volume);
     libvirt.image_source = Some(Arc::new(golden));
     Ok(())
-}
-
-/// `--domain-type`, `--firmware` and the direct-boot flags. The paths are on the libvirt host, so only
-/// their shape can be checked here: absolute, and the initrd and command line only with a
-/// kernel to go with them.
-fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
-    let domain_type = match flags.domain_type.trim() {
-        "" | "kvm" => DomainType::Kvm,
-        "qemu" => DomainType::Qemu,
-        other => {
-            return Err(flag(format!(
-                "--domain-type must be kvm or qemu (got {other:?}); qemu is software \
-                 emulation for hosts where KVM cannot run guests"
-            )));
-        }
-    };
-    let firmware = match flags.firmware.trim() {
-        "" | "bios" => Firmware::Bios,
-        "efi" => Firmware::Efi,
-        other => {
-            return Err(flag(format!(
-                "--firmware must be bios or efi (got {other:?}); efi boots UEFI guests with \
-                 the host's OVMF, which libvirt picks from its firmware descriptors"
-            )));
-        }
-    };
-    let kernel = flags.guest_kernel.trim();
-    let initrd = flags.guest_initrd.trim();
-    let cmdline = flags.guest_cmdline.trim();
-    if kernel.is_empty() {
-        if !initrd.is_empty() || !cmdline.is_empty() {
-            return Err(flag(
-                "--guest-initrd and --guest-cmdline only apply to direct kernel boot: set \
-                 --guest-kernel too, or drop them to boot the image's own boot loader",
-            ));
-        }
-        return Ok(Platform {
-            domain_type,
-            kernel: None,
-            firmware,
-        });
-    }
-    for (name, path) in [("--guest-kernel", kernel), ("--guest-initrd", initrd)] {
-        if !path.is_empty() && !path.starts_with('/') {
-            return Err(flag(format!(
-                "{name} must be an absolute path on the libvirt host (got {path:?})"
-            )));
-        }
-    }
-    Ok(Platform {
-        domain_type,
-        kernel: Some(DirectKernel {
-            kernel: kernel.to_owned(),
-            initrd: (!initrd.is_empty()).then(|| initrd.to_owned()),
-            cmdline: cmdline.to_owned(),
-        }),
-        firmware,
-    })
 }
 
 /// TLS flags must come whole: cert and key together, a CA only with both.
@@ -486,103 +465,6 @@ fn check_client_identity(
         ));
     }
     Ok(mode)
-}
-
-/// The per-client bounds, as typed values. Field names are the flag names.
-#[derive(Clone, Copy, Debug)]
-pub struct LimitFlags {
-    pub max_connections: usize,
-    pub max_concurrent_streams: u32,
-    pub handshake_timeout: Duration,
-    pub http2_keepalive_interval: Duration,
-    pub http2_keepalive_timeout: Duration,
-    pub metrics_max_connections: usize,
-    pub http_header_read_timeout: Duration,
-    pub http_idle_timeout: Duration,
-    pub list_memory_budget_mib: usize,
-}
-
-/// Validates the per-client bounds: every count and every timeout must be above 0.
-///
-/// # Errors
-/// The first flag set to 0, with its default.
-pub fn net_limits(flags: &LimitFlags) -> Result<NetLimits, LaunchError> {
-    let defaults = NetLimits::default();
-    for (name, value, default) in [
-        (
-            "--max-connections",
-            flags.max_connections,
-            defaults.grpc_max_connections,
-        ),
-        (
-            "--max-concurrent-streams",
-            flags.max_concurrent_streams as usize,
-            defaults.max_concurrent_streams as usize,
-        ),
-        (
-            "--metrics-max-connections",
-            flags.metrics_max_connections,
-            defaults.http.max_connections,
-        ),
-        (
-            "--list-memory-budget-mib",
-            flags.list_memory_budget_mib,
-            defaults.list_memory_budget_mib,
-        ),
-    ] {
-        if value == 0 {
-            return Err(flag(format!(
-                "{name} must be at least 1 (the default is {default})"
-            )));
-        }
-    }
-    for (name, value, default) in [
-        (
-            "--handshake-timeout",
-            flags.handshake_timeout,
-            defaults.handshake_timeout,
-        ),
-        (
-            "--http2-keepalive-interval",
-            flags.http2_keepalive_interval,
-            defaults.http2_keepalive_interval,
-        ),
-        (
-            "--http2-keepalive-timeout",
-            flags.http2_keepalive_timeout,
-            defaults.http2_keepalive_timeout,
-        ),
-        (
-            "--http-header-read-timeout",
-            flags.http_header_read_timeout,
-            defaults.http.header_read_timeout,
-        ),
-        (
-            "--http-idle-timeout",
-            flags.http_idle_timeout,
-            defaults.http.idle_timeout,
-        ),
-    ] {
-        if value.is_zero() {
-            return Err(flag(format!(
-                "{name} must be above 0 (the default is {})",
-                humantime::format_duration(default)
-            )));
-        }
-    }
-    Ok(NetLimits {
-        grpc_max_connections: flags.max_connections,
-        max_concurrent_streams: flags.max_concurrent_streams,
-        handshake_timeout: flags.handshake_timeout,
-        http2_keepalive_interval: flags.http2_keepalive_interval,
-        http2_keepalive_timeout: flags.http2_keepalive_timeout,
-        http: HttpLimits {
-            max_connections: flags.metrics_max_connections,
-            header_read_timeout: flags.http_header_read_timeout,
-            idle_timeout: flags.http_idle_timeout,
-        },
-        list_memory_budget_mib: flags.list_memory_budget_mib,
-    })
 }
 
 /// Parses a listen address: `:9000` (all interfaces), `host:port`, or empty (disabled).

@@ -2,22 +2,25 @@
 //! every adapter; the binary, the benchmarks and the simulator all build the provider through
 //! it instead of wiring adapters by hand.
 //!
-//! - `server`: [`assemble`] (the provider over its adapters, transitions wired into the
-//!   metrics), [`capacity_server`] (the generated gRPC server over the real handlers) and
-//!   [`serve`] (both ports until shutdown; compiled out under `--cfg madsim`);
+//! - `server`: [`assemble`] (the adapter-level root: the hypervisor instrumented, the
+//!   provider started with its observers, the restored machines handed back) and
+//!   [`capacity_server`] (the generated gRPC server over the real handlers);
+//! - `serve`: [`serve`] (both ports until shutdown; compiled out under `--cfg madsim`);
 //! - `launch` (feature `libvirt`): the operator's flags, as plain values, validated into a
 //!   [`launch::Plan`];
 //! - `preflight` (feature `libvirt`): `doctor`'s run over every `--connect` host;
 //! - `inspect` (feature `redb`): the `state inspect` report;
 //! - `wiring` (features `libvirt` and `redb`): [`run`], a [`launch::Plan`] to a serving
-//!   provider: store and backend chosen, the adapter configured and instrumented, restored
-//!   machines handed back to it, both ports bound and served;
+//!   provider: store and backend chosen, the adapter configured, the provider built through
+//!   [`assemble`], both ports bound and served;
 //! - `exit` (feature `redb`): [`Exit`], what `run` leaves for a fast process exit (the
 //!   state file closed, the inventory left unfreed).
 //!
 //! The features `libvirt` and `redb` (both on by default) pull in the adapters that link
 //! libvirt and redb; the simulator depends on this crate without them.
 
+#[cfg(not(madsim))]
+mod serve;
 mod server;
 mod timeline;
 
@@ -34,8 +37,12 @@ mod wiring;
 
 #[cfg(feature = "redb")]
 pub use exit::Exit;
+#[cfg(not(madsim))]
+pub use serve::serve;
+#[cfg(madsim)]
+pub use server::serve;
 pub use server::{
-    Banner, NetLimits, ServeConfig, assemble, capacity_server, reconcile_every, serve,
+    Assembled, Banner, NetLimits, Parts, ServeConfig, assemble, capacity_server, reconcile_every,
 };
 #[cfg(all(feature = "libvirt", feature = "redb"))]
-pub use wiring::{Listeners, OnStart, Running, run};
+pub use wiring::{Launch, Listeners, OnStart, Running, run};

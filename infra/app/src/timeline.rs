@@ -5,20 +5,27 @@
 
 use bigfleet_libvirt_domain::{ListQuery, MachineState, ReconcileReport};
 use bigfleet_libvirt_observe::timeline::{Timeline, What, bounded, millis};
-use bigfleet_libvirt_ports::{Clock, Hypervisor, Provider, Spawner, StateStore, TransitionEvent};
+use std::sync::Arc;
 
-/// Points `timeline` at `provider` (whose clock is `clock`) and returns the provider told to
-/// record the end of every transition on it.
-pub(crate) fn attach<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
-    provider: Provider<H, S, C, E>,
-    clock: C,
-    timeline: &Timeline,
-) -> Provider<H, S, C, E> {
+use bigfleet_libvirt_ports::{
+    Clock, Hypervisor, Observer, Provider, Spawner, StateStore, TransitionEvent,
+};
+
+/// Points `timeline` at the provider's clock and returns the observer that records the end
+/// of every transition on it (passed to `Provider::start` by `assemble`).
+pub(crate) fn observer<C: Clock>(clock: C, timeline: &Timeline) -> Observer {
     timeline.use_clock(move || clock.now());
+    let timeline = timeline.clone();
+    Arc::new(move |event: &TransitionEvent| ended(&timeline, event))
+}
+
+/// Tracks every machine of `provider`'s inventory on `timeline`.
+pub(crate) fn track<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
+    provider: &Provider<H, S, C, E>,
+    timeline: &Timeline,
+) {
     let inventory = provider.peek(&ListQuery::default());
     timeline.track(inventory.machines.iter().map(|m| m.id.as_str()));
-    let timeline = timeline.clone();
-    provider.with_observer(move |event: &TransitionEvent| ended(&timeline, event))
 }
 
 /// A finished transition's line. Told inside the transition's span, so it carries its trace.

@@ -1,16 +1,15 @@
 //! Settings in, a running provider out: everything between a validated [`Plan`] and the
 //! servers, in one place that the binary and the benchmarks both run. [`run`] chooses the
 //! store (`--state` or memory) and the backend (the fake or libvirt), configures the
-//! adapter from the plan, wraps it in the [`InstrumentedHypervisor`] metrics decorator,
-//! starts the provider through [`assemble`](crate::assemble), gives the restored machines
-//! back to the backend (the fake adopts their domains, libvirt tracks them for drift and
-//! orphan checks), binds both ports and serves until shutdown.
+//! adapter from the plan, hands both to [`assemble`](crate::assemble) (which instruments the
+//! backend, starts the provider and gives it the restored machines), binds both ports and
+//! serves until shutdown.
 
 use std::future::Future;
 use std::time::Duration;
 
 use anyhow::Context;
-use bigfleet_libvirt_grpc::identity::IdentityMode;
+use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsState;
 use bigfleet_libvirt_libvirt::{LibvirtConfig, LibvirtHypervisor};
 use bigfleet_libvirt_memory::MemoryStateStore;
@@ -25,7 +24,7 @@ use tracing::warn;
 
 use crate::exit::Exit;
 use crate::launch::{Backend, Plan};
-use crate::{Banner, NetLimits, ServeConfig};
+use crate::{Banner, NetLimits, Parts, ServeConfig};
 
 /// The provider as [`run`] builds it, for an [`OnStart`] hook.
 pub type Running<H, S> = Provider<H, S, SystemClock, TokioSpawner>;
@@ -51,120 +50,102 @@ impl OnStart for () {
     fn started<H: Hypervisor, S: StateStore>(self, _: &Running<H, S>) {}
 }
 
-/// Serves `plan` until `shutdown` completes. With `listeners` `None` both ports are bound
-/// from the plan once the provider has started (a bind failure is fatal and names the
-/// flag), as the binary does.
+/// Everything [`run`] needs: the validated plan, how the ports are reached, who is told
+/// once the provider has started, when to stop, and what is left for the process exit.
+pub struct Launch<'a, O, F> {
+    /// The validated flags.
+    pub plan: Plan,
+    /// TLS material for the gRPC port; `None` serves plaintext.
+    pub tls: Option<TlsState>,
+    /// Per-client bounds on both ports.
+    pub limits: NetLimits,
+    /// Ports the caller bound already; `None` binds the plan's.
+    pub listeners: Option<Listeners>,
+    /// Told about the provider before it serves (`()` for nobody).
+    pub on_start: O,
+    /// Serving ends when this completes.
+    pub shutdown: F,
+    /// What the fast exit closes and keeps.
+    pub exit: &'a Exit,
+}
+
+/// Serves `launch.plan` until `launch.shutdown` completes. With `listeners` `None` both
+/// ports are bound from the plan once the provider has started (a bind failure is fatal
+/// and names the flag), as the binary does.
 ///
 /// # Errors
 /// When the state file cannot be opened, the provider cannot start, `--base-user-data`
 /// cannot be read, a port cannot be bound, or a server fails while running.
-pub async fn run(
-    plan: Plan,
-    tls: Option<TlsState>,
-    limits: NetLimits,
-    listeners: Option<Listeners>,
-    on_start: impl OnStart,
-    shutdown: impl Future<Output = ()> + Send,
-    exit: &Exit,
+pub async fn run<O: OnStart, F: Future<Output = ()> + Send>(
+    launch: Launch<'_, O, F>,
 ) -> anyhow::Result<()> {
-    let ports = Ports {
-        tls,
-        limits,
-        listeners,
-    };
-    match &plan.state {
+    match &launch.plan.state {
         Some(path) => match RedbStateStore::open(path) {
             Ok(store) => {
-                exit.close_at_exit(&store);
-                serve(plan, store, ports, on_start, shutdown, exit).await
+                launch.exit.close_at_exit(&store);
+                serve(launch, store).await
             }
             Err(e) => Err(anyhow::anyhow!("--state: {e}")),
         },
         None => {
             warn!("no --state: bindings, fence marks and operation ids will not survive a restart");
-            let store = MemoryStateStore::new();
-            serve(plan, store, ports, on_start, shutdown, exit).await
+            serve(launch, MemoryStateStore::new()).await
         }
     }
 }
 
-/// How the servers are reached: TLS, per-client bounds, and ports bound by the caller.
-struct Ports {
-    tls: Option<TlsState>,
-    limits: NetLimits,
-    listeners: Option<Listeners>,
-}
-
-async fn serve<S: StateStore>(
-    mut plan: Plan,
+/// Builds the chosen backend from the plan and serves the provider over it and `store`.
+async fn serve<S: StateStore, O: OnStart, F: Future<Output = ()> + Send>(
+    mut launch: Launch<'_, O, F>,
     store: S,
-    ports: Ports,
-    on_start: impl OnStart,
-    shutdown: impl Future<Output = ()> + Send,
-    exit: &Exit,
 ) -> anyhow::Result<()> {
     let metrics = Metrics::new();
-    match plan.backend {
+    match launch.plan.backend {
         Backend::Fake => {
             warn!(
                 "using the IN-MEMORY fake hypervisor: no real domains will be created \
                  (pass --connect for real hosts)"
             );
-            let fake = FakeHypervisor::new(fake_config(&mut plan), SystemClock);
-            let hypervisor = InstrumentedHypervisor::new(fake.clone(), metrics.clone());
-            let provider = start(&plan, hypervisor, store, &metrics).await?;
-            // The fake keeps no state of its own: give it back the restored machines' domains.
-            fake.adopt(&provider.peek(&Default::default()).machines);
-            // Nothing in either needs to run when they go: they are not freed at exit.
-            exit.keep(provider.clone());
-            exit.keep(fake.clone());
-            on_start.started(&provider);
-            run_servers(&plan, provider, metrics, ports, shutdown).await
+            let fake = FakeHypervisor::new(fake_config(&mut launch.plan), SystemClock);
+            let provider = start(&launch.plan, fake, store, &metrics).await?;
+            // Nothing in the provider or the fake it holds needs to run when they go: they
+            // are not freed at exit.
+            launch.exit.keep(provider.clone());
+            run_servers(launch, provider, metrics).await
         }
-        Backend::Libvirt => serve_libvirt(plan, store, metrics, ports, on_start, shutdown).await,
+        Backend::Libvirt => {
+            let config = libvirt_config(&mut launch.plan)?;
+            let libvirt =
+                LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone())
+                    .await;
+            TokioSpawner.spawn(
+                "libvirt-redial-on-sighup",
+                libvirt.clone().redial_on_sighup(),
+            );
+            let provider = start(&launch.plan, libvirt, store, &metrics).await?;
+            run_servers(launch, provider, metrics).await
+        }
     }
 }
 
-/// The provider over `hypervisor`, on the real clock and spawner.
+/// The provider over `hypervisor`, on the real clock and spawner, through
+/// [`assemble`](crate::assemble).
 async fn start<H: Hypervisor, S: StateStore>(
     plan: &Plan,
     hypervisor: H,
     store: S,
     metrics: &Metrics,
-) -> anyhow::Result<Running<H, S>> {
-    let config = plan.provider.clone();
-    Ok(crate::assemble(
-        config,
+) -> anyhow::Result<Running<InstrumentedHypervisor<H>, S>> {
+    let parts = Parts {
+        config: plan.provider.clone(),
         hypervisor,
         store,
-        SystemClock,
-        TokioSpawner,
-        metrics,
-    )
-    .await?)
-}
-
-async fn serve_libvirt<S: StateStore>(
-    mut plan: Plan,
-    store: S,
-    metrics: Metrics,
-    ports: Ports,
-    on_start: impl OnStart,
-    shutdown: impl Future<Output = ()> + Send,
-) -> anyhow::Result<()> {
-    let config = libvirt_config(&mut plan)?;
-    let libvirt =
-        LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone()).await;
-    TokioSpawner.spawn(
-        "libvirt-redial-on-sighup",
-        libvirt.clone().redial_on_sighup(),
-    );
-    let hypervisor = InstrumentedHypervisor::new(libvirt.clone(), metrics.clone());
-    let provider = start(&plan, hypervisor, store, &metrics).await?;
-    // Restored machines tell the adapter what should be running (drift and orphan checks).
-    libvirt.track(&provider.peek(&Default::default()).machines);
-    on_start.started(&provider);
-    run_servers(&plan, provider, metrics, ports, shutdown).await
+        clock: SystemClock,
+        spawner: TokioSpawner,
+        metrics: metrics.clone(),
+        observers: Vec::new(),
+    };
+    Ok(crate::assemble(parts).await?)
 }
 
 /// Moves the plan's slots into the adapter's configuration: the plan needs them no longer,
@@ -203,23 +184,26 @@ fn fake_config(plan: &mut Plan) -> FakeConfig {
     }
 }
 
-/// Binds both ports unless the caller did (a bind failure is fatal and names the flag) and
-/// serves until a signal.
-async fn run_servers<H: Hypervisor, S: StateStore>(
-    plan: &Plan,
+/// Tells the `on_start` hook, binds both ports unless the caller did (a bind failure is
+/// fatal and names the flag) and serves until `shutdown`.
+async fn run_servers<H: Hypervisor, S: StateStore, O: OnStart, F: Future<Output = ()> + Send>(
+    launch: Launch<'_, O, F>,
     provider: Running<H, S>,
     metrics: Metrics,
-    ports: Ports,
-    shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let Ports {
+    let Launch {
+        plan,
         tls,
         limits,
         listeners,
-    } = ports;
+        on_start,
+        shutdown,
+        exit: _,
+    } = launch;
+    on_start.started(&provider);
     let Listeners { grpc, http } = match listeners {
         Some(bound) => bound,
-        None => bind(plan).await?,
+        None => bind(&plan).await?,
     };
     let mut zones: Vec<String> = plan.connections.iter().map(|c| c.zone.clone()).collect();
     zones.sort();

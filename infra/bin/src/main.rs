@@ -179,7 +179,16 @@ async fn run(cli: &Cli, exit: &app::Exit) -> anyhow::Result<()> {
     let tls = plan.tls.clone().map(TlsState::load).transpose()?;
     let telemetry = telemetry::init(&telemetry_config(cli))?;
     accept::raise_nofile_limit();
-    let served = app::run(plan, tls, limits, None, (), shutdown, exit).await;
+    let served = app::run(app::Launch {
+        plan,
+        tls,
+        limits,
+        listeners: None,
+        on_start: (),
+        shutdown,
+        exit,
+    })
+    .await;
     telemetry.shutdown().await;
     served
 }

@@ -4,12 +4,10 @@
 // prost represents proto maps as HashMap; this edge converts them to and from BTreeMap.
 #![allow(clippy::disallowed_types)]
 
-use std::collections::BTreeSet;
 use std::hash::BuildHasher;
 
 use bigfleet_libvirt_domain::{
-    FenceToken, HostRef, ListPage, ListQuery, Machine, MachineState, MutateRequest, Mutation,
-    StringMap, parse_cursor,
+    FenceToken, HostRef, ListPage, ListQuery, Machine, MutateRequest, Mutation, StringMap,
 };
 use bigfleet_libvirt_ports::BootstrapBlob;
 use bigfleet_libvirt_proto::v1alpha1 as pb;
@@ -77,23 +75,10 @@ pub fn delete(request: pb::DeleteRequest) -> Mutation {
     }
 }
 
-/// A List filter as a domain query. Unknown or unspecified state numbers match nothing;
-/// a cursor that does not parse means a full list.
+/// A List filter as a domain query (the rules are the domain's, [`ListQuery::from_filter`]).
 #[must_use]
 pub fn list_query(filter: &pb::ListFilter) -> ListQuery {
-    let states = (!filter.states.is_empty()).then(|| {
-        filter
-            .states
-            .iter()
-            .filter_map(|n| MachineState::from_wire(*n))
-            .collect::<BTreeSet<_>>()
-    });
-    let max_results = usize::try_from(filter.max_results).ok().filter(|n| *n > 0);
-    ListQuery {
-        states,
-        max_results,
-        since_revision: parse_cursor(&filter.since_revision),
-    }
+    ListQuery::from_filter(&filter.states, filter.max_results, &filter.since_revision)
 }
 
 fn token(shard_id: String, epoch: i64, sequence: i64) -> FenceToken {

@@ -13,7 +13,8 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
-use bigfleet_libvirt_domain::{Ack, EchoField, MAX_ID_BYTES};
+use bigfleet_libvirt_domain::authorization::{self, Access, IdentityMode, Reason, Seen};
+use bigfleet_libvirt_domain::{Ack, EchoField, check_get_id};
 use bigfleet_libvirt_ports::{Clock, Hypervisor, Provider, Spawner, StateStore};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;
@@ -21,7 +22,7 @@ use futures::FutureExt;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Level, debug, error, info, info_span, warn};
 
-use crate::identity::{self, Access, IdentityMode, PeerIdentity, Reason, Seen};
+use crate::identity::PeerIdentity;
 use crate::list_budget::{DEFAULT_BUDGET_MIB, LARGE_ANSWER, ListBudget, StreamedList};
 use crate::trace_context::{self, Received};
 use crate::{convert, status};
@@ -219,9 +220,9 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         let seen = peer.map_or(&Seen::Missing, PeerIdentity::seen);
         let span = tracing::Span::current();
         if let Seen::One { raw, .. } = seen {
-            span.record("identity", identity::escaped(raw).as_str());
+            span.record("identity", authorization::escaped(raw).as_str());
         }
-        identity::authorize(seen, method, access).map_err(|denial| {
+        authorization::authorize(seen, method, access).map_err(|denial| {
             span.record("identity", denial.identity.as_str());
             let labels = AuthzLabels {
                 method: method.to_owned(),
@@ -391,12 +392,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         let id = request.into_inner().id;
         let body = async {
             self.authorize("Get", peer.as_ref(), Access::Read)?;
-            if id.is_empty() {
-                return Err(status::missing_get_id());
-            }
-            if id.len() > MAX_ID_BYTES {
-                return Err(status::oversized_get_id(id.len()));
-            }
+            check_get_id(&id).map_err(status::refused_get_id)?;
             assert!(
                 !(self.fault_hooks && id == PANIC_HOOK_ID),
                 "injected handler panic (fault hook)"

@@ -9,11 +9,11 @@
 //! (mTLS, `--client-identity=enforce`) is `PERMISSION_DENIED`, never `FAILED_PRECONDITION`:
 //! it is a wrong or misconfigured certificate, not a stale token.
 
-use bigfleet_libvirt_domain::{Echo, MAX_ID_BYTES, MutateError};
+use bigfleet_libvirt_domain::{Echo, GetIdError, MAX_ID_BYTES, MutateError};
 use bigfleet_libvirt_ports::{ProviderError, StoreError};
 use tonic::{Code, Status};
 
-use crate::identity::Denial;
+use bigfleet_libvirt_domain::authorization::Denial;
 
 /// The status for a refused or failed mutating call. Every variant is matched explicitly so
 /// a new one forces a decision here.
@@ -61,18 +61,16 @@ pub fn outcome_name(error: Option<&Status>) -> String {
     }
 }
 
-/// Get with an empty id.
+/// A Get id the domain refuses before the lookup: empty, or longer than any machine's
+/// (refused without echoing it).
 #[must_use]
-pub fn missing_get_id() -> Status {
-    Status::invalid_argument("id required")
-}
-
-/// Get with an id longer than any machine's: refused without echoing it.
-#[must_use]
-pub fn oversized_get_id(length: usize) -> Status {
-    Status::invalid_argument(format!(
-        "id is {length} bytes; at most {MAX_ID_BYTES} are accepted (use a shorter id)"
-    ))
+pub fn refused_get_id(error: GetIdError) -> Status {
+    match error {
+        GetIdError::Missing => Status::invalid_argument("id required"),
+        GetIdError::Oversized(length) => Status::invalid_argument(format!(
+            "id is {length} bytes; at most {MAX_ID_BYTES} are accepted (use a shorter id)"
+        )),
+    }
 }
 
 /// Get of an unknown id (echoed bounded).
@@ -165,7 +163,7 @@ mod tests {
 
     #[test]
     fn a_refused_identity_is_permission_denied_with_the_refusal_as_message() {
-        use crate::identity::{Access, Seen, authorize};
+        use bigfleet_libvirt_domain::authorization::{Access, Seen, authorize};
         let denial = authorize(&Seen::Missing, "Get", Access::Read).unwrap_err();
         let status = super::permission_denied(&denial);
         assert_eq!(status.code(), tonic::Code::PermissionDenied);

@@ -3,8 +3,9 @@
 //!
 //! Both sides get a fresh in-memory host from the same node file. The raw side is the
 //! floor: 100 sequential `virDomainDefineXML` + `virDomainCreate` calls and nothing else.
-//! The provider side is everything a shard's Create pays for up to Idle: the provider's
-//! accept and persist (memory store), the adapter's ownership check, capacity reservation,
+//! The provider side is everything a shard's Create pays for up to Idle, on the provider as
+//! the composition root (`app::assemble`) builds it: the provider's accept and persist
+//! (memory store), the metrics decorator, the adapter's ownership check, capacity reservation,
 //! overlay and seed volumes, the seed ISO, define, start, autostart, and completion. The
 //! 100 Creates are submitted together, as a shard would. Each side runs several rounds,
 //! alternating, each on a fresh host. On a shared 2-core machine other work only ever
@@ -17,6 +18,7 @@ use std::collections::BTreeMap;
 use std::error::Error;
 use std::sync::{Arc, Mutex};
 
+use bigfleet_libvirt_app as app;
 use bigfleet_libvirt_config::HostConnection;
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_domain::catalog::{
@@ -30,9 +32,8 @@ use bigfleet_libvirt_libvirt::fixture::Fixture;
 use bigfleet_libvirt_libvirt::xml::{self, DomainSpec};
 use bigfleet_libvirt_libvirt::{CapacityPolicy, LibvirtConfig, LibvirtHypervisor, Tag};
 use bigfleet_libvirt_memory::MemoryStateStore;
-use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_observe::metrics::Metrics;
-use bigfleet_libvirt_ports::{BootstrapBlob, Provider, ProviderConfig, TransitionEvent};
+use bigfleet_libvirt_ports::{BootstrapBlob, Observer, ProviderConfig, TransitionEvent};
 use bigfleet_libvirt_system::{Stopwatch, SystemClock, TokioSpawner};
 
 type BoxError = Box<dyn Error + Send + Sync>;
@@ -155,24 +156,25 @@ async fn provider_side(uri: &str, slots: &[Machine]) -> Result<(f64, Vec<f64>), 
     let metrics = Metrics::new();
     let libvirt =
         LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone()).await;
-    let hypervisor = InstrumentedHypervisor::new(libvirt, metrics);
-    let store = MemoryStateStore::new();
-    let provider = Provider::start(
-        ProviderConfig::default(),
-        hypervisor,
-        store,
-        SystemClock,
-        TokioSpawner,
-    )
-    .await?;
     let (done, mut finished) = tokio::sync::mpsc::unbounded_channel::<TransitionEvent>();
     let done = Mutex::new(done);
-    let provider = provider.with_observer(move |event: &TransitionEvent| {
+    let timer: Observer = Arc::new(move |event: &TransitionEvent| {
         let sender = done
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let _ = sender.send(event.clone());
     });
+    // Built as the binary builds it: through the composition root.
+    let provider = app::assemble(app::Parts {
+        config: ProviderConfig::default(),
+        hypervisor: libvirt,
+        store: MemoryStateStore::new(),
+        clock: SystemClock,
+        spawner: TokioSpawner,
+        metrics,
+        observers: vec![timer],
+    })
+    .await?;
     let provider = Arc::new(provider);
     let watch = Stopwatch::start();
     let submitted = slots.iter().map(|slot| {

@@ -354,18 +354,6 @@ impl<C: Clock> LibvirtHypervisor<C> {
         Self { inner }
     }
 
-    /// Tells the adapter which machines the provider's records place on a host (after a
-    /// restart from durable state), so vanished or stopped domains can be reported and
-    /// their domains are never taken for orphans.
-    pub fn track(&self, machines: &[Arc<Machine>]) {
-        let mut known = self.inner.known();
-        for machine in machines {
-            if machine.host.as_ref().is_some_and(|h| h.is_set()) {
-                known.insert(machine.id.to_string(), machine.zone.clone());
-            }
-        }
-    }
-
     /// The health of a zone's host.
     #[must_use]
     pub fn health(&self, zone: &str) -> Option<Health> {

@@ -343,4 +343,16 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         self.inner.known().remove(machine.id.as_str());
         Ok(())
     }
+
+    /// The restore hand-off: tells the adapter which machines the provider's records place on a host (after a
+    /// restart from durable state), so vanished or stopped domains can be reported and
+    /// their domains are never taken for orphans.
+    fn restored(&self, machines: &[Arc<Machine>]) {
+        let mut known = self.inner.known();
+        for machine in machines {
+            if machine.host.as_ref().is_some_and(|h| h.is_set()) {
+                known.insert(machine.id.to_string(), machine.zone.clone());
+            }
+        }
+    }
 }

@@ -177,4 +177,8 @@ impl<H: Hypervisor> Hypervisor for InstrumentedHypervisor<H> {
         )
         .await
     }
+
+    fn restored(&self, machines: &[std::sync::Arc<Machine>]) {
+        self.inner.restored(machines);
+    }
 }

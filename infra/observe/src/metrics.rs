@@ -167,158 +167,165 @@ fn transition_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.01, 2.0, 18))
 }
 
+const PREFIX: &str = "bigfleet_libvirt";
+
 impl Metrics {
     /// Registers every series on a fresh registry.
     #[must_use]
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let grpc_requests = Family::<GrpcLabels, Counter>::default();
-        let grpc_duration =
-            Family::<MethodLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
-        let panics = Counter::default();
-        let ready = Gauge::default();
-        let transitions = Family::<TransitionLabels, Counter>::default();
-        let transition_duration = Family::<KindLabels, Histogram>::new_with_constructor(
-            transition_histogram as fn() -> _,
-        );
-        let machines = Family::<StateLabels, Gauge>::default();
-        let reconcile = Family::<OutcomeLabels, Counter>::default();
-        let api_calls = Family::<ApiLabels, Counter>::default();
-        let api_duration =
-            Family::<OpLabels, Histogram>::new_with_constructor(transition_histogram as fn() -> _);
-        let phases = Family::<PhaseLabels, Histogram>::new_with_constructor(
-            transition_histogram as fn() -> _,
-        );
-        registry.register(
-            "bigfleet_libvirt_phase_duration_seconds",
-            "Duration of each libvirt phase: define, start, agent_ready, bootstrap, drain, delete",
-            phases.clone(),
-        );
-        let host_health = Family::<HostLabels, Gauge>::default();
-        let golden_image = Family::<HostLabels, Gauge>::default();
-        let drift = Family::<DriftLabels, Gauge>::default();
-        let prefix = "bigfleet_libvirt";
-        registry.register(
-            format!("{prefix}_api_calls"),
-            "Hypervisor calls by operation and outcome",
-            api_calls.clone(),
-        );
-        registry.register(
-            format!("{prefix}_api_duration_seconds"),
-            "Hypervisor call latency",
-            api_duration.clone(),
-        );
-        registry.register_collector(Box::new(crate::process::ProcessCollector));
-        registry.register_collector(Box::new(crate::export::ExportCollector));
-        registry.register(
-            format!("{prefix}_grpc_requests"),
-            "Unary gRPC requests by method and status code",
-            grpc_requests.clone(),
-        );
-        registry.register(
-            format!("{prefix}_grpc_request_duration_seconds"),
-            "Unary gRPC request latency",
-            grpc_duration.clone(),
-        );
-        registry.register(
-            format!("{prefix}_panics"),
-            "Recovered handler panics",
-            panics.clone(),
-        );
-        registry.register(
-            format!("{prefix}_ready"),
-            "1 while the provider is ready to take traffic (the answer of /readyz), else 0",
-            ready.clone(),
-        );
-        registry.register(
-            format!("{prefix}_transitions"),
-            "Finished transitions by kind and outcome",
-            transitions.clone(),
-        );
-        registry.register(
-            format!("{prefix}_transition_duration_seconds"),
-            "Time from accept to completion of a transition",
-            transition_duration.clone(),
-        );
-        registry.register(
-            format!("{prefix}_machines"),
-            "Machines by state",
-            machines.clone(),
-        );
-        registry.register(
-            format!("{prefix}_reconcile"),
-            "Background reconcile runs by outcome",
-            reconcile.clone(),
-        );
-        registry.register(
-            format!("{prefix}_host_health"),
-            "libvirt host health (1 for the current state of each zone)",
-            host_health.clone(),
-        );
-        registry.register(
-            format!("{prefix}_golden_image"),
-            "--image-source on each zone's host (1 for the current state: pending, ready, \
-             mismatch, failed)",
-            golden_image.clone(),
-        );
-        registry.register(
-            format!("{prefix}_substrate_drift"),
-            "Managed domains vanished or stopped outside the provider, and orphans, by zone",
-            drift.clone(),
-        );
-        let authz_denied = Family::<AuthzLabels, Counter>::default();
-        registry.register(
-            format!("{prefix}_authz_denied"),
-            "Calls refused by the client-identity check (mTLS), by method and reason",
-            authz_denied.clone(),
-        );
-        let state_commit_failures = Counter::default();
-        registry.register(
-            format!("{prefix}_state_commit_failures"),
-            "State-store commit attempts that failed (the calls in them were not acknowledged)",
-            state_commit_failures.clone(),
-        );
-        let state_writable = Gauge::default();
-        state_writable.set(1);
-        registry.register(
-            format!("{prefix}_state_writable"),
-            "1 while the state store takes commits, 0 while the last commit attempt failed",
-            state_writable.clone(),
-        );
-        let connections_evicted = Family::<PortLabels, Counter>::default();
+        let metrics = Self {
+            registry: Arc::default(),
+            grpc_requests: Family::default(),
+            grpc_duration: Family::new_with_constructor(latency_histogram as fn() -> _),
+            panics: Counter::default(),
+            ready: Gauge::default(),
+            transitions: Family::default(),
+            transition_duration: Family::new_with_constructor(transition_histogram as fn() -> _),
+            machines: Family::default(),
+            reconcile: Family::default(),
+            api_calls: Family::default(),
+            api_duration: Family::new_with_constructor(transition_histogram as fn() -> _),
+            phases: Family::new_with_constructor(transition_histogram as fn() -> _),
+            host_health: Family::default(),
+            golden_image: Family::default(),
+            drift: Family::default(),
+            authz_denied: Family::default(),
+            state_commit_failures: Counter::default(),
+            state_writable: Gauge::default(),
+            connections_evicted: Family::default(),
+            timeline: crate::timeline::Timeline::default(),
+        };
+        metrics.state_writable.set(1);
         // Both series exist from the start (at 0), so the first eviction shows as a rise.
         for port in ["grpc", "metrics"] {
-            let _ = connections_evicted.get_or_create(&PortLabels {
+            let _ = metrics.connections_evicted.get_or_create(&PortLabels {
                 port: port.to_owned(),
             });
         }
-        registry.register(
-            format!("{prefix}_connections_evicted"),
-            "Idle connections evicted at a port's connection cap to let a new client in",
-            connections_evicted.clone(),
-        );
+        // Registration order is exposition order.
+        let mut registry = Registry::default();
+        metrics.register_hypervisor(&mut registry);
+        metrics.register_grpc(&mut registry);
+        metrics.register_provider(&mut registry);
+        metrics.register_hosts(&mut registry);
+        metrics.register_access(&mut registry);
         Self {
             registry: Arc::new(registry),
-            grpc_requests,
-            grpc_duration,
-            panics,
-            ready,
-            transitions,
-            transition_duration,
-            machines,
-            reconcile,
-            api_calls,
-            api_duration,
-            phases,
-            host_health,
-            golden_image,
-            drift,
-            authz_denied,
-            state_commit_failures,
-            state_writable,
-            connections_evicted,
-            timeline: crate::timeline::Timeline::default(),
+            ..metrics
         }
+    }
+
+    /// The hypervisor's series (the libvirt phases, every call), and the process's.
+    fn register_hypervisor(&self, registry: &mut Registry) {
+        registry.register(
+            format!("{PREFIX}_phase_duration_seconds"),
+            "Duration of each libvirt phase: define, start, agent_ready, bootstrap, drain, delete",
+            self.phases.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_api_calls"),
+            "Hypervisor calls by operation and outcome",
+            self.api_calls.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_api_duration_seconds"),
+            "Hypervisor call latency",
+            self.api_duration.clone(),
+        );
+        registry.register_collector(Box::new(crate::process::ProcessCollector));
+        registry.register_collector(Box::new(crate::export::ExportCollector));
+    }
+
+    /// The gRPC service's series.
+    fn register_grpc(&self, registry: &mut Registry) {
+        registry.register(
+            format!("{PREFIX}_grpc_requests"),
+            "Unary gRPC requests by method and status code",
+            self.grpc_requests.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_grpc_request_duration_seconds"),
+            "Unary gRPC request latency",
+            self.grpc_duration.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_panics"),
+            "Recovered handler panics",
+            self.panics.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_ready"),
+            "1 while the provider is ready to take traffic (the answer of /readyz), else 0",
+            self.ready.clone(),
+        );
+    }
+
+    /// The provider's series: transitions, machines, reconcile.
+    fn register_provider(&self, registry: &mut Registry) {
+        registry.register(
+            format!("{PREFIX}_transitions"),
+            "Finished transitions by kind and outcome",
+            self.transitions.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_transition_duration_seconds"),
+            "Time from accept to completion of a transition",
+            self.transition_duration.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_machines"),
+            "Machines by state",
+            self.machines.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_reconcile"),
+            "Background reconcile runs by outcome",
+            self.reconcile.clone(),
+        );
+    }
+
+    /// The libvirt hosts' series: health, golden image, drift.
+    fn register_hosts(&self, registry: &mut Registry) {
+        registry.register(
+            format!("{PREFIX}_host_health"),
+            "libvirt host health (1 for the current state of each zone)",
+            self.host_health.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_golden_image"),
+            "--image-source on each zone's host (1 for the current state: pending, ready, \
+             mismatch, failed)",
+            self.golden_image.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_substrate_drift"),
+            "Managed domains vanished or stopped outside the provider, and orphans, by zone",
+            self.drift.clone(),
+        );
+    }
+
+    /// Client identity, the state store and the connection caps.
+    fn register_access(&self, registry: &mut Registry) {
+        registry.register(
+            format!("{PREFIX}_authz_denied"),
+            "Calls refused by the client-identity check (mTLS), by method and reason",
+            self.authz_denied.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_state_commit_failures"),
+            "State-store commit attempts that failed (the calls in them were not acknowledged)",
+            self.state_commit_failures.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_state_writable"),
+            "1 while the state store takes commits, 0 while the last commit attempt failed",
+            self.state_writable.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_connections_evicted"),
+            "Idle connections evicted at a port's connection cap to let a new client in",
+            self.connections_evicted.clone(),
+        );
     }
 
     /// The acceptor hook that counts one eviction on `port` (`grpc` or `metrics`).

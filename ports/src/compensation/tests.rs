@@ -138,6 +138,7 @@ async fn start(host: Host, store: Store) -> Provider<Host, Store, InstantClock, 
         store,
         InstantClock,
         TokioSpawner,
+        Vec::new(),
     )
     .await
     .expect("start")

@@ -191,7 +191,7 @@ async fn start(host: Host, disk: SlowDisk, spawner: TestSpawner) -> Subject {
     let clock = TokioClock {
         base: tokio::time::Instant::now(),
     };
-    Provider::start(config, host, disk, clock, spawner)
+    Provider::start(config, host, disk, clock, spawner, Vec::new())
         .await
         .expect("start")
 }

@@ -152,7 +152,7 @@ type Subject = Provider<Host, Disk, StoppedClock, TokioSpawner>;
 
 async fn start(host: Host, disk: Disk) -> Subject {
     let config = ProviderConfig::default();
-    Provider::start(config, host, disk, StoppedClock, TokioSpawner)
+    Provider::start(config, host, disk, StoppedClock, TokioSpawner, Vec::new())
         .await
         .expect("start")
 }

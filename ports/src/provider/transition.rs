@@ -204,12 +204,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
 
     /// Tells every observer about a finished transition.
     fn notify(&self, event: &TransitionEvent) {
-        let observers = self
-            .inner
-            .observers
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for observer in observers.iter() {
+        for observer in &self.inner.observers {
             observer(event);
         }
     }

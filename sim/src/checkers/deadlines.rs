@@ -25,16 +25,16 @@ const EVERY: Duration = Duration::from_millis(500);
 /// Allowed on top of the deadline and the sweep's grace (see the module doc).
 const SLACK: Duration = Duration::from_secs(10);
 
-/// Follows one durable step of a machine: entering a transitional state starts its clock,
-/// leaving it stops it.
-pub fn on_step(world: &World, previous: Option<&Machine>, record: &Machine) {
+/// Follows one durable step of a machine, made durable at `at` (as the history tells it):
+/// entering a transitional state starts its clock, leaving it stops it.
+pub fn on_step(world: &World, at: Duration, previous: Option<&Machine>, record: &Machine) {
     let mut ledger = world.ledger();
     if !record.state.is_transitional() {
         ledger.in_flight.remove(&record.id);
     } else if previous.is_none_or(|p| p.state != record.state) {
         ledger
             .in_flight
-            .insert(record.id.clone(), (elapsed(), record.state));
+            .insert(record.id.clone(), (at, record.state));
     }
 }
 
@@ -49,6 +49,8 @@ pub async fn watch(world: Arc<World>) {
     let bound = world.plan.transition_timeout + SWEEP_GRACE + SLACK;
     loop {
         madsim::time::sleep(EVERY).await;
+        // The durable steps since the last look start and stop the clocks first.
+        super::read_history(&world);
         if world.provider().is_none() {
             continue; // Down: nobody could move a record, and the restart will fail it.
         }

@@ -1,9 +1,11 @@
-//! Checks on every durable step: each record a commit makes durable is compared with the
-//! machine's previous durable record. Only the contract's twelve edges may appear, Failed
+//! Checks on every durable step, read from the history (the store fake records each commit
+//! there): each record a commit makes durable is compared with the machine's previous
+//! durable record. Only the contract's twelve edges may appear, Failed
 //! never changes, a binding is set only when a Configure is accepted and kept unchanged
 //! until a Drain completes, and every record keeps the shape its state implies.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bigfleet_libvirt_domain::{Machine, MachineState};
 
@@ -31,12 +33,16 @@ fn binding(m: &Machine) -> (&str, &bigfleet_libvirt_domain::StringMap) {
     (&m.cluster, &m.shard_metadata)
 }
 
-/// Checks the records one commit made durable (previous record, new record).
-pub fn on_commit(world: &World, steps: &[(Option<Arc<Machine>>, Arc<Machine>)]) {
+/// Checks the records one commit made durable at `at` (previous record, new record), as
+/// the history tells them.
+pub fn on_commit(world: &World, at: Duration, steps: &[(Option<Arc<Machine>>, Arc<Machine>)]) {
+    let violation = |invariant: Invariant, detail: String| {
+        world.violation_at(invariant, at, detail);
+    };
     for (previous, record) in steps {
-        super::deadlines::on_step(world, previous.as_deref(), record);
+        super::deadlines::on_step(world, at, previous.as_deref(), record);
         if let Some(problem) = binding_problem(record) {
-            world.violation(Invariant::Binding, format!("durable record: {problem}"));
+            violation(Invariant::Binding, format!("durable record: {problem}"));
         }
         let Some(previous) = previous else {
             if !matches!(record.state, MachineState::Speculative | MachineState::Idle) {
@@ -44,33 +50,33 @@ pub fn on_commit(world: &World, steps: &[(Option<Arc<Machine>>, Arc<Machine>)]) 
                     "machine {} first became durable as {}",
                     record.id, record.state
                 );
-                world.violation(Invariant::TransitionOutcome, detail);
+                violation(Invariant::TransitionOutcome, detail);
             }
             continue;
         };
-        check_step(world, previous, record);
+        check_step(&violation, previous, record);
     }
 }
 
-fn check_step(world: &World, previous: &Machine, record: &Machine) {
+fn check_step(violation: &impl Fn(Invariant, String), previous: &Machine, record: &Machine) {
     let (from, to) = (previous.state, record.state);
     let id = &record.id;
     if from == to {
         if from == MachineState::Failed && previous.last_error != record.last_error {
             let detail = format!("Failed machine {id} changed its last_error");
-            world.violation(Invariant::TransitionOutcome, detail);
+            violation(Invariant::TransitionOutcome, detail);
         }
         if binding(previous) != binding(record)
             && (bound_state(from) || from == MachineState::Failed)
         {
             let detail = format!("machine {id} changed its binding while {from}");
-            world.violation(Invariant::Binding, detail);
+            violation(Invariant::Binding, detail);
         }
         return;
     }
     if !legal(from, to) {
         let detail = format!("machine {id} went {from} -> {to}, which is no legal edge");
-        world.violation(Invariant::TransitionOutcome, detail);
+        violation(Invariant::TransitionOutcome, detail);
         return;
     }
     let keeps_binding = matches!(
@@ -83,10 +89,10 @@ fn check_step(world: &World, previous: &Machine, record: &Machine) {
     );
     if keeps_binding && binding(previous) != binding(record) {
         let detail = format!("machine {id} changed its binding on {from} -> {to}");
-        world.violation(Invariant::Binding, detail);
+        violation(Invariant::Binding, detail);
     }
     if to == MachineState::Failed && previous.host != record.host {
         let detail = format!("machine {id} changed its host on {from} -> Failed");
-        world.violation(Invariant::TransitionOutcome, detail);
+        violation(Invariant::TransitionOutcome, detail);
     }
 }

@@ -1,7 +1,8 @@
 //! Invariant checkers, kept apart from the workload (docs/design.md §5.6). They observe the world
 //! after every step: each answer as it leaves the provider (`online`), each durable commit
-//! (`durable`), each host effect (`hosts`), each provider restart (`restart`), and once
-//! more after faults stop and the provider has converged (`quiescence`).
+//! (`durable`) and each host effect (`hosts`), both read from the history the fakes append
+//! to (`crate::history`; no fake calls a checker), each provider restart (`restart`), and
+//! once more after faults stop and the provider has converged (`quiescence`).
 //!
 //! The [`Ledger`] is the checkers' model of what clients were told: the highest token of
 //! each (shard, machine) that got a definite non-fenced answer, every token sent,
@@ -21,6 +22,23 @@ use bigfleet_libvirt_domain::{
     CapacityType, FenceMark, HostRef, Kind, Machine, MachineId, MachineState, StringMap,
 };
 use bigfleet_libvirt_proto::v1alpha1 as pb;
+
+use crate::history::{Entry, Event};
+use crate::world::World;
+
+/// Checks every event the history holds that no checker has read yet, in order. Called on
+/// every answer leaving the provider, at every restart, at quiescence and when the run ends.
+pub fn read_history(world: &World) {
+    let entries = world.history().take_unread();
+    for Entry { at, event } in entries {
+        match event {
+            Event::Durable(steps) => durable::on_commit(world, at, &steps),
+            Event::HostEffect { machine, domains } => {
+                hosts::on_effect(world, at, &machine, domains);
+            }
+        }
+    }
+}
 
 /// The metadata key every simulated Configure carries with its cluster id, so a record's
 /// binding can be checked for consistency wherever it is seen.

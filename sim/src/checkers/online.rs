@@ -44,6 +44,7 @@ fn durable_problem(disk: &Disk, answered: &pb::Machine, what: &str) -> Option<St
 /// Provider side: the answer about to leave reflects only durable state (and is not the
 /// INTERNAL that the service's panic guard answers for a panicking handler).
 pub fn on_answer(world: &World, rpc: &Rpc, reply: &Reply) {
+    super::read_history(world);
     let answer = match reply {
         Ok(answer) => answer,
         Err(status) if status.code() == Code::Internal => {

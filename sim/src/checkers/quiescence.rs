@@ -90,6 +90,7 @@ pub async fn run(world: &Arc<World>) {
     {
         madsim::time::sleep(Duration::from_secs(5)).await;
     }
+    super::read_history(world);
     world.trace("quiescence checks");
     for problem in transitional(world) {
         world.violation(Invariant::Convergence, problem);

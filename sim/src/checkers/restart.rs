@@ -18,6 +18,7 @@ use crate::world::World;
 
 /// Checks the durable state about to be loaded; returns it for [`after_start`].
 pub fn before_start(world: &World) -> Snapshot {
+    super::read_history(world);
     let snapshot = world.disk().snapshot();
     if snapshot.is_fresh() {
         return snapshot;
@@ -81,6 +82,8 @@ pub fn before_start(world: &World) -> Snapshot {
 
 /// Checks the started provider against the durable state it loaded (`before`).
 pub fn after_start(world: &World, provider: &SimProvider, before: &Snapshot) {
+    // What the new process committed while it started is followed before the clocks stop.
+    super::read_history(world);
     super::deadlines::on_restart(world);
     let page = provider.peek(&ListQuery::default());
     let mut problems = Vec::new();

@@ -30,6 +30,7 @@ use futures::future::BoxFuture;
 
 use crate::fakes::clock::elapsed;
 use crate::faults::HostFaults;
+use crate::history::Event;
 use crate::rng::SimRng;
 use crate::world::World;
 
@@ -330,7 +331,15 @@ impl SimHypervisor {
             "host zone-{host} {} {id} fault={fault:?} -> {shown}",
             op.name()
         ));
-        crate::checkers::hosts::on_effect(&self.world);
+        self.world.stats().host_operations += 1;
+        let domains = {
+            let hosts = self.world.hosts();
+            hosts.domains.iter().filter(|d| d.contains_key(id)).count()
+        };
+        self.world.record(Event::HostEffect {
+            machine: id.clone(),
+            domains,
+        });
         result
     }
 }

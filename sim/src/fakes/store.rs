@@ -23,8 +23,8 @@ use bigfleet_libvirt_ports::{StateStore, StoreError};
 use futures::StreamExt;
 use futures::channel::{mpsc, oneshot};
 
-use crate::checkers;
 use crate::faults::StoreFaults;
+use crate::history::Event;
 use crate::rng::SimRng;
 use crate::world::World;
 
@@ -183,7 +183,7 @@ impl SimStateStore {
         let count = batch.len();
         for (changes, waiter) in batch {
             let steps = self.world.disk().apply(&changes);
-            checkers::durable::on_commit(&self.world, &steps);
+            self.world.record(Event::Durable(steps));
             let _ = waiter.send(Ok(()));
         }
         let revision = self.world.disk().revision();

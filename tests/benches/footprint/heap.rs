@@ -1,20 +1,20 @@
 //! The in-process half of the footprint benchmark: live heap bytes per component, counted by
 //! the benchmark's global allocator while the components are built the way the binary builds
 //! them for `--use-fake-backend --seed-count=N` (the default offerings, provider `libvirt`,
-//! the fake hypervisor given the inventory's slots, the provider assembled over the
-//! in-memory store, the gRPC service on a loopback port).
+//! the fake hypervisor given the inventory's slots, the provider built by the binary's own
+//! composition root, `app::assemble`, over the in-memory store, the gRPC service on a
+//! loopback port).
 
 use std::time::Duration;
 
 use bigfleet_libvirt_app::{self as app, Banner, ServeConfig};
+use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_domain::catalog::{
     InstanceCatalog, InventoryConfig, PriceTable, build_inventory, default_offerings,
 };
 use bigfleet_libvirt_domain::{Core, Machine, Policy};
-use bigfleet_libvirt_grpc::identity::IdentityMode;
 use bigfleet_libvirt_memory::MemoryStateStore;
 use bigfleet_libvirt_memory::fake::{FakeConfig, FakeHypervisor};
-use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
 use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_ports::{Hypervisor, ProviderConfig, StateStore};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
@@ -127,12 +127,8 @@ type Served = (
     tokio::task::JoinHandle<Result<(), String>>,
 );
 
-type BenchProvider = bigfleet_libvirt_ports::Provider<
-    InstrumentedHypervisor<FakeHypervisor<SystemClock>>,
-    MemoryStateStore,
-    SystemClock,
-    TokioSpawner,
->;
+type BenchProvider =
+    app::Assembled<FakeHypervisor<SystemClock>, MemoryStateStore, SystemClock, TokioSpawner>;
 
 /// Serves `provider` on a loopback port as the binary does (`app::serve`).
 async fn serve(provider: BenchProvider, metrics: Metrics) -> Result<Served, BoxError> {
@@ -259,17 +255,16 @@ pub async fn run(machines: usize) -> Result<(), BoxError> {
 
     let metrics = Metrics::new();
     let before = live();
-    let hypervisor = InstrumentedHypervisor::new(fake.clone(), metrics.clone());
-    let provider = app::assemble(
-        ProviderConfig::default(),
-        hypervisor,
-        MemoryStateStore::new(),
-        SystemClock,
-        TokioSpawner,
-        &metrics,
-    )
+    let provider = app::assemble(app::Parts {
+        config: ProviderConfig::default(),
+        hypervisor: fake,
+        store: MemoryStateStore::new(),
+        clock: SystemClock,
+        spawner: TokioSpawner,
+        metrics: metrics.clone(),
+        observers: Vec::new(),
+    })
     .await?;
-    fake.adopt(&provider.peek(&Default::default()).machines);
     table.row(
         "provider assembled: domain core + in-memory store",
         live() - before,

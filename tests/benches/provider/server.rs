@@ -87,15 +87,15 @@ pub(crate) async fn start_provider(seed_count: usize) -> Result<(Running, StepsP
         };
         // Dropped when serving ends: the benchmark frees what the binary leaves at exit.
         let exit = app::Exit::default();
-        app::run(
+        app::run(app::Launch {
             plan,
-            None,
-            app::NetLimits::default(),
-            Some(listeners),
-            KeepProbe(probe_tx),
+            tls: None,
+            limits: app::NetLimits::default(),
+            listeners: Some(listeners),
+            on_start: KeepProbe(probe_tx),
             shutdown,
-            &exit,
-        )
+            exit: &exit,
+        })
         .await
         .map_err(|e| format!("{e:#}"))
     });

@@ -1,11 +1,14 @@
-//! The device flags of the libvirt backend: `--nic`, `--instance-nic`, `--cpu` and
-//! `--instance-cpu`, checked against each other, the platform and the instance-type catalog.
-//! Every refusal names the flag and the accepted forms.
+//! The platform and device flags of the libvirt backend (`--domain-type`, `--firmware`, the
+//! direct-boot kernel, `--nic`, `--instance-nic`, `--cpu` and `--instance-cpu`), checked
+//! against each other, the platform and the instance-type catalog. Every refusal names the
+//! flag and the accepted forms.
 
 use std::collections::BTreeMap;
 
 use bigfleet_libvirt_domain::catalog::InstanceCatalog;
-use bigfleet_libvirt_libvirt::{CpuChoice, DomainType, LibvirtOptions, NicSource};
+use bigfleet_libvirt_libvirt::{
+    CpuChoice, DirectKernel, DomainType, Firmware, LibvirtOptions, NicSource, Platform,
+};
 
 use super::{Flags, LaunchError, flag};
 
@@ -101,4 +104,62 @@ fn cpu(name: &str, text: &str, domain_type: DomainType) -> Result<CpuChoice, Lau
         )));
     }
     Ok(choice)
+}
+
+/// `--domain-type`, `--firmware` and the direct-boot flags. The paths are on the libvirt host, so only
+/// their shape can be checked here: absolute, and the initrd and command line only with a
+/// kernel to go with them.
+pub(super) fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
+    let domain_type = match flags.domain_type.trim() {
+        "" | "kvm" => DomainType::Kvm,
+        "qemu" => DomainType::Qemu,
+        other => {
+            return Err(flag(format!(
+                "--domain-type must be kvm or qemu (got {other:?}); qemu is software \
+                 emulation for hosts where KVM cannot run guests"
+            )));
+        }
+    };
+    let firmware = match flags.firmware.trim() {
+        "" | "bios" => Firmware::Bios,
+        "efi" => Firmware::Efi,
+        other => {
+            return Err(flag(format!(
+                "--firmware must be bios or efi (got {other:?}); efi boots UEFI guests with \
+                 the host's OVMF, which libvirt picks from its firmware descriptors"
+            )));
+        }
+    };
+    let kernel = flags.guest_kernel.trim();
+    let initrd = flags.guest_initrd.trim();
+    let cmdline = flags.guest_cmdline.trim();
+    if kernel.is_empty() {
+        if !initrd.is_empty() || !cmdline.is_empty() {
+            return Err(flag(
+                "--guest-initrd and --guest-cmdline only apply to direct kernel boot: set \
+                 --guest-kernel too, or drop them to boot the image's own boot loader",
+            ));
+        }
+        return Ok(Platform {
+            domain_type,
+            kernel: None,
+            firmware,
+        });
+    }
+    for (name, path) in [("--guest-kernel", kernel), ("--guest-initrd", initrd)] {
+        if !path.is_empty() && !path.starts_with('/') {
+            return Err(flag(format!(
+                "{name} must be an absolute path on the libvirt host (got {path:?})"
+            )));
+        }
+    }
+    Ok(Platform {
+        domain_type,
+        kernel: Some(DirectKernel {
+            kernel: kernel.to_owned(),
+            initrd: (!initrd.is_empty()).then(|| initrd.to_owned()),
+            cmdline: cmdline.to_owned(),
+        }),
+        firmware,
+    })
 }

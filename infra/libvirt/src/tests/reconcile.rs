@@ -158,7 +158,7 @@ async fn machines_restored_from_state_are_checked_too() {
         bigfleet_libvirt_ports::DomainRef::new(ZONE, domain_name("libvirt", restored.id.as_str()))
             .host_ref("libvirt"),
     );
-    rig.hv.track(&[Arc::new(restored)]);
+    rig.hv.restored(&[Arc::new(restored)]);
     rig.hv.describe().await.unwrap();
     assert_eq!(drift(&rig.metrics, "vanished"), 1);
     assert_eq!(drift(&rig.metrics, "stopped"), 0);

@@ -83,33 +83,6 @@ impl<C: Clock> FakeHypervisor<C> {
         }
     }
 
-    /// Re-creates the domains of machines restored from durable state, so a restart of the
-    /// fake (which keeps no state of its own) can still configure, drain and delete them.
-    /// Machines without a host have no domain.
-    pub fn adopt(&self, machines: &[std::sync::Arc<Machine>]) {
-        let mut state = self.state();
-        for machine in machines {
-            let Some(host) = machine.host.as_ref().filter(|h| h.is_set()) else {
-                continue;
-            };
-            // A reference of another form (no zone) names the domain alone.
-            let DomainRef { zone, name } = host
-                .reference
-                .parse()
-                .unwrap_or_else(|_| DomainRef::new("", host.reference.as_str()));
-            state
-                .domains
-                .entry(machine.id.clone())
-                .or_insert_with(|| FakeDomain {
-                    name,
-                    zone,
-                    running: true,
-                    cluster: machine.cluster.clone(),
-                    drain_fault: false,
-                });
-        }
-    }
-
     /// How many domains exist (for tests).
     #[must_use]
     pub fn domain_count(&self) -> usize {
@@ -272,6 +245,33 @@ impl<C: Clock> Hypervisor for FakeHypervisor<C> {
         self.latency().await;
         self.state().domains.remove(&request.machine.id);
         Ok(())
+    }
+
+    /// The restore hand-off: re-creates the domains of machines restored from durable state, so a restart of the
+    /// fake (which keeps no state of its own) can still configure, drain and delete them.
+    /// Machines without a host have no domain.
+    fn restored(&self, machines: &[Arc<Machine>]) {
+        let mut state = self.state();
+        for machine in machines {
+            let Some(host) = machine.host.as_ref().filter(|h| h.is_set()) else {
+                continue;
+            };
+            // A reference of another form (no zone) names the domain alone.
+            let DomainRef { zone, name } = host
+                .reference
+                .parse()
+                .unwrap_or_else(|_| DomainRef::new("", host.reference.as_str()));
+            state
+                .domains
+                .entry(machine.id.clone())
+                .or_insert_with(|| FakeDomain {
+                    name,
+                    zone,
+                    running: true,
+                    cluster: machine.cluster.clone(),
+                    drain_fault: false,
+                });
+        }
     }
 }
 

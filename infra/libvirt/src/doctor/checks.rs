@@ -1,0 +1,364 @@
+//! The doctor's checks of one host, each judging one probed fact against what the flags
+//! would run, with the fix when it fails.
+
+use super::golden;
+use super::report::{Check, Status, check};
+use super::{Connection, DomainCaps, Domains, Expectations, HostFacts, Pool, Probe, Slots, Volume};
+use crate::allocatable_for;
+
+pub(super) fn version(v: u32) -> String {
+    format!("{}.{}.{}", v / 1_000_000, (v / 1000) % 1000, v % 1000)
+}
+
+pub(super) fn gib(bytes: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let value = bytes as f64 / f64::from(1u32 << 30);
+    format!("{value:.1} GiB")
+}
+
+pub(super) fn domain_type(want: &Expectations, zone: &str, caps: &Probe<DomainCaps>) -> Check {
+    let kind = want.domain_type.as_str();
+    let fix = if kind == "kvm" {
+        "enable KVM on the host (load kvm_intel or kvm_amd and give libvirt /dev/kvm), or \
+         pass --domain-type=qemu for software emulation (slow)"
+    } else {
+        "install QEMU for x86_64 on the host (qemu-system-x86)"
+    };
+    match caps {
+        Probe::Found(c) if !c.os_supported => check(
+            zone,
+            "domain type",
+            Status::Block,
+            format!("{kind} guests of machine type {} cannot boot", c.machine),
+            fix,
+        ),
+        Probe::Found(DomainCaps {
+            unix_channel: Some(false),
+            ..
+        }) => check(
+            zone,
+            "domain type",
+            Status::Block,
+            format!("{kind} usable, but no unix channel for the guest agent"),
+            "use a libvirt and QEMU with virtio-serial unix channels",
+        ),
+        Probe::Found(c) => {
+            let channel = if c.unix_channel.is_some() {
+                "guest-agent channel supported"
+            } else {
+                "channel types not listed by this libvirt"
+            };
+            check(
+                zone,
+                "domain type",
+                Status::Ok,
+                format!("{kind} usable, machine q35 is {}, {channel}", c.machine),
+                "",
+            )
+        }
+        Probe::Missing | Probe::Failed(_) => {
+            let why = match caps {
+                Probe::Failed(e) => e.as_str(),
+                _ => "no domain capabilities",
+            };
+            check(
+                zone,
+                "domain type",
+                Status::Block,
+                format!("{kind} unusable: {why}"),
+                fix,
+            )
+        }
+        Probe::Unsupported(why) => check(
+            zone,
+            "domain type",
+            Status::Skip,
+            format!("not checked: {why}"),
+            "",
+        ),
+    }
+}
+
+pub(super) fn storage(want: &Expectations, host: &HostFacts, slots: &[Slots]) -> Vec<Check> {
+    let (pool_check, usable) = pool(want, host);
+    let mut out = vec![pool_check];
+    match usable {
+        Some(facts) => out.extend(image(want, host, facts, slots)),
+        None => out.push(check(
+            &host.zone,
+            "image",
+            Status::Skip,
+            format!(
+                "not checked: storage pool {} is not usable",
+                want.storage_pool
+            ),
+            "",
+        )),
+    }
+    out
+}
+
+/// The pool's check, and its facts when it is usable.
+fn pool<'a>(want: &Expectations, host: &'a HostFacts) -> (Check, Option<&'a Pool>) {
+    let zone = host.zone.as_str();
+    let pool = want.storage_pool.as_str();
+    match &host.pool {
+        Probe::Found(p) if p.active => (
+            check(
+                zone,
+                "storage pool",
+                Status::Ok,
+                format!(
+                    "{pool}: type {}, active, {} free of {}",
+                    p.kind,
+                    gib(p.available),
+                    gib(p.capacity)
+                ),
+                "",
+            ),
+            Some(p),
+        ),
+        Probe::Found(_) => (
+            check(
+                zone,
+                "storage pool",
+                Status::Block,
+                format!("{pool} exists but is not active"),
+                &format!("start it: virsh pool-start {pool} && virsh pool-autostart {pool}"),
+            ),
+            None,
+        ),
+        Probe::Missing => (
+            check(
+                zone,
+                "storage pool",
+                Status::Block,
+                format!("there is no storage pool {pool}"),
+                &format!(
+                    "create it (virsh pool-define-as {pool} dir --target /var/lib/libvirt/images \
+                         && virsh pool-build {pool} && virsh pool-start {pool} && virsh \
+                         pool-autostart {pool}) or pass --storage-pool with an existing pool"
+                ),
+            ),
+            None,
+        ),
+        Probe::Unsupported(e) | Probe::Failed(e) => (
+            check(
+                zone,
+                "storage pool",
+                Status::Block,
+                format!("{pool}: {e}"),
+                "check that this process may read the pool",
+            ),
+            None,
+        ),
+    }
+}
+
+/// The image's check and, when it is there, the pool-space check.
+fn image(want: &Expectations, host: &HostFacts, pool_facts: &Pool, slots: &[Slots]) -> Vec<Check> {
+    let zone = host.zone.as_str();
+    let pool = want.storage_pool.as_str();
+    let image = want.image.as_str();
+    let mut out = Vec::new();
+    if let Some(golden) = &want.image_source {
+        out.extend(golden::check_source(
+            zone,
+            pool,
+            golden,
+            &host.image,
+            pool_facts,
+        ));
+        if matches!(host.image, Probe::Missing) {
+            return out;
+        }
+    }
+    match &host.image {
+        Probe::Found(v) => {
+            let usable = matches!(v.format.as_str(), "qcow2" | "raw");
+            out.push(check(
+                zone,
+                "image",
+                if usable { Status::Ok } else { Status::Warn },
+                format!(
+                    "{image} in {pool}: format {}, virtual size {}",
+                    v.format,
+                    gib(v.capacity)
+                ),
+                if usable {
+                    ""
+                } else {
+                    "use a qcow2 or raw golden image"
+                },
+            ));
+            out.push(pool_space(zone, v, pool_facts, slots));
+        }
+        Probe::Missing => out.push(check(
+            zone,
+            "image",
+            Status::Block,
+            format!("there is no golden image volume {image} in pool {pool}"),
+            &format!(
+                "upload it: virsh vol-create-as {pool} {image} SIZE --format qcow2 && virsh \
+                 vol-upload --pool {pool} {image} FILE, or pass --image with a volume of that pool"
+            ),
+        )),
+        Probe::Unsupported(e) | Probe::Failed(e) => out.push(check(
+            zone,
+            "image",
+            Status::Block,
+            format!("{image}: {e}"),
+            "check that this process may read the volume",
+        )),
+    }
+    out
+}
+
+/// Whether the pool could hold every slot's overlay grown to the image's full size.
+fn pool_space(zone: &str, v: &Volume, pool_facts: &Pool, slots: &[Slots]) -> Check {
+    let count: u64 = slots.iter().map(|s| s.count as u64).sum();
+    let worst = v.capacity.saturating_mul(count);
+    if worst <= pool_facts.available {
+        check(
+            zone,
+            "pool space",
+            Status::Ok,
+            format!(
+                "overlays are thin; even {count} full overlays ({}) fit in {} free",
+                gib(worst),
+                gib(pool_facts.available)
+            ),
+            "",
+        )
+    } else {
+        check(
+            zone,
+            "pool space",
+            Status::Warn,
+            format!(
+                "overlays are thin, but {count} full overlays would need {} and {} is free",
+                gib(worst),
+                gib(pool_facts.available)
+            ),
+            "watch the pool's usage, or grow it",
+        )
+    }
+}
+
+pub(super) fn network(want: &Expectations, zone: &str, network: Option<&Probe<bool>>) -> Check {
+    let name = want.network.as_str();
+    match network {
+        None => check(
+            zone,
+            "network",
+            Status::Ok,
+            "--network is empty: guests get no NIC".to_owned(),
+            "",
+        ),
+        Some(Probe::Found(true)) => {
+            check(zone, "network", Status::Ok, format!("{name}: active"), "")
+        }
+        Some(Probe::Found(false)) => check(
+            zone,
+            "network",
+            Status::Block,
+            format!("{name} exists but is not active"),
+            &format!("start it: virsh net-start {name} && virsh net-autostart {name}"),
+        ),
+        Some(Probe::Missing) => check(
+            zone,
+            "network",
+            Status::Block,
+            format!("there is no network {name}"),
+            "define and start it on the host, pass --network with an existing network, or \
+             --network= for guests without a NIC",
+        ),
+        Some(Probe::Unsupported(e) | Probe::Failed(e)) => check(
+            zone,
+            "network",
+            Status::Block,
+            format!("{name}: {e}"),
+            "check that this process may read the network",
+        ),
+    }
+}
+
+pub(super) fn capacity(
+    want: &Expectations,
+    zone: &str,
+    connection: &Connection,
+    slots: &[Slots],
+) -> Check {
+    let total = allocatable_for(connection.cpus, connection.memory_kib, &want.capacity);
+    let mut parts = Vec::new();
+    let (mut vcpu, mut memory) = (0u64, 0u64);
+    for s in slots {
+        let alone = (total.vcpu / s.vcpu.max(1)).min(total.memory_mib / s.memory_mib.max(1));
+        parts.push(format!(
+            "{} {} declared, {alone} fit alone",
+            s.instance_type, s.count
+        ));
+        vcpu = vcpu.saturating_add(s.vcpu.saturating_mul(s.count as u64));
+        memory = memory.saturating_add(s.memory_mib.saturating_mul(s.count as u64));
+    }
+    let detail = format!(
+        "{}; all need {vcpu} vCPU and {memory} MiB of {} vCPU and {} MiB allocatable",
+        parts.join(", "),
+        total.vcpu,
+        total.memory_mib
+    );
+    if vcpu <= total.vcpu && memory <= total.memory_mib {
+        check(zone, "capacity", Status::Ok, detail, "")
+    } else {
+        check(
+            zone,
+            "capacity",
+            Status::Warn,
+            detail,
+            "not every slot can run at once (the provider withholds what does not fit): add \
+             a host, lower the counts, or raise --cpu-allocation-ratio / \
+             --memory-allocation-ratio",
+        )
+    }
+}
+
+pub(super) fn domains(zone: &str, domains: &Probe<Domains>) -> Check {
+    match domains {
+        Probe::Found(d) if d.orphans.is_empty() => check(
+            zone,
+            "domains",
+            Status::Ok,
+            format!(
+                "{} of this provider's ({} running), {} others, no orphans",
+                d.ours, d.ours_running, d.others
+            ),
+            "",
+        ),
+        Probe::Found(d) => check(
+            zone,
+            "domains",
+            Status::Warn,
+            format!(
+                "{} of this provider's ({} running), {} others; orphans (no configured slot): {}",
+                d.ours,
+                d.ours_running,
+                d.others,
+                d.orphans.join(", ")
+            ),
+            "report only: remove them by hand, or let the provider collect them (--gc-orphans)",
+        ),
+        Probe::Missing | Probe::Unsupported(_) | Probe::Failed(_) => {
+            let why = match domains {
+                Probe::Unsupported(e) | Probe::Failed(e) => e.as_str(),
+                _ => "no answer",
+            };
+            check(
+                zone,
+                "domains",
+                Status::Warn,
+                format!("cannot list domains: {why}"),
+                "check that this process may list the host's domains",
+            )
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! Starting the Create compensation: the best-effort delete of whatever a failed Create
+//! may have left on its host (the task itself is `compensation.rs`), and its start-up half
+//! for the Creates a restart interrupted.
+
+use std::sync::Arc;
+
+use bigfleet_libvirt_domain::{Kind, ListQuery, Machine, MachineState, OperationId};
+use futures::FutureExt;
+use tracing::{Instrument, info_span};
+
+use super::Provider;
+use crate::clock::Clock;
+use crate::compensation;
+use crate::hypervisor::Hypervisor;
+use crate::spawn::Spawner;
+use crate::store::StateStore;
+
+impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
+    /// Start-up half of the Create compensation: a restart may have interrupted a Create
+    /// (now Failed without a host) or a compensation in flight, so every Failed record
+    /// without a host gets its compensating delete again (idempotent when nothing is left).
+    pub(super) fn compensate_failed_creates(&self) {
+        let failed = {
+            let guarded = self.lock();
+            let query = ListQuery {
+                states: Some([MachineState::Failed].into()),
+                ..ListQuery::default()
+            };
+            let page = guarded.core.list(&query);
+            page.machines
+                .into_iter()
+                .filter(|m| !m.has_host())
+                .filter_map(|m| Some((guarded.core.operation(&m.id, Kind::Create)?.clone(), m)))
+                .collect::<Vec<_>>()
+        };
+        for (operation_id, machine) in failed {
+            self.compensate(machine, operation_id);
+        }
+    }
+
+    /// Starts the best-effort delete of whatever a failed Create may have left on its host
+    /// (`compensation.rs`). The task holds the hypervisor and clock, not the provider.
+    pub(super) fn compensate(&self, machine: Arc<Machine>, operation_id: OperationId) {
+        if cfg!(feature = "bug-no-create-compensation") {
+            return; // Injected bug (simulator bug hunt only): leak the domain.
+        }
+        let timeout = self.lock().core.policy().timeouts.delete;
+        let span = info_span!(
+            "compensation",
+            machine_id = %machine.id,
+            operation_id = %operation_id,
+        );
+        let hypervisor = Arc::clone(&self.inner.hypervisor);
+        let clock = self.inner.clock.clone();
+        let task = compensation::delete_leftover(hypervisor, clock, timeout, machine, operation_id);
+        self.inner
+            .spawner
+            .spawn("create-compensation", task.map(drop).instrument(span));
+    }
+}
