@@ -15,8 +15,8 @@
 #                                      each zone's pool and golden image
 #   scripts/qemu-tier/run.sh env       print the BIGFLEET_QEMU_* export lines for the test
 #   scripts/qemu-tier/run.sh stop      remove every domain, stop the daemons, unmount
-#   scripts/qemu-tier/run.sh ci        check (skip = exit 0), prepare, start, run the qemu_e2e
-#                                      and qemu_faults tests (tests/tests/), always stop; exits
+#   scripts/qemu-tier/run.sh ci        check (skip = exit 0), prepare, start, run the qemu_e2e,
+#                                      qemu_faults and qemu_remote tests (tests/tests/), always stop; exits
 #                                      with the tests' status
 #   scripts/qemu-tier/run.sh libvirtd ZONE kill|term|start
 #                                      SIGKILL / SIGTERM (waiting for it to exit) / start (waiting
