@@ -3,7 +3,7 @@
 //! reconcile pass changed go on it. The calls and the hypervisor phases are recorded by the
 //! gRPC service and the instrumented hypervisor themselves.
 
-use bigfleet_libvirt_domain::{ListQuery, MachineState, ReconcileReport};
+use bigfleet_libvirt_domain::{ListQuery, MachineState};
 use bigfleet_libvirt_observe::timeline::{Timeline, What, bounded, millis};
 use std::sync::Arc;
 
@@ -43,8 +43,10 @@ fn ended(timeline: &Timeline, event: &TransitionEvent) {
     }
 }
 
-/// The lines of one reconcile pass: each record it added (now tracked) or refreshed.
-pub(crate) fn reconciled(timeline: &Timeline, report: &ReconcileReport) {
+/// The lines of one reconcile pass: each record it added (now tracked) or refreshed. Called
+/// by `serve`'s reconcile loop, which the simulation build does not have.
+#[cfg(not(madsim))]
+pub(crate) fn reconciled(timeline: &Timeline, report: &bigfleet_libvirt_domain::ReconcileReport) {
     timeline.track(report.added.iter().map(|id| id.as_str()));
     for (ids, added) in [(&report.added, true), (&report.refreshed, false)] {
         for id in ids {
