@@ -25,7 +25,7 @@
 //! and reads, are decided again on the rewound state; a transition's completion is retried
 //! until it is durable.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -145,9 +145,11 @@ struct Guarded {
     /// Decisions enqueued and not yet seen durable, oldest first.
     pending: VecDeque<Pending>,
     /// The deadline of every transition accepted and not yet completed, earliest first, for
-    /// the deadline sweep. An entry left by a decision a failed commit took back is harmless:
-    /// the sweep only fails what the core still has in flight past its deadline.
-    deadlines: BTreeSet<DeadlineEntry>,
+    /// the deadline sweep, with the transition's span (a child of the call's, so a sweep
+    /// that fails it stays in the caller's trace). An entry left by a decision a failed
+    /// commit took back is harmless: the sweep only fails what the core still has in flight
+    /// past its deadline.
+    deadlines: BTreeMap<DeadlineEntry, tracing::Span>,
 }
 
 /// Whether the state store is taking commits, for readiness, health and metrics.

@@ -384,3 +384,63 @@ async fn a_failed_commit_whose_caller_is_gone_is_taken_back_before_the_next_deci
     );
     assert_eq!(page.machines.len(), 1, "m-2 was never made durable");
 }
+
+/// Records, for every event logged, its message and the names of the spans it was logged in
+/// (innermost first).
+#[derive(Clone, Default)]
+struct Scopes(Arc<Mutex<Vec<Seen>>>);
+
+/// An event's message and the names of the spans it was logged in.
+type Seen = (String, Vec<String>);
+
+impl<S> tracing_subscriber::Layer<S> for Scopes
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        let spans = ctx
+            .event_scope(event)
+            .map(|scope| scope.map(|span| span.name().to_owned()).collect())
+            .unwrap_or_default();
+        self.0.lock().unwrap().push((message.0, spans));
+    }
+}
+
+/// A transition the sweep fails is failed inside its own transition span, a child of the
+/// call's span, so the caller's trace shows why its operation ended (the sweep used to open a
+/// new span under its own task's).
+#[tokio::test(start_paused = true)]
+async fn the_sweep_fails_a_transition_inside_the_calls_trace() {
+    use tracing::Instrument;
+    use tracing_subscriber::layer::SubscriberExt;
+    let scopes = Scopes::default();
+    let subscriber = tracing_subscriber::registry().with(scopes.clone());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let spawner = TestSpawner {
+        lose_transitions: true,
+    };
+    let provider = start(Host::default(), SlowDisk::new(), spawner).await;
+    provider
+        .mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default())
+        .instrument(tracing::info_span!("rpc"))
+        .await
+        .expect("accepted");
+    wait(&provider, TIMEOUT + crate::provider::SWEEP_GRACE * 2).await;
+    assert_eq!(machine(&provider).await.state, MachineState::Failed);
+    let seen = scopes.0.lock().unwrap().clone();
+    let (_, spans) = seen
+        .iter()
+        .find(|(message, _)| message.contains("by its deadline: failing it"))
+        .expect("the sweep said it failed the transition");
+    assert_eq!(spans, &["transition", "rpc"], "{seen:?}");
+}

@@ -38,12 +38,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             dispatch.machine.id.clone(),
             dispatch.kind,
         );
-        let earliest = guarded.deadlines.first().is_none_or(|first| entry < *first);
-        guarded.deadlines.insert(entry);
-        if earliest {
-            // Full means a wake-up is already pending; closed cannot happen while we exist.
-            let _pending = self.inner.sweep_wake.clone().try_send(());
-        }
+        let earliest = guarded
+            .deadlines
+            .first_key_value()
+            .is_none_or(|(first, _)| entry < *first);
         let provider = self.clone();
         let span = info_span!(
             "transition",
@@ -55,6 +53,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             otel.status_code = tracing::field::Empty,
             otel.status_description = tracing::field::Empty,
         );
+        guarded.deadlines.insert(entry, span.clone());
+        if earliest {
+            // Full means a wake-up is already pending; closed cannot happen while we exist.
+            let _pending = self.inner.sweep_wake.clone().try_send(());
+        }
         let task = async move {
             if let Err(error) = durable.await {
                 debug!(%error, "decision taken back by a failed commit: transition not started");
@@ -76,28 +79,24 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let due = {
             let mut guarded = self.lock();
             let mut due = Vec::new();
-            while let Some((deadline, ..)) = guarded.deadlines.first() {
+            while let Some(((deadline, ..), _)) = guarded.deadlines.first_key_value() {
                 if deadline.saturating_add(SWEEP_GRACE) > now {
                     break;
                 }
-                let Some((_, id, _)) = guarded.deadlines.pop_first() else {
+                let Some(((_, id, _), span)) = guarded.deadlines.pop_first() else {
                     break;
                 };
-                due.extend(guarded.core.overdue(&id, now));
+                due.extend(
+                    guarded
+                        .core
+                        .overdue(&id, now)
+                        .map(|dispatch| (dispatch, span)),
+                );
             }
             due
         };
-        for dispatch in due {
-            let span = info_span!(
-                "transition",
-                kind = %dispatch.kind,
-                machine_id = %dispatch.machine.id,
-                operation_id = %dispatch.operation_id,
-                zone = %dispatch.machine.zone,
-                outcome = tracing::field::Empty,
-                otel.status_code = tracing::field::Empty,
-                otel.status_description = tracing::field::Empty,
-            );
+        // Each is failed inside its own transition's span: the caller's trace shows it.
+        for (dispatch, span) in due {
             async {
                 warn!(
                     deadline_passed_by = ?now.saturating_since(dispatch.deadline),
@@ -116,8 +115,8 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         let guarded = self.lock();
         guarded
             .deadlines
-            .first()
-            .map(|(deadline, ..)| deadline.saturating_add(SWEEP_GRACE))
+            .first_key_value()
+            .map(|((deadline, ..), _)| deadline.saturating_add(SWEEP_GRACE))
     }
 }
 

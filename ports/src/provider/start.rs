@@ -3,7 +3,7 @@
 //! interrupted, persisting what start-up decided, then the deadline sweep and the start-up
 //! half of the Create compensation.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use bigfleet_libvirt_domain::{Core, ListRotation};
@@ -66,7 +66,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             last_commit: settled(),
             rotation: ListRotation::default(),
             pending: VecDeque::new(),
-            deadlines: BTreeSet::new(),
+            deadlines: BTreeMap::new(),
         };
         let (sweep_wake, woken) = mpsc::channel(1);
         let inner = Inner {
