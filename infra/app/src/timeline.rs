@@ -57,7 +57,7 @@ pub(crate) fn reconciled(timeline: &Timeline, report: &bigfleet_libvirt_domain::
 
 #[cfg(test)]
 mod tests {
-    use bigfleet_libvirt_domain::{MachineId, Timestamp};
+    use bigfleet_libvirt_domain::{MachineId, ReconcileReport, Timestamp};
 
     use super::*;
 
