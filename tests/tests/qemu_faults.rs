@@ -247,7 +247,7 @@ async fn daemon_restart() {
         .filter(|m| host_set(m))
         .map(domain_name)
         .collect();
-    let clean = until(
+    let clean = until_explained(
         "only owned domains and volumes left",
         Duration::from_secs(120),
         || {
@@ -257,12 +257,12 @@ async fn daemon_restart() {
                 .into_iter()
                 .filter(|v| !before.contains(v))
                 .collect();
-            domains.is_subset(&owned)
-                && volumes.iter().all(|v| {
-                    owned
-                        .iter()
-                        .any(|d| v.starts_with(d.as_str()) && domains.contains(d))
-                })
+            let owned_volume = |v: &String| {
+                (owned.iter()).any(|d| v.starts_with(d.as_str()) && domains.contains(d))
+            };
+            let clean = domains.is_subset(&owned) && volumes.iter().all(owned_volume);
+            let left = format!("domains {domains:?}, volumes {volumes:?}, owned {owned:?}");
+            if clean { Ok(()) } else { Err(left) }
         },
     )
     .await;

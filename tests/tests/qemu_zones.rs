@@ -310,6 +310,23 @@ pub async fn gauge_until(
 }
 
 /// Polls until `ok` holds (checked every 100 ms); returns how long it took.
+/// [`until`] for a condition that says what is still wrong (`Err`), which the failure names.
+pub async fn until_explained(
+    what: &str,
+    within: Duration,
+    check: impl Fn() -> Result<(), String>,
+) -> Duration {
+    let start = Instant::now();
+    while let Err(wrong) = check() {
+        assert!(
+            start.elapsed() < within,
+            "{what} did not happen within {within:?}: {wrong}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    start.elapsed()
+}
+
 pub async fn until(what: &str, within: Duration, ok: impl Fn() -> bool) -> Duration {
     let start = Instant::now();
     while !ok() {
