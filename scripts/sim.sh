@@ -20,6 +20,7 @@ bugs=(
     bug-no-create-compensation
     bug-per-shard-fence
     bug-transition-after-commit
+    bug-detached-transition-span
 )
 
 sim() { # [--features F] -- runner args

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use bigfleet_libvirt_domain::{Machine, MachineId};
 
+use crate::spans::SpanSeen;
+
 /// One thing a fake saw happen.
 #[derive(Clone, Debug)]
 pub enum Event {
@@ -23,6 +25,8 @@ pub enum Event {
         /// Hosts holding a domain for it afterwards.
         domains: usize,
     },
+    /// The provider opened a span of interest (`crate::spans`).
+    Span(SpanSeen),
 }
 
 /// An event and when it happened (simulated time since the start).

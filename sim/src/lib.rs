@@ -31,6 +31,8 @@ pub mod scenario;
 #[cfg(madsim)]
 pub mod server;
 #[cfg(madsim)]
+pub mod spans;
+#[cfg(madsim)]
 pub mod trace;
 #[cfg(madsim)]
 pub mod workload;

@@ -35,6 +35,10 @@ fn features() -> Vec<&'static str> {
             "bug-transition-after-commit",
             cfg!(feature = "bug-transition-after-commit"),
         ),
+        (
+            "bug-detached-transition-span",
+            cfg!(feature = "bug-detached-transition-span"),
+        ),
     ];
     all.into_iter()
         .filter(|(_, on)| *on)

@@ -16,6 +16,7 @@ use futures::channel::mpsc;
 use futures::{FutureExt, StreamExt};
 use madsim::runtime::{Handle, Runtime};
 use madsim::task::NodeId;
+use tracing_subscriber::layer::SubscriberExt as _;
 
 use crate::checkers::{self, Invariant, Violations, quiescence};
 use crate::fakes::clock::elapsed;
@@ -23,6 +24,7 @@ use crate::faults::FaultPlan;
 use crate::net;
 use crate::rng::SimRng;
 use crate::server;
+use crate::spans::SpanWatch;
 use crate::trace::Trace;
 use crate::workload;
 use crate::world::{Stats, World};
@@ -67,11 +69,18 @@ pub fn run_seed(seed: u64, keep_trace: bool) -> RunReport {
 pub fn run_plan(plan: FaultPlan, keep_trace: bool) -> RunReport {
     let seed = plan.seed;
     let world = Arc::new(World::new(plan.clone(), keep_trace));
-    let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
-    runtime.set_time_limit(TIME_LIMIT);
     let driven = Arc::clone(&world);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| runtime.block_on(drive(driven))));
-    drop(runtime);
+    // The span layer records on this run's thread only (each seed runs on a thread of its
+    // own). The runtime is made under it too: madsim opens its node spans as it builds them.
+    let spans = tracing_subscriber::registry().with(SpanWatch::new(Arc::clone(&world)));
+    let outcome = tracing::subscriber::with_default(spans, || {
+        let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
+        runtime.set_time_limit(TIME_LIMIT);
+        let outcome =
+            std::panic::catch_unwind(AssertUnwindSafe(|| runtime.block_on(drive(driven))));
+        drop(runtime);
+        outcome
+    });
     let simulated = match outcome {
         Ok(simulated) => simulated,
         Err(panic) => {

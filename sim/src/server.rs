@@ -26,12 +26,14 @@ use madsim_tonic::codegen::http::uri::PathAndQuery;
 use madsim_tonic::codegen::{BoxFuture, BoxMessage, BoxMessageStream, Service};
 use madsim_tonic::transport::{NamedService, Server};
 use madsim_tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::checkers;
 use crate::fakes::clock::{SimClock, SimSpawner};
 use crate::fakes::hypervisor::SimHypervisor;
 use crate::fakes::store::SimStateStore;
 use crate::net::{Answer, PROVIDER_ADDR, Reply, Rpc};
+use crate::spans;
 use crate::world::World;
 
 /// The provider under test, as the composition root builds it.
@@ -64,6 +66,7 @@ pub async fn run_provider(world: Arc<World>) {
         metrics: metrics.clone(),
         observers: Vec::new(),
     })
+    .instrument(tracing::info_span!(spans::START_SPAN, incarnation))
     .await;
     let provider = match started {
         Ok(provider) => provider,

@@ -43,6 +43,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             .first_key_value()
             .is_none_or(|(first, _)| entry < *first);
         let provider = self.clone();
+        // Injected bug (simulator bug hunt only): the span is opened in a new trace of its
+        // own instead of in the accepting call's.
+        #[cfg(feature = "bug-detached-transition-span")]
+        let _detached = info_span!(parent: None, "detached").entered();
         let span = info_span!(
             "transition",
             kind = %dispatch.kind,

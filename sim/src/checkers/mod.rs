@@ -14,6 +14,7 @@ pub mod hosts;
 pub mod online;
 pub mod quiescence;
 pub mod restart;
+pub mod spans;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -36,6 +37,7 @@ pub fn read_history(world: &World) {
             Event::HostEffect { machine, domains } => {
                 hosts::on_effect(world, at, &machine, domains);
             }
+            Event::Span(seen) => spans::on_span(world, at, &seen),
         }
     }
 }
@@ -67,6 +69,8 @@ pub enum Invariant {
     OrphanDomain,
     /// No accepted transition stays transitional past its deadline and the sweep's grace.
     TransitionDeadline,
+    /// Every span a transition's work opens is in the trace of the call that accepted it.
+    SpansInCallTrace,
     /// After faults stop, the provider converges within the budget.
     Convergence,
     /// The provider never panics (its own assertions hold).
@@ -88,6 +92,7 @@ impl Invariant {
             Self::Revisions => "revisions",
             Self::OrphanDomain => "no-orphan-domain",
             Self::TransitionDeadline => "transition-deadline",
+            Self::SpansInCallTrace => "spans-in-call-trace",
             Self::Convergence => "convergence",
             Self::Panic => "no-panic",
         }
@@ -110,6 +115,9 @@ impl Invariant {
             Self::OrphanDomain => "after quiescence no domain exists that the state does not know",
             Self::TransitionDeadline => {
                 "no accepted transition outlives its deadline by more than the sweep's grace"
+            }
+            Self::SpansInCallTrace => {
+                "every span a transition's work opens is under the accepting call's rpc span"
             }
             Self::Convergence => "after faults stop the provider converges within the budget",
             Self::Panic => "the provider never panics (its own assertions hold)",
