@@ -419,8 +419,28 @@ where
 /// A transition the sweep fails is failed inside its own transition span, a child of the
 /// call's span, so the caller's trace shows why its operation ended (the sweep used to open a
 /// new span under its own task's).
+///
+/// Run in a process of its own: tracing caches each callsite's interest process-wide, and a
+/// test thread without a subscriber that reaches a callsite while this test installs its
+/// thread's subscriber can leave a span disabled here.
+#[test]
+fn the_sweep_fails_a_transition_inside_the_calls_trace() {
+    let name = "provider::cancel_tests::sweep_span_in_a_process_of_its_own";
+    let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--ignored", "--exact", name, "--test-threads=1"])
+        .output()
+        .expect("the test binary runs");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{printed}");
+    assert!(
+        printed.contains("1 passed"),
+        "the inner test ran: {printed}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
-async fn the_sweep_fails_a_transition_inside_the_calls_trace() {
+#[ignore = "run by the_sweep_fails_a_transition_inside_the_calls_trace in a process of its own"]
+async fn sweep_span_in_a_process_of_its_own() {
     use tracing::Instrument;
     use tracing_subscriber::layer::SubscriberExt;
     let scopes = Scopes::default();
