@@ -57,10 +57,12 @@ impl DirectMode {
     /// The name in the XML and on the command line.
     #[must_use]
     pub fn as_str(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(mode, _)| *mode == self)
-            .map_or("bridge", |(_, name)| name)
+        match self {
+            Self::Bridge => "bridge",
+            Self::Vepa => "vepa",
+            Self::Private => "private",
+            Self::Passthrough => "passthrough",
+        }
     }
 }
 
