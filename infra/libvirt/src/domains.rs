@@ -12,7 +12,7 @@ use virt::sys;
 
 use bigfleet_libvirt_ports::HypervisorError;
 
-use super::error::{context, is_missing_domain, maybe_done, refused, text};
+use super::error::{context, is_missing_domain, maybe_done, one_line, refused, text};
 use super::host::Session;
 use super::ownership::{KEY, NAMESPACE, Tag};
 
@@ -86,11 +86,56 @@ pub(crate) fn state(domain: &Domain, name: &str) -> Result<DomainState, Hypervis
         .ok_or_else(|| maybe_done(format!("domain {name} is in a state libvirt did not name")))
 }
 
+/// The longest libvirt message a start failure quotes.
+const START_MESSAGE_LIMIT: usize = 700;
+
+/// Starts a defined domain and checks that it is still up right after: QEMU that aborts at
+/// start (a CPU mode the host cannot run, e.g. `failed to set MSR 0x10a` on nested KVM)
+/// fails here with libvirt's words, which quote the tail of the domain's QEMU log, on one
+/// bounded line, plus the state libvirt records and where the full log is.
+pub(crate) fn start(domain: &Domain, name: &str) -> Result<(), HypervisorError> {
+    if let Err(e) = domain.create() {
+        return Err(maybe_done(format!(
+            "start domain {name}: {}{}; {}",
+            one_line(&text(&e), START_MESSAGE_LIMIT),
+            shutoff_reason(domain).map_or_else(String::new, |r| format!(" (now {r})")),
+            log_hint(name)
+        )));
+    }
+    match domain.state() {
+        Ok((found, reason)) if found.is_known_and(|s| !is_active(s)) => Err(maybe_done(format!(
+            "domain {name} stopped right after it started (state {}, reason {reason}); {}",
+            state_name(found.known()),
+            log_hint(name)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Where a domain's QEMU log is on a host of the system libvirt daemon.
+fn log_hint(name: &str) -> String {
+    format!("QEMU's log of it on the host: /var/log/libvirt/qemu/{name}.log (qemu:///system)")
+}
+
+fn state_name(state: Option<DomainState>) -> String {
+    state.map_or_else(|| "unknown".to_owned(), |s| format!("{s:?}").to_lowercase())
+}
+
+/// `shutoff: failed` when the domain is not running and libvirt says why.
+fn shutoff_reason(domain: &Domain) -> Option<String> {
+    let (found, reason) = domain.state().ok()?;
+    let found = found.known().filter(|s| !is_active(*s))?;
+    Some(format!("{}: {reason}", state_name(Some(found))))
+}
+
 /// Starts a shut-off or crashed domain, resumes a paused one, wakes a suspended one, and
 /// re-asserts autostart (best effort).
 pub(crate) fn ensure_running(domain: &Domain, name: &str) -> Result<(), HypervisorError> {
     let started = match state(domain, name)? {
-        DomainState::Shutoff | DomainState::Crashed => domain.create(),
+        DomainState::Shutoff | DomainState::Crashed => {
+            start(domain, name).map_err(|e| maybe_done(format!("power on: {}", e.message)))?;
+            Ok(())
+        }
         DomainState::Paused => domain.resume(),
         DomainState::PMSuspended => domain.pm_wakeup(0),
         _ => Ok(()),

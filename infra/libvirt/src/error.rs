@@ -19,6 +19,32 @@ pub(crate) fn text(error: &VirtError) -> String {
     )
 }
 
+/// libvirt's message for a domain that would not start, as one line of at most `limit`
+/// bytes: QEMU's own words (libvirt quotes the tail of the domain's QEMU log, e.g. `failed
+/// to set MSR 0x10a` then the `kvm_buf_set_msrs` assertion) are kept, line breaks and
+/// control characters become spaces, and a longer text keeps its start and its end around
+/// a `…`, since the cause is usually named first and QEMU's last words come last.
+pub(crate) fn one_line(message: &str, limit: usize) -> String {
+    let flat: String = message
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|word| !word.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if flat.len() <= limit {
+        return flat;
+    }
+    let half = limit / 2;
+    let mut head = half;
+    while !flat.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = flat.len() - half;
+    while !flat.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{} … {}", &flat[..head], &flat[tail..])
+}
+
 /// Whether the error says the domain does not exist.
 pub(crate) fn is_missing_domain(error: &VirtError) -> bool {
     error.code().is(ErrorNumber::NoDomain)
@@ -92,6 +118,28 @@ pub(crate) fn context(what: &str, error: &VirtError) -> HypervisorError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_line_flattens_and_keeps_both_ends() {
+        let qemu = "internal error: qemu unexpectedly closed the monitor:\n\
+            2026-12-02T03:00:00.000000Z qemu-system-x86_64: error: failed to set MSR 0x10a to 0x2000c04\n\
+            qemu-system-x86_64: ../target/i386/kvm/kvm.c:3042: kvm_buf_set_msrs: Assertion `ret == cpu->kvm_msr_buf->nmsrs' failed.";
+        let shown = one_line(qemu, 1000);
+        assert!(!shown.contains('\n'), "{shown}");
+        assert!(shown.contains("monitor: 2026"), "{shown}");
+        let short = one_line(qemu, 120);
+        assert!(short.len() <= 120 + " … ".len(), "{short}");
+        assert!(
+            short.starts_with("internal error: qemu unexpectedly"),
+            "{short}"
+        );
+        assert!(short.ends_with("nmsrs' failed."), "{short}");
+        assert_eq!(
+            one_line(&"é".repeat(100), 11),
+            "éé … éé",
+            "cut on characters"
+        );
+    }
 
     #[test]
     fn texts_keep_the_message_and_code() {

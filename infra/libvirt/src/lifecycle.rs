@@ -20,7 +20,7 @@ use super::Settings;
 use super::capacity::Shape;
 use super::devices::Nic;
 use super::domains::{self, ensure_running, owned};
-use super::error::{maybe_done, nothing_done, partly_done, refused, text};
+use super::error::{maybe_done, nothing_done, one_line, partly_done, refused, text};
 use super::host::{Host, Session};
 use super::ownership::Tag;
 use super::seed;
@@ -158,16 +158,17 @@ fn build(
         platform: &settings.options.platform,
     });
     let watch = Stopwatch::start();
-    let domain = session
-        .conn
-        .define_domain_xml(&document)
-        .map_err(|e| maybe_done(format!("define domain {}: {}", spec.name, text(&e))))?;
+    let domain = session.conn.define_domain_xml(&document).map_err(|e| {
+        maybe_done(format!(
+            "define domain {}: {}",
+            spec.name,
+            one_line(&text(&e), 700)
+        ))
+    })?;
     settings.metrics.observe_phase("define", watch.seconds());
     made.domain = Some(domain.clone());
     let watch = Stopwatch::start();
-    domain
-        .create()
-        .map_err(|e| maybe_done(format!("start domain {}: {}", spec.name, text(&e))))?;
+    domains::start(&domain, &spec.name)?;
     settings.metrics.observe_phase("start", watch.seconds());
     if let Err(e) = domain.set_autostart(true) {
         warn!(domain = %spec.name, error = %text(&e), "set domain autostart");

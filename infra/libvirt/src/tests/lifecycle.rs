@@ -368,3 +368,28 @@ async fn every_nic_source_and_the_cpu_choice_reach_the_defined_domain() {
     assert_eq!(again[0].2, mac(small, 0));
     assert_eq!(again[1].2, mac(small, 1));
 }
+
+/// A domain libvirt refuses says why in the Create's error (the machine's `last_error`):
+/// libvirt's own words, on one line. (The test driver starts whatever it defines, so the
+/// start-time abort is walked on the real-QEMU tier instead.)
+#[tokio::test]
+async fn a_refused_cpu_fails_create_with_libvirts_words() {
+    let rig = rig_with(
+        &Fixture::default(),
+        slots("libvirt", ZONE, "kvm.small", 1),
+        |config| {
+            config.options.cpu =
+                Some(crate::CpuChoice::parse("Skylake-Server,+pcid,-pcid").unwrap());
+        },
+    )
+    .await;
+    let error = create(&rig.hv, &rig.slots[0]).await.unwrap_err();
+    let message = &error.message;
+    assert!(message.contains("define domain"), "{message}");
+    assert!(
+        message.contains("CPU feature 'pcid' specified more than once"),
+        "{message}"
+    );
+    assert!(!message.contains('\n'), "{message}");
+    assert!(domains(&rig.hv, ZONE).await.is_empty(), "rolled back");
+}
