@@ -234,6 +234,55 @@ fn doctor_warns_with_exit_2_when_the_slots_do_not_all_fit() {
     assert_eq!(code, 1);
 }
 
+/// `--trial-domain` starts one throw-away domain per CPU choice: the default starts on the
+/// test driver and passes; a choice libvirt refuses (a feature named twice) blocks with
+/// libvirt's words and the fix (the unit tests check that none is left behind); without
+/// the flag the line is a skip that says how to ask.
+#[test]
+fn trial_domain_tries_each_cpu_choice() {
+    let dir = tempfile::tempdir().unwrap();
+    let connect = format!("--connect=a={}", node(dir.path(), &big(), "a.xml"));
+    let base = [connect.as_str(), "--image=base.qcow2", "--seed-count=4"];
+    let (code, r) = report(&base);
+    assert_eq!(code, 0, "{r:#}");
+    let skipped = find(&r, "a", "cpu trial");
+    assert_eq!(skipped["status"], "skip", "{skipped}");
+    assert!(
+        skipped["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--trial-domain"),
+        "{skipped}"
+    );
+
+    let (code, r) = report(&[&base[..], &["--trial-domain"][..]].concat());
+    assert_eq!(code, 0, "{r:#}");
+    let tried = find(&r, "a", "cpu trial");
+    assert_eq!(tried["status"], "ok", "{tried}");
+    let detail = tried["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("host-passthrough (the default)"),
+        "{detail}"
+    );
+    assert!(detail.contains("stayed up"), "{detail}");
+    assert_eq!(
+        find(&r, "a", "domains")["detail"],
+        "0 of this provider's (0 running), 0 others, no orphans",
+        "the domain count is read before any trial domain exists"
+    );
+
+    let refused = ["--trial-domain", "--cpu=Skylake-Server,+pcid,-pcid"];
+    let (code, r) = report(&[&base[..], &refused[..]].concat());
+    assert_eq!(code, 1, "{r:#}");
+    blocked(
+        &r,
+        "a",
+        "cpu trial",
+        "CPU feature 'pcid' specified more than once",
+        "--cpu",
+    );
+}
+
 #[test]
 fn doctor_refuses_flags_without_hosts() {
     let (code, r) = report(&["--seed-count=2"]);

@@ -2,7 +2,9 @@
 //! [`Report`], probing every `--connect` host at once off the async runtime.
 //!
 //! A host that does not answer within the probe timeout is reported as a blocked
-//! connection rather than holding the whole preflight (and a Helm hook Job) hostage.
+//! connection rather than holding the whole preflight (and a Helm hook Job) hostage. Its
+//! probe thread still runs to the end, so a trial domain it started is still destroyed
+//! (and libvirt auto-destroys it when the connection closes in any case).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -11,6 +13,7 @@ use bigfleet_libvirt_ports::Clock;
 
 use crate::launch::Plan;
 use bigfleet_libvirt_libvirt::doctor::{self, Expectations, HostFacts, Probe, Report, Slots};
+use bigfleet_libvirt_libvirt::trial::{self, TrialPlan};
 use bigfleet_libvirt_libvirt::{ProbeTarget, probe};
 
 /// What the flags would run, in the terms the judgement uses.
@@ -64,8 +67,31 @@ pub fn expectations(plan: &Plan) -> Expectations {
     }
 }
 
-/// Probes every host of `plan` (at most `timeout` each, all at once) and judges them.
-pub async fn run<C: Clock>(plan: &Plan, clock: &C, timeout: Duration) -> Report {
+/// How long a trial domain is left running paused before it is read back and destroyed.
+const TRIAL_SETTLE: Duration = Duration::from_secs(1);
+
+/// `--trial-domain`: every distinct CPU choice the served instance types would use.
+#[must_use]
+pub fn trial_plan(plan: &Plan) -> TrialPlan {
+    let types: BTreeSet<&str> = (plan.inventory.machines.iter())
+        .map(|m| m.instance_type.as_str())
+        .collect();
+    TrialPlan {
+        choices: trial::choices(&plan.libvirt, types),
+        platform: plan.libvirt.platform.clone(),
+        settle: TRIAL_SETTLE,
+    }
+}
+
+/// Probes every host of `plan` (at most `timeout` each, all at once) and judges them;
+/// with `trial_domain`, each host also starts and destroys one paused domain per CPU
+/// choice ([`trial_plan`]).
+pub async fn run<C: Clock>(
+    plan: &Plan,
+    clock: &C,
+    timeout: Duration,
+    trial_domain: bool,
+) -> Report {
     let want = expectations(plan);
     let target = ProbeTarget {
         provider: plan.provider_label.clone(),
@@ -79,6 +105,7 @@ pub async fn run<C: Clock>(plan: &Plan, clock: &C, timeout: Duration) -> Report 
             .iter()
             .map(|m| m.id.to_string())
             .collect::<BTreeSet<_>>(),
+        trial: trial_domain.then(|| trial_plan(plan)),
     };
     let probes = plan.connections.iter().map(|connection| {
         let (zone, uri, target) = (
@@ -100,6 +127,7 @@ pub async fn run<C: Clock>(plan: &Plan, clock: &C, timeout: Duration) -> Report 
                 image: Probe::Unsupported(String::new()),
                 network: None,
                 domains: Probe::Unsupported(String::new()),
+                cpu_trials: None,
             };
             futures::select_biased! {
                 done = futures::FutureExt::fuse(work) => done.unwrap_or_else(|e| {

@@ -406,6 +406,10 @@ pub enum Command {
         /// Exit 0 instead of 2 when there are warnings but no blockers (for hook Jobs).
         #[arg(long)]
         allow_warnings: bool,
+        /// Also start (paused) and destroy one throw-away domain per CPU choice on every
+        /// host, to find a CPU mode QEMU aborts on; without it doctor changes nothing.
+        #[arg(long)]
+        trial_domain: bool,
     },
     /// Work with a --state file without serving it.
     State {

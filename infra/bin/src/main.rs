@@ -42,9 +42,16 @@ fn main() -> ExitCode {
         output,
         host_timeout,
         allow_warnings,
+        trial_domain,
     }) = &cli.command
     {
-        let code = runtime.block_on(doctor(&cli, *output, *host_timeout, *allow_warnings));
+        let options = DoctorOptions {
+            output: *output,
+            host_timeout: *host_timeout,
+            allow_warnings: *allow_warnings,
+            trial_domain: *trial_domain,
+        };
+        let code = runtime.block_on(doctor(&cli, options));
         // Join the runtime's threads before `exit` runs the C libraries' cleanup: a thread
         // still freeing its OpenSSL thread state while libcrypto tears down crashes the
         // process after the report is printed. A host that never answered keeps its
@@ -78,15 +85,25 @@ fn one_line(error: &anyhow::Error) -> String {
     line
 }
 
-/// `doctor`: the same configuration checks as serving, then every host probed and judged.
-async fn doctor(
-    cli: &Cli,
+/// The `doctor` subcommand's own flags.
+#[derive(Clone, Copy)]
+struct DoctorOptions {
     output: Output,
     host_timeout: Duration,
     allow_warnings: bool,
-) -> ExitCode {
+    trial_domain: bool,
+}
+
+/// `doctor`: the same configuration checks as serving, then every host probed and judged.
+async fn doctor(cli: &Cli, options: DoctorOptions) -> ExitCode {
+    let DoctorOptions {
+        output,
+        host_timeout,
+        allow_warnings,
+        trial_domain,
+    } = options;
     let report = match doctor_plan(cli) {
-        Ok(plan) => preflight::run(&plan, &SystemClock, host_timeout).await,
+        Ok(plan) => preflight::run(&plan, &SystemClock, host_timeout, trial_domain).await,
         Err(e) => doctor::Report::refused_configuration(&one_line(&e)),
     };
     let printed = match output {

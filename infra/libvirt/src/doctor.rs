@@ -8,8 +8,9 @@
 //! from libvirt lets every verdict, including ones the libvirt test driver cannot stage
 //! (an inactive pool, KVM missing), be tested directly. This file holds the facts and the
 //! expectations; `doctor/checks.rs` the checks of one host (`doctor/golden.rs` the
-//! `image-source` one), `doctor/judge.rs` the judgement that runs them in order, and
-//! `doctor/report.rs` the report, its verdict and its table.
+//! `image-source` one, `doctor/trial.rs` the `cpu trial` ones), `doctor/judge.rs` the
+//! judgement that runs them in order, and `doctor/report.rs` the report, its verdict and
+//! its table.
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ mod checks;
 mod golden;
 mod judge;
 mod report;
+mod trial;
 
 pub use judge::judge;
 pub use report::{Check, Report, Status, table};
@@ -118,6 +120,21 @@ pub struct HostFacts {
     pub network: Option<Probe<bool>>,
     /// The domains on the host.
     pub domains: Probe<Domains>,
+    /// `--trial-domain`: how each CPU choice's trial domain fared; `None` when not asked.
+    pub cpu_trials: Option<Vec<CpuTrial>>,
+}
+
+/// One CPU choice tried on a throw-away paused domain (`doctor --trial-domain`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuTrial {
+    /// The choice as `--cpu` spells it, or the platform default named as such.
+    pub cpu: String,
+    /// Whether it is `host-passthrough` or `host-model` (a host CPU mode, KVM only).
+    pub host_cpu: bool,
+    /// The instance types whose domains would use it.
+    pub used_by: Vec<String>,
+    /// What was seen when QEMU stayed up, or why the domain did not start or stay up.
+    pub outcome: Result<String, String>,
 }
 
 /// One instance type's slots in one zone.

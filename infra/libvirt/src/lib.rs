@@ -17,7 +17,8 @@
 //! - `describe`, `orphans`: inventory, drift and orphan reporting, orphan collection;
 //! - `watch`: the 2-second state poll that reports out-of-band changes between reconciles;
 //! - `service`: the `Hypervisor` implementation tying the above together;
-//! - `probe`: the read-only look at a host behind `bigfleet-libvirt doctor`;
+//! - `probe`: the read-only look at a host behind `bigfleet-libvirt doctor`; `trial`: its
+//!   opt-in throw-away paused domains that find a CPU mode QEMU aborts on;
 //! - `credentials`, `tls_peer`: a refused remote dial (ssh key, host key, polkit, TLS
 //!   certificates) as one line with the fix;
 //! - `fixture`: libvirt test-driver node files for tests, benchmarks and demos.
@@ -46,6 +47,7 @@ mod probe;
 mod seed;
 mod service;
 mod tls_peer;
+pub mod trial;
 mod volumes;
 mod watch;
 mod watch_timeline;

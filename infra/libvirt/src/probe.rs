@@ -1,6 +1,7 @@
 //! What `bigfleet-libvirt doctor` reads from one host: the connection and versions, domain
 //! capabilities for `--domain-type`, the storage pool, the golden image, the network and
-//! the domains. Only lookups: nothing on the host is created, started or changed.
+//! the domains. Only lookups: nothing on the host is created, started or changed, unless
+//! `--trial-domain` asks for the throw-away paused domains of `trial`.
 //!
 //! The judgement lives in [`crate::doctor`]; this file only turns libvirt answers into
 //! [`HostFacts`], telling "missing" apart from "this driver cannot say" and from errors.
@@ -13,6 +14,7 @@ use virt::storage_pool::StoragePool;
 
 use super::domains::{is_active, read_tag};
 use super::error::{is_unsupported, text};
+use super::trial::TrialPlan;
 use super::xml;
 use crate::doctor::{Connection, DomainCaps, Domains, HostFacts, Pool, Probe, Volume};
 
@@ -31,6 +33,8 @@ pub struct ProbeTarget {
     pub domain_type: String,
     /// Every configured slot's machine id (a tagged domain for any other id is an orphan).
     pub machine_ids: BTreeSet<String>,
+    /// `--trial-domain`: the CPU choices to try on throw-away domains; `None`: none.
+    pub trial: Option<TrialPlan>,
 }
 
 fn answer<T>(result: Result<T, VirtError>, missing: ErrorNumber) -> Probe<T> {
@@ -60,6 +64,7 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
         image: skipped(),
         network: None,
         domains: skipped(),
+        cpu_trials: None,
     };
     let conn = match Connect::open(Some(uri)) {
         Ok(conn) => conn,
@@ -101,6 +106,10 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
             );
         }
         facts.domains = domains(&conn, target);
+        // After the domain count, so the trial domains are never in it.
+        if let Some(plan) = &target.trial {
+            facts.cpu_trials = Some(super::trial::run(&conn, &target.provider, plan));
+        }
     }
     drop(conn);
     facts

@@ -118,7 +118,7 @@ const SYSINFO: &str = "\n  <sysinfo type='smbios'>
 
 /// The `<os>` attribute that asks libvirt to pick the firmware, and the `<os>` child that
 /// narrows its choice: UEFI without Secure Boot (a descriptor of the host's OVMF package).
-fn firmware_elements(firmware: Firmware) -> (&'static str, &'static str) {
+pub(crate) fn firmware_elements(firmware: Firmware) -> (&'static str, &'static str) {
     match firmware {
         Firmware::Bios => ("", ""),
         Firmware::Efi => (
@@ -144,6 +144,17 @@ fn boot_elements(platform: &Platform) -> String {
     out
 }
 
+/// The `<cpu>` element of a domain: the operator's choice, else `host-passthrough` on KVM
+/// and nothing under TCG (which cannot pass the host CPU through; QEMU's default model is
+/// the portable choice).
+pub(crate) fn cpu_element(cpu: Option<&CpuChoice>, domain_type: DomainType) -> String {
+    match (cpu, domain_type) {
+        (Some(cpu), _) => cpu.to_xml(),
+        (None, DomainType::Kvm) => "\n  <cpu mode='host-passthrough' check='none'/>".to_owned(),
+        (None, DomainType::Qemu) => String::new(),
+    }
+}
+
 /// The domain XML for `spec`.
 #[must_use]
 pub fn domain(spec: &DomainSpec<'_>) -> String {
@@ -155,12 +166,7 @@ pub fn domain(spec: &DomainSpec<'_>) -> String {
     let kind = spec.platform.domain_type.as_str();
     let boot = boot_elements(spec.platform);
     let (firmware, firmware_choice) = firmware_elements(spec.platform.firmware);
-    // TCG cannot pass the host CPU through; QEMU's default model is the portable choice.
-    let cpu = match (spec.cpu, spec.platform.domain_type) {
-        (Some(cpu), _) => cpu.to_xml(),
-        (None, DomainType::Kvm) => "\n  <cpu mode='host-passthrough' check='none'/>".to_owned(),
-        (None, DomainType::Qemu) => String::new(),
-    };
+    let cpu = cpu_element(spec.cpu, spec.platform.domain_type);
     let nic: String = spec.nics.iter().map(Nic::to_xml).collect();
     format!(
         "<domain type='{kind}'>

@@ -120,4 +120,5 @@ fn judge_host(want: &Expectations, host: &HostFacts, slots: &[Slots], out: &mut 
     out.push(network(want, zone, host.network.as_ref()));
     out.push(capacity(want, zone, connection, slots));
     out.push(domains(zone, &host.domains));
+    out.extend(super::trial::cpu_trials(zone, host.cpu_trials.as_deref()));
 }

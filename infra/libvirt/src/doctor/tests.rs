@@ -52,6 +52,7 @@ fn good() -> HostFacts {
         }),
         network: Some(Probe::Found(true)),
         domains: Probe::Found(Domains::default()),
+        cpu_trials: None,
     }
 }
 
@@ -199,4 +200,60 @@ fn a_refused_configuration_is_one_blocker() {
     let text = table(&report);
     assert!(text.contains("BLOCK   --image is required"), "{text}");
     assert!(text.contains("verdict: blocked"), "{text}");
+}
+
+#[test]
+fn without_trial_domain_the_cpu_trial_is_skipped_and_says_how_to_ask() {
+    let report = judge(&want(), &[good()]);
+    let (s, detail, _) = status(&report, "a", "cpu trial");
+    assert_eq!(s, Status::Skip);
+    assert!(detail.contains("--trial-domain"), "{detail}");
+    assert_eq!(
+        report.verdict, "ok",
+        "a skipped trial does not change the verdict"
+    );
+}
+
+#[test]
+fn a_cpu_mode_that_aborts_blocks_with_qemus_words_and_a_named_model_as_fix() {
+    let mut host = good();
+    host.cpu_trials = Some(vec![
+        CpuTrial {
+            cpu: "host-passthrough (the default)".to_owned(),
+            host_cpu: true,
+            used_by: vec!["kvm.small".to_owned()],
+            outcome: Err(
+                "libvirt would not start the trial domain t: internal error: qemu \
+                          unexpectedly closed the monitor: failed to set MSR 0x10a"
+                    .to_owned(),
+            ),
+        },
+        CpuTrial {
+            cpu: "qemu64".to_owned(),
+            host_cpu: false,
+            used_by: vec!["kvm.large".to_owned()],
+            outcome: Ok("QEMU started the trial domain and it stayed up 1000ms".to_owned()),
+        },
+    ]);
+    let report = judge(&want(), &[host]);
+    assert_eq!(report.verdict, "blocked");
+    let lines: Vec<&Check> = report
+        .checks
+        .iter()
+        .filter(|c| c.check == "cpu trial")
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert_eq!(lines[0].status, Status::Block);
+    assert!(
+        lines[0].detail.contains("failed to set MSR 0x10a"),
+        "{lines:#?}"
+    );
+    assert!(lines[0].detail.contains("for kvm.small"), "{lines:#?}");
+    assert!(lines[0].fix.contains("--cpu"), "{lines:#?}");
+    assert!(lines[0].fix.contains("nested KVM"), "{lines:#?}");
+    assert_eq!(lines[1].status, Status::Ok);
+    assert!(
+        lines[1].detail.starts_with("qemu64 (for kvm.large)"),
+        "{lines:#?}"
+    );
 }
