@@ -29,6 +29,7 @@ use virt::connect::Connect;
 use virt::domain::Domain;
 use virt::storage_pool::StoragePool;
 
+use crate::harness::logs::{lines_of, logged};
 use crate::harness::*;
 
 /// Booting a TCG guest and waiting for its agent takes seconds, not milliseconds.
@@ -325,6 +326,21 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
     assert_eq!(configured.cluster, "e2e-cluster-1");
     assert_eq!(configured.shard_metadata, metadata);
     assert_eq!(configured.last_error, "");
+    // The Configure log line shows what the guest agent reports as the guest's addresses
+    // (the tier's guest has no NIC: none but loopback, which is left out) or, as a
+    // warning, why it could not tell; either way the Configure succeeded.
+    let line = logged(
+        || lines_of(&server),
+        Duration::from_secs(10),
+        |message, v| message.starts_with("configured") && v["fields"]["domain"] == name,
+    )
+    .await;
+    println!("configure log line: {line}");
+    let shown = &line["fields"];
+    assert!(
+        shown["addresses"].is_string() || shown["error"].is_string(),
+        "{line}"
+    );
     let seen = virt
         .read_guest_file(&domain, "/var/lib/bigfleet-e2e/blob")
         .expect("the hook recorded the blob");
@@ -462,6 +478,48 @@ async fn a_failing_hook_fails_configure_with_its_bounded_output() {
         }
     }
     assert_eq!(virt.volumes(), volumes_before);
+}
+
+/// Where KVM works in the zone, a Create whose domain libvirt will not start (a named CPU
+/// requiring a feature the host lacks) fails, and Get's `last_error` gives libvirt's reason
+/// on one bounded line, the state libvirt records and where the QEMU log is; nothing of
+/// the attempt is left. Without KVM it says that it did not run.
+#[tokio::test]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
+async fn a_domain_that_will_not_start_says_why() {
+    let tier = Tier::from_env();
+    let dir = tempfile::tempdir().unwrap();
+    let kvm = doctor::kvm_works(&tier, dir.path());
+    println!("accelerator: {}", if kvm { "KVM" } else { "TCG" });
+    if kvm {
+        let mut args = tier.flags(dir.path(), "e2enostart", "kvm");
+        args.push(format!("--cpu={}", doctor::refused_cpu()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let server = Server::start(&args);
+        let mut c = server.client().await;
+        let id = pick(&server, &mut c).await;
+        let virt = Libvirt::open(tier);
+        let volumes_before = virt.volumes();
+        let accepted = create(&mut c, &id, None).await;
+        let (failed, _) = settle(&mut c, &id, accepted, S::Failed, Instant::now()).await;
+        let error = &failed.last_error;
+        println!("last_error ({} bytes): {error}", error.len());
+        assert!(error.contains("start domain"), "{error}");
+        assert!(
+            error.contains("does not provide required features"),
+            "{error}"
+        );
+        assert!(error.contains("/var/log/libvirt/qemu/"), "{error}");
+        assert!(!error.contains('\n'), "one line: {error}");
+        assert!(error.len() < 2048, "bounded: {} bytes", error.len());
+        assert_eq!(
+            virt.volumes(),
+            volumes_before,
+            "the attempt was rolled back"
+        );
+    } else {
+        println!("not run: needs KVM in the zone");
+    }
 }
 
 mod doctor;

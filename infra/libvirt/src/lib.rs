@@ -14,6 +14,7 @@
 //! - `capacity`: what a host can run and what is committed on it;
 //! - `lifecycle`: Create and Delete as blocking sequences with rollback;
 //! - `agent`, `guest`: the qemu guest-agent protocol, and bootstrap and drain over it;
+//!   `addresses`: the guest's addresses, read after Configure for its log line;
 //! - `describe`, `orphans`: inventory, drift and orphan reporting, orphan collection;
 //! - `watch`: the 2-second state poll that reports out-of-band changes between reconciles;
 //! - `service`: the `Hypervisor` implementation tying the above together;
@@ -27,6 +28,7 @@
 //! hosts" section how to operate it: connection URIs, image requirements, the in-guest hook
 //! contract and the flags.
 
+mod addresses;
 mod agent;
 mod backoff;
 mod capacity;

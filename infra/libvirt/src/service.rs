@@ -18,6 +18,7 @@ use bigfleet_libvirt_ports::{
 use futures::FutureExt;
 use tracing::{info, warn};
 
+use super::addresses;
 use super::agent;
 use super::describe::{self, HostView, Scan};
 use super::error::{maybe_done, nothing_done, refused};
@@ -75,6 +76,21 @@ impl<C: Clock> LibvirtHypervisor<C> {
             .metrics
             .observe_phase("agent_ready", watch.seconds());
         Ok(())
+    }
+
+    /// The Configure log line, with the guest's addresses read once through its agent; a
+    /// failure to read them is a warning and never fails the Configure.
+    async fn log_addresses(&self, agent: &DomainAgent, machine: &Machine, cluster: &str) {
+        match addresses::read(agent, &self.inner.clock).await {
+            Ok(found) => info!(
+                machine = %machine.id, domain = %agent.name, cluster, addresses = %addresses::summary(&found),
+                "configured"
+            ),
+            Err(e) => warn!(
+                machine = %machine.id, domain = %agent.name, cluster, error = %e,
+                "configured, but the guest's addresses could not be read through its agent"
+            ),
+        }
     }
 
     async fn power_on(&self, what: &str, machine: &Machine) -> Result<Arc<Host>, HypervisorError> {
@@ -311,7 +327,11 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             .metrics
             .observe_phase("bootstrap", watch.seconds());
         // Only a successful bootstrap binds the domain to the cluster.
-        self.retag("configure", machine, &request.cluster_id).await
+        self.retag("configure", machine, &request.cluster_id)
+            .await?;
+        self.log_addresses(&agent, machine, &request.cluster_id)
+            .await;
+        Ok(())
     }
 
     async fn drain(&self, request: DrainRequest) -> Result<(), HypervisorError> {
