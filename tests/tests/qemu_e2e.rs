@@ -280,6 +280,25 @@ async fn settle(
     (machine, start.elapsed())
 }
 
+/// The Configure left no error, and its log line for domain `name` shows what the guest
+/// agent reports as the guest's addresses (the tier's guest has no NIC: none but loopback,
+/// which is left out) or, as a warning, why it could not tell.
+async fn configured_cleanly(server: &Server, configured: &pb::Machine, name: &str) {
+    assert_eq!(configured.last_error, "");
+    let line = logged(
+        || lines_of(server),
+        Duration::from_secs(10),
+        |message, v| message.starts_with("configured") && v["fields"]["domain"] == name,
+    )
+    .await;
+    println!("configure log line: {line}");
+    let shown = &line["fields"];
+    assert!(
+        shown["addresses"].is_string() || shown["error"].is_string(),
+        "{line}"
+    );
+}
+
 #[tokio::test]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn a_real_guest_goes_create_configure_drain_delete() {
@@ -325,22 +344,7 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
     let (configured, configure_wall) = settle(&mut c, &id, accepted, S::Configured, start).await;
     assert_eq!(configured.cluster, "e2e-cluster-1");
     assert_eq!(configured.shard_metadata, metadata);
-    assert_eq!(configured.last_error, "");
-    // The Configure log line shows what the guest agent reports as the guest's addresses
-    // (the tier's guest has no NIC: none but loopback, which is left out) or, as a
-    // warning, why it could not tell; either way the Configure succeeded.
-    let line = logged(
-        || lines_of(&server),
-        Duration::from_secs(10),
-        |message, v| message.starts_with("configured") && v["fields"]["domain"] == name,
-    )
-    .await;
-    println!("configure log line: {line}");
-    let shown = &line["fields"];
-    assert!(
-        shown["addresses"].is_string() || shown["error"].is_string(),
-        "{line}"
-    );
+    configured_cleanly(&server, &configured, &name).await;
     let seen = virt
         .read_guest_file(&domain, "/var/lib/bigfleet-e2e/blob")
         .expect("the hook recorded the blob");
