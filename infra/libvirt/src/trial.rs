@@ -14,9 +14,13 @@
 //! it, before anything runs) and auto-destroyed (`VIR_DOMAIN_START_AUTODESTROY`: libvirt
 //! kills it when doctor's connection closes, even if doctor itself dies), then resumed so
 //! the vCPUs run for a short settle (in firmware that finds nothing to boot), read back
-//! once, and destroyed whatever happened. Its name, `bigfleet-doctor-trial-<label hash>-<pid>-<n>`, can never be one of
-//! the provider's (`bigfleet-` and 24 hex digits), and it carries no ownership tag, so
-//! ownership checks refuse it and orphan collection never sees it.
+//! once, and destroyed whatever happened. Its name, `bigfleet-doctor-trial-<label hash>-<n>`,
+//! can never be one of the provider's (`bigfleet-` and 24 hex digits), and it carries no
+//! ownership tag, so ownership checks refuse it and orphan collection never sees it. The
+//! name is the same on every run of one label: what libvirt keeps per domain name after a
+//! transient domain is gone (its QEMU log, and with `--firmware efi` its NVRAM copy) is
+//! reused, not piled up run after run. Two doctors of one label trying at the same moment
+//! collide on the name, and the second says so (libvirt: the domain already exists).
 
 use std::time::Duration;
 
@@ -112,12 +116,12 @@ pub fn run(conn: &Connect, provider: &str, plan: &TrialPlan) -> Vec<CpuTrial> {
         .collect()
 }
 
-/// `bigfleet-doctor-trial-<8 hex of the label>-<pid>-<index>`: two doctors of different
-/// labels or processes on one host never pick the same name.
+/// `bigfleet-doctor-trial-<8 hex of the label>-<index>`: the same on every run of one
+/// label (so per-name leftovers are reused), different for every label.
 fn trial_name(provider: &str, index: usize) -> String {
     let digest = Sha256::digest(provider.as_bytes());
     let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
-    format!("bigfleet-doctor-trial-{hex}-{}-{index}", std::process::id())
+    format!("bigfleet-doctor-trial-{hex}-{index}")
 }
 
 /// The trial domain's XML: production's type, machine, firmware and CPU; no devices.

@@ -124,3 +124,22 @@ fn a_started_choice_passes_and_a_refused_one_fails_with_libvirts_words() {
         "{names:?}"
     );
 }
+
+#[test]
+fn trial_names_are_stable_per_label_and_never_the_providers() {
+    assert_eq!(trial_name("libvirt", 0), trial_name("libvirt", 0));
+    assert_ne!(trial_name("libvirt", 0), trial_name("libvirt-dc2", 0));
+    assert_ne!(trial_name("libvirt", 0), trial_name("libvirt", 1));
+    let name = trial_name("libvirt", 3);
+    assert!(name.starts_with("bigfleet-doctor-trial-"), "{name}");
+    assert!(name.ends_with("-3"), "{name}");
+    // The provider's names are `bigfleet-` and hex digits only; a trial's never is.
+    let provider = bigfleet_libvirt_config::naming::domain_name("libvirt", "doctor");
+    let hex_only = |n: &str| {
+        n["bigfleet-".len()..]
+            .chars()
+            .all(|c| c.is_ascii_hexdigit())
+    };
+    assert!(hex_only(&provider), "{provider}");
+    assert!(!hex_only(&name), "{name}");
+}
