@@ -61,6 +61,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
         user_data,
         capacity: settings.capacity,
         slots,
+        budget: settings.budget,
     }
 }
 
@@ -100,6 +101,7 @@ pub async fn run<C: Clock>(plan: &Plan, clock: &C, timeout: Duration) -> Report 
                 image: Probe::Unsupported(String::new()),
                 network: None,
                 domains: Probe::Unsupported(String::new()),
+                max_client_requests: Probe::Unsupported(String::new()),
             };
             futures::select_biased! {
                 done = futures::FutureExt::fuse(work) => done.unwrap_or_else(|e| {

@@ -14,8 +14,10 @@
 use std::sync::Arc;
 
 use crate::CapacityPolicy;
+use crate::lanes::Budget;
 use crate::golden::GoldenImage;
 
+mod budget;
 mod checks;
 mod golden;
 mod judge;
@@ -118,6 +120,10 @@ pub struct HostFacts {
     pub network: Option<Probe<bool>>,
     /// The domains on the host.
     pub domains: Probe<Domains>,
+    /// libvirtd's `max_client_requests` for this connection (read through libvirt's admin
+    /// API where the bindings allow it; the `virt` crate has none, so the probe reports
+    /// it unsupported and the judgement assumes libvirtd's default).
+    pub max_client_requests: Probe<usize>,
 }
 
 /// One instance type's slots in one zone.
@@ -152,6 +158,8 @@ pub struct Expectations {
     pub capacity: CapacityPolicy,
     /// Per zone, the slots the offerings declare.
     pub slots: Vec<(String, Vec<Slots>)>,
+    /// `--host-budget` and `--agent-budget`.
+    pub budget: Budget,
 }
 
 #[cfg(test)]

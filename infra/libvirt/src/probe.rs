@@ -60,6 +60,7 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
         image: skipped(),
         network: None,
         domains: skipped(),
+        max_client_requests: skipped(),
     };
     let conn = match Connect::open(Some(uri)) {
         Ok(conn) => conn,
@@ -101,10 +102,16 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
             );
         }
         facts.domains = domains(&conn, target);
+        facts.max_client_requests = Probe::Unsupported(NO_ADMIN_API.to_owned());
     }
     drop(conn);
     facts
 }
+
+/// Why `max_client_requests` is not read: libvirt serves it only through its admin API
+/// (`virAdmConnectOpen` on the daemon's admin socket, local to the host), which the `virt`
+/// crate does not bind.
+const NO_ADMIN_API: &str = "libvirt's admin API is not available to the provider";
 
 fn connection(conn: &Connect) -> Result<Connection, String> {
     let read = |what: &str, e: VirtError| format!("read {what}: {}", text(&e));

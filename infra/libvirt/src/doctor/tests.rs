@@ -12,6 +12,7 @@ fn want() -> Expectations {
         domain_type: "kvm".to_owned(),
         user_data: None,
         capacity: CapacityPolicy::default(),
+        budget: crate::lanes::Budget::default(),
         slots: vec![(
             "a".to_owned(),
             vec![Slots {
@@ -52,6 +53,7 @@ fn good() -> HostFacts {
         }),
         network: Some(Probe::Found(true)),
         domains: Probe::Found(Domains::default()),
+        max_client_requests: Probe::Unsupported("no admin API".to_owned()),
     }
 }
 
@@ -199,4 +201,30 @@ fn a_refused_configuration_is_one_blocker() {
     let text = table(&report);
     assert!(text.contains("BLOCK   --image is required"), "{text}");
     assert!(text.contains("verdict: blocked"), "{text}");
+}
+
+#[test]
+fn a_host_budget_at_libvirtds_limit_warns_and_names_the_setting() {
+    let mut host = good();
+    let (s, detail, _) = status(&judge(&want(), &[host.clone()]), "a", "host budget");
+    assert_eq!(s, Status::Ok, "{detail}");
+    assert!(detail.contains("default max_client_requests"), "{detail}");
+    assert!(detail.contains("no admin API"), "{detail}");
+    // Unknown limit: libvirtd's default 5 is the yardstick.
+    let mut over = want();
+    over.budget = crate::lanes::Budget::new(6, 1).unwrap();
+    let report = judge(&over, &[host.clone()]);
+    let (s, detail, fix) = status(&report, "a", "host budget");
+    assert_eq!(s, Status::Warn, "{detail}");
+    assert!(detail.contains("--host-budget 6 is not below"), "{detail}");
+    assert!(fix.contains("lower --host-budget to 4"), "{fix}");
+    assert!(fix.contains("max_client_requests in the host's libvirtd.conf"), "{fix}");
+    assert_eq!(report.exit_code(), 2, "a warning, not a blocker");
+    // A limit read from the host wins over the default, both ways.
+    host.max_client_requests = Probe::Found(20);
+    assert_eq!(status(&judge(&over, &[host.clone()]), "a", "host budget").0, Status::Ok);
+    host.max_client_requests = Probe::Found(3);
+    let (s, _, fix) = status(&judge(&want(), &[host]), "a", "host budget");
+    assert_eq!(s, Status::Warn);
+    assert!(fix.contains("lower --host-budget to 2"), "{fix}");
 }
