@@ -113,7 +113,10 @@ fn the_host_and_agent_budgets_are_checked() {
         refused(&args.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let error = refuse(&["--host-budget=0"]);
-    assert!(error.contains("--host-budget must be at least 1"), "{error}");
+    assert!(
+        error.contains("--host-budget must be at least 1"),
+        "{error}"
+    );
     assert!(error.contains("the default is 4"), "{error}");
     let error = refuse(&["--host-budget=2", "--agent-budget=3"]);
     assert!(
@@ -121,7 +124,10 @@ fn the_host_and_agent_budgets_are_checked() {
         "{error}"
     );
     let error = refuse(&["--agent-budget=0"]);
-    assert!(error.contains("--agent-budget must be between 1"), "{error}");
+    assert!(
+        error.contains("--agent-budget must be between 1"),
+        "{error}"
+    );
     // The environment variable is the same flag.
     let output = Command::new(binary())
         .arg("offerings")
@@ -130,8 +136,14 @@ fn the_host_and_agent_budgets_are_checked() {
         .output()
         .expect("run bigfleet-libvirt");
     let error = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "BIGFLEET_LIBVIRT_HOST_BUDGET=0 must be refused");
-    assert!(error.contains("--host-budget must be at least 1"), "{error}");
+    assert!(
+        !output.status.success(),
+        "BIGFLEET_LIBVIRT_HOST_BUDGET=0 must be refused"
+    );
+    assert!(
+        error.contains("--host-budget must be at least 1"),
+        "{error}"
+    );
     // In range, the plan is accepted.
     let output = Command::new(binary())
         .arg("offerings")

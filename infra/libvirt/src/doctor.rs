@@ -14,8 +14,8 @@
 use std::sync::Arc;
 
 use crate::CapacityPolicy;
-use crate::lanes::Budget;
 use crate::golden::GoldenImage;
+use crate::lanes::Budget;
 
 mod budget;
 mod checks;

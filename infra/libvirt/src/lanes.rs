@@ -168,7 +168,7 @@ impl Budget {
                 .filter(|l| !members.contains(l))
                 .map(|l| in_flight[l.index()])
                 .sum();
-            outside + 1 <= self.host.saturating_sub(kept)
+            outside < self.host.saturating_sub(kept)
         })
     }
 }
@@ -351,8 +351,12 @@ impl Lanes {
     fn publish(&self, state: &State) {
         for lane in Lane::ALL {
             let i = lane.index();
-            self.metrics
-                .set_lane(&self.zone, lane.name(), state.queues[i].len(), state.in_flight[i]);
+            self.metrics.set_lane(
+                &self.zone,
+                lane.name(),
+                state.queues[i].len(),
+                state.in_flight[i],
+            );
         }
     }
 }

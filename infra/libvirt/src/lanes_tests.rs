@@ -209,7 +209,7 @@ async fn no_lane_starves_under_a_teardown_storm() {
     let order: Vec<Lane> = granted.iter().map(|g| g.0).collect();
     // The running Delete, then bursts of TEARDOWN_BURST Deletes, each followed by one
     // other lane in turn: read, agent, create.
-    let burst = vec![Lane::Teardown; TEARDOWN_BURST];
+    let burst = [Lane::Teardown; TEARDOWN_BURST];
     let mut expected = vec![Lane::Teardown];
     for other in ROUND {
         expected.extend(burst.iter().copied());
@@ -241,8 +241,16 @@ async fn a_dropped_wait_leaves_the_queue_and_frees_nothing_twice() {
 
 #[test]
 fn budgets_are_validated() {
-    assert!(Budget::new(0, 1).unwrap_err().contains("--host-budget must be at least 1"));
-    assert!(Budget::new(4, 0).unwrap_err().contains("--agent-budget must be between 1"));
+    assert!(
+        Budget::new(0, 1)
+            .unwrap_err()
+            .contains("--host-budget must be at least 1")
+    );
+    assert!(
+        Budget::new(4, 0)
+            .unwrap_err()
+            .contains("--agent-budget must be between 1")
+    );
     assert!(Budget::new(4, 5).unwrap_err().contains("--host-budget (4)"));
     assert_eq!(Budget::new(1, 1).unwrap(), Budget { host: 1, agent: 1 });
     assert_eq!(Budget::default(), Budget { host: 4, agent: 1 });

@@ -102,9 +102,11 @@ impl<C: Clock> LibvirtHypervisor<C> {
         let (host, name) = self.target(machine)?;
         let (settings, id) = (Arc::clone(&self.inner.settings), machine.id.to_string());
         let cluster = cluster.to_owned();
-        host.call(lane, move |s| lifecycle::retag(s, &settings, &name, &id, &cluster))
-            .await
-            .map_err(|e| prefixed(what, e))
+        host.call(lane, move |s| {
+            lifecycle::retag(s, &settings, &name, &id, &cluster)
+        })
+        .await
+        .map_err(|e| prefixed(what, e))
     }
 
     /// Scans one host, or `None` when it is unreachable, fails, or is too slow.
@@ -220,7 +222,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
                 host.call(Lane::Teardown, move |s| {
                     lifecycle::delete(s, &owner, &settings, &name, &machine_id)
                 })
-                    .await
+                .await
             }
             Orphan::Volume { name, .. } => {
                 host.call(Lane::Teardown, move |s| {
@@ -294,8 +296,8 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         host.call(Lane::Create, move |s| {
             lifecycle::create(s, &owner, &settings, &spec)
         })
-            .await
-            .map_err(|e| prefixed(&format!("create domain {}", machine.instance_type), e))?;
+        .await
+        .map_err(|e| prefixed(&format!("create domain {}", machine.instance_type), e))?;
         self.inner
             .known()
             .insert(machine.id.to_string(), machine.zone.clone());
@@ -322,7 +324,8 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             .metrics
             .observe_phase("bootstrap", watch.seconds());
         // Only a successful bootstrap binds the domain to the cluster.
-        self.retag("configure", Lane::Create, machine, &request.cluster_id).await
+        self.retag("configure", Lane::Create, machine, &request.cluster_id)
+            .await
     }
 
     async fn drain(&self, request: DrainRequest) -> Result<(), HypervisorError> {
@@ -350,8 +353,8 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         host.call(Lane::Teardown, move |s| {
             lifecycle::delete(s, &owner, &settings, &name, &id)
         })
-            .await
-            .map_err(|e| prefixed("delete", e))?;
+        .await
+        .map_err(|e| prefixed("delete", e))?;
         self.inner.metrics.observe_phase("delete", watch.seconds());
         self.inner.known().remove(machine.id.as_str());
         Ok(())

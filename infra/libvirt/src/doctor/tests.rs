@@ -218,11 +218,17 @@ fn a_host_budget_at_libvirtds_limit_warns_and_names_the_setting() {
     assert_eq!(s, Status::Warn, "{detail}");
     assert!(detail.contains("--host-budget 6 is not below"), "{detail}");
     assert!(fix.contains("lower --host-budget to 4"), "{fix}");
-    assert!(fix.contains("max_client_requests in the host's libvirtd.conf"), "{fix}");
+    assert!(
+        fix.contains("max_client_requests in the host's libvirtd.conf"),
+        "{fix}"
+    );
     assert_eq!(report.exit_code(), 2, "a warning, not a blocker");
     // A limit read from the host wins over the default, both ways.
     host.max_client_requests = Probe::Found(20);
-    assert_eq!(status(&judge(&over, &[host.clone()]), "a", "host budget").0, Status::Ok);
+    assert_eq!(
+        status(&judge(&over, &[host.clone()]), "a", "host budget").0,
+        Status::Ok
+    );
     host.max_client_requests = Probe::Found(3);
     let (s, _, fix) = status(&judge(&want(), &[host]), "a", "host budget");
     assert_eq!(s, Status::Warn);

@@ -80,7 +80,11 @@ fn held(
 async fn until_running(gate: &Gate, n: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while gate.running() < n {
-        assert!(std::time::Instant::now() < deadline, "{} running", gate.running());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} running",
+            gate.running()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -116,7 +120,11 @@ async fn a_delete_and_a_describe_overtake_sixteen_queued_creates() {
     for call in storm {
         call.await.unwrap();
     }
-    assert!(gate.peak() <= Budget::default().host, "peak {}", gate.peak());
+    assert!(
+        gate.peak() <= Budget::default().host,
+        "peak {}",
+        gate.peak()
+    );
     assert_eq!(host.lanes().in_flight(), [0; 4]);
 }
 
@@ -144,9 +152,13 @@ async fn agents_that_never_answer_leave_creates_their_slots() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_budget_flag_bounds_calls_in_flight() {
-    let rig = rig_with(&Fixture::default(), slots("libvirt", ZONE, "kvm.small", 1), |c| {
-        c.options.budget = Budget::new(6, 2).unwrap();
-    })
+    let rig = rig_with(
+        &Fixture::default(),
+        slots("libvirt", ZONE, "kvm.small", 1),
+        |c| {
+            c.options.budget = Budget::new(6, 2).unwrap();
+        },
+    )
     .await;
     let host = Arc::clone(&rig.hv.inner.hosts[ZONE]);
     let gate = Arc::new(Gate::default());
