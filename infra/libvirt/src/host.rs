@@ -6,8 +6,8 @@
 //! dropped future never cuts a call short: the closure runs to completion on its thread and
 //! its slot is released when it really ends, so a deadline can never leave a half-made
 //! domain behind a call that "returned". Each host is isolated: its own connection, its own
-//! permits and its own supervisor task, so a dead host fails its own calls fast (no waiting
-//! for a permit or a dial) and never holds up another host.
+//! lanes and its own supervisor task, so a dead host fails its own calls fast (no waiting
+//! for a slot or a dial) and never holds up another host.
 //!
 //! The supervisor dials, enables libvirt keepalive (driven by libvirt's default event loop
 //! on one dedicated thread), probes liveness periodically, and after a loss reconnects with

@@ -270,6 +270,12 @@ impl Drop for Queued<'_> {
 
 impl Lanes {
     pub(crate) fn new(zone: &str, budget: Budget, metrics: LaneMetrics) -> Arc<Self> {
+        // The fields are public: a budget built without `Budget::new` still admits calls.
+        let host = budget.host.max(1);
+        let budget = Budget {
+            host,
+            agent: budget.agent.clamp(1, host),
+        };
         metrics.set_budget(zone, budget.host);
         let lanes = Self {
             zone: zone.to_owned(),
