@@ -98,3 +98,58 @@ fn the_libvirt_backend_needs_an_image_and_refuses_fault_hooks() {
     ]);
     assert!(error.contains("--cpu-allocation-ratio"), "{error}");
 }
+
+#[test]
+fn the_host_and_agent_budgets_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let connect = format!("--connect={}", node(dir.path()));
+    let with = |extra: &[&'static str]| {
+        let mut args = vec![connect.clone(), "--image=base.qcow2".to_owned()];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args
+    };
+    let refuse = |extra: &[&'static str]| {
+        let args = with(extra);
+        refused(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let error = refuse(&["--host-budget=0"]);
+    assert!(
+        error.contains("--host-budget must be at least 1"),
+        "{error}"
+    );
+    assert!(error.contains("the default is 4"), "{error}");
+    let error = refuse(&["--host-budget=2", "--agent-budget=3"]);
+    assert!(
+        error.contains("--agent-budget must be between 1 and --host-budget (2), got 3"),
+        "{error}"
+    );
+    let error = refuse(&["--agent-budget=0"]);
+    assert!(
+        error.contains("--agent-budget must be between 1"),
+        "{error}"
+    );
+    // The environment variable is the same flag.
+    let output = Command::new(binary())
+        .arg("offerings")
+        .args(with(&[]))
+        .env("BIGFLEET_LIBVIRT_HOST_BUDGET", "0")
+        .output()
+        .expect("run bigfleet-libvirt");
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "BIGFLEET_LIBVIRT_HOST_BUDGET=0 must be refused"
+    );
+    assert!(
+        error.contains("--host-budget must be at least 1"),
+        "{error}"
+    );
+    // In range, the plan is accepted.
+    let output = Command::new(binary())
+        .arg("offerings")
+        .args(with(&["--host-budget=8", "--agent-budget=2"]))
+        .output()
+        .expect("run bigfleet-libvirt");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+}

@@ -459,6 +459,9 @@ fn the_dashboard_parses_and_covers_what_operators_look_at() {
         "phase duration",
         "Host health",
         "drift",
+        "Host queue depth",
+        "Host queue wait",
+        "in flight and budget",
     ] {
         assert!(
             titles.iter().any(|t| t.contains(wanted)),

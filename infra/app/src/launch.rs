@@ -14,7 +14,7 @@ use bigfleet_libvirt_ports::ProviderConfig;
 use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsFiles;
 use bigfleet_libvirt_libvirt::golden;
-use bigfleet_libvirt_libvirt::{CapacityPolicy, GcPolicy, LibvirtOptions};
+use bigfleet_libvirt_libvirt::{Budget, CapacityPolicy, GcPolicy, LibvirtOptions};
 
 use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
 
@@ -76,6 +76,8 @@ pub struct Flags {
     pub memory_allocation_ratio: f64,
     pub gc_orphans: bool,
     pub orphan_grace: Duration,
+    pub host_budget: usize,
+    pub agent_budget: usize,
 }
 
 /// Which hypervisor the provider drives.
@@ -359,7 +361,8 @@ fn select_backend(flags: &Flags, connections: &[HostConnection]) -> Result<Backe
     Ok(backend)
 }
 
-/// The libvirt backend's options; the allocation ratios must be finite and positive.
+/// The libvirt backend's options; the allocation ratios must be finite and positive, and
+/// the budgets `1 ≤ --agent-budget ≤ --host-budget`.
 fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
     for (name, value) in [
         ("--cpu-allocation-ratio", flags.cpu_allocation_ratio),
@@ -392,6 +395,7 @@ fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
             collect: flags.gc_orphans,
             grace: flags.orphan_grace,
         },
+        budget: Budget::new(flags.host_budget, flags.agent_budget).map_err(flag)?,
     })
 }
 

@@ -64,6 +64,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
         user_data,
         capacity: settings.capacity,
         slots,
+        budget: settings.budget,
     }
 }
 
@@ -128,6 +129,7 @@ pub async fn run<C: Clock>(
                 network: None,
                 domains: Probe::Unsupported(String::new()),
                 cpu_trials: None,
+                max_client_requests: Probe::Unsupported(String::new()),
             };
             futures::select_biased! {
                 done = futures::FutureExt::fuse(work) => done.unwrap_or_else(|e| {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsState;
-use bigfleet_libvirt_libvirt::{LibvirtConfig, LibvirtHypervisor};
+use bigfleet_libvirt_libvirt::{LaneMetrics, LibvirtConfig, LibvirtHypervisor};
 use bigfleet_libvirt_memory::MemoryStateStore;
 use bigfleet_libvirt_memory::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
@@ -99,7 +99,11 @@ async fn serve<S: StateStore, O: OnStart, F: Future<Output = ()> + Send>(
     mut launch: Launch<'_, O, F>,
     store: S,
 ) -> anyhow::Result<()> {
-    let metrics = Metrics::new();
+    let lanes = LaneMetrics::default();
+    let metrics = match launch.plan.backend {
+        Backend::Fake => Metrics::new(),
+        Backend::Libvirt => Metrics::with(|registry| lanes.register(registry)),
+    };
     match launch.plan.backend {
         Backend::Fake => {
             warn!(
@@ -114,7 +118,8 @@ async fn serve<S: StateStore, O: OnStart, F: Future<Output = ()> + Send>(
             run_servers(launch, provider, metrics).await
         }
         Backend::Libvirt => {
-            let config = libvirt_config(&mut launch.plan)?;
+            let mut config = libvirt_config(&mut launch.plan)?;
+            config.lane_metrics = lanes;
             let libvirt =
                 LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone())
                     .await;

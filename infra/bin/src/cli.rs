@@ -305,6 +305,15 @@ pub struct Cli {
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_ORPHAN_GRACE", default_value = "15m",
           value_parser = parse_duration)]
     pub orphan_grace: Duration,
+    /// libvirt: the most libvirt calls in flight per host, all lanes together; keep it
+    /// below the host's libvirtd `max_client_requests` (default 5).
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HOST_BUDGET",
+          default_value_t = bigfleet_libvirt_libvirt::lanes::DEFAULT_HOST_BUDGET)]
+    pub host_budget: usize,
+    /// libvirt: of --host-budget, the most guest-agent calls in flight per host.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_AGENT_BUDGET",
+          default_value_t = bigfleet_libvirt_libvirt::lanes::DEFAULT_AGENT_BUDGET)]
+    pub agent_budget: usize,
     /// Fake only: shortest simulated hypervisor latency.
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_FAKE_DELAY_MIN", default_value = "20ms",
           value_parser = parse_duration)]
@@ -504,6 +513,8 @@ impl Cli {
             memory_allocation_ratio: self.memory_allocation_ratio,
             gc_orphans: self.gc_orphans,
             orphan_grace: self.orphan_grace,
+            host_budget: self.host_budget,
+            agent_budget: self.agent_budget,
         }
     }
 }

@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use crate::CapacityPolicy;
 use crate::golden::GoldenImage;
+use crate::lanes::Budget;
 
+mod budget;
 mod checks;
 mod golden;
 mod judge;
@@ -122,6 +124,10 @@ pub struct HostFacts {
     pub domains: Probe<Domains>,
     /// `--trial-domain`: how each CPU choice's trial domain fared; `None` when not asked.
     pub cpu_trials: Option<Vec<CpuTrial>>,
+    /// libvirtd's `max_client_requests` for this connection (read through libvirt's admin
+    /// API where the bindings allow it; the `virt` crate has none, so the probe reports
+    /// it unsupported and the judgement assumes libvirtd's default).
+    pub max_client_requests: Probe<usize>,
 }
 
 /// One CPU choice tried on a throw-away paused domain (`doctor --trial-domain`).
@@ -169,6 +175,8 @@ pub struct Expectations {
     pub capacity: CapacityPolicy,
     /// Per zone, the slots the offerings declare.
     pub slots: Vec<(String, Vec<Slots>)>,
+    /// `--host-budget` and `--agent-budget`.
+    pub budget: Budget,
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use virt::error::ErrorNumber;
 use super::agent::{self, AgentError, AgentPolicy, GuestAgent};
 use super::error::text;
 use super::host::Host;
+use super::lanes::Lane;
 
 /// The hook the image must provide.
 pub const HOOK: &str = "/opt/bigfleet/bootstrap";
@@ -104,7 +105,7 @@ impl GuestAgent for DomainAgent {
         let name = self.name.clone();
         let called = self
             .host
-            .call(move |session| {
+            .call(Lane::Agent, move |session| {
                 let domain = match session.conn.lookup_domain_by_name(&name) {
                     Ok(domain) => domain,
                     Err(e) => return Ok(Err(classify(&e, &name))),

@@ -1,12 +1,13 @@
 //! One libvirt host (zone): its connection, its health, and how blocking calls reach it.
 //!
-//! libvirt's API is blocking, so every call runs on tokio's blocking pool, behind a
-//! per-host semaphore that bounds how many threads one host may occupy (docs/design.md §5.3). A
+//! libvirt's API is blocking, so every call runs on tokio's blocking pool, behind the
+//! host's lanes (`lanes`: the per-host budget, `--host-budget`, and who goes next), which
+//! bound how many calls one host has in flight (docs/design.md §5.3). A
 //! dropped future never cuts a call short: the closure runs to completion on its thread and
-//! the permit is released when it really ends, so a deadline can never leave a half-made
+//! its slot is released when it really ends, so a deadline can never leave a half-made
 //! domain behind a call that "returned". Each host is isolated: its own connection, its own
-//! permits and its own supervisor task, so a dead host fails its own calls fast (no waiting
-//! for a permit or a dial) and never holds up another host.
+//! lanes and its own supervisor task, so a dead host fails its own calls fast (no waiting
+//! for a slot or a dial) and never holds up another host.
 //!
 //! The supervisor dials, enables libvirt keepalive (driven by libvirt's default event loop
 //! on one dedicated thread), probes liveness periodically, and after a loss reconnects with
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 use bigfleet_libvirt_ports::{Clock, HypervisorError};
 use futures::FutureExt;
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 use virt::connect::Connect;
 
@@ -28,14 +29,14 @@ use super::backoff::Backoff;
 use super::capacity::{Ledger, Node};
 use super::error::{is_unsupported, maybe_done, nothing_done, text};
 use super::golden::{self, GoldenImage};
+use super::lane_metrics::LaneMetrics;
+use super::lanes::{Budget, Lane, Lanes};
 use super::volumes::BaseImage;
 use bigfleet_libvirt_observe::metrics::{HostLabels, Metrics};
 
 /// How hosts are connected to and watched.
 #[derive(Clone, Debug)]
 pub struct HostPolicy {
-    /// Blocking libvirt calls in flight per host.
-    pub max_in_flight: usize,
     /// libvirt keepalive interval in seconds (`virConnectSetKeepAlive`).
     pub keepalive_interval: i32,
     /// Unanswered keepalives before libvirt closes the connection.
@@ -55,7 +56,6 @@ pub struct HostPolicy {
 impl Default for HostPolicy {
     fn default() -> Self {
         Self {
-            max_in_flight: 8,
             keepalive_interval: 5,
             keepalive_count: 3,
             probe_interval: Duration::from_secs(15),
@@ -112,7 +112,7 @@ pub(crate) struct Host {
     pub(crate) zone: String,
     uri: String,
     policy: HostPolicy,
-    permits: Arc<Semaphore>,
+    lanes: Arc<Lanes>,
     slot: Mutex<Slot>,
     health: watch::Sender<Health>,
     wake: Arc<Notify>,
@@ -151,13 +151,15 @@ impl Host {
         zone: &str,
         uri: &str,
         policy: HostPolicy,
+        budget: Budget,
+        lane_metrics: LaneMetrics,
         metrics: Metrics,
         golden: Option<(Arc<GoldenImage>, String)>,
     ) -> Arc<Self> {
         let host = Self {
             zone: zone.to_owned(),
             uri: uri.to_owned(),
-            permits: Arc::new(Semaphore::new(policy.max_in_flight.max(1))),
+            lanes: Lanes::new(zone, budget, lane_metrics),
             policy,
             slot: Mutex::new(Slot {
                 session: None,
@@ -268,17 +270,17 @@ impl Host {
         })
     }
 
-    /// Runs `f` on a blocking thread against the live connection.
-    pub(crate) async fn call<T, F>(self: &Arc<Self>, f: F) -> Result<T, HypervisorError>
+    /// Runs `f` on a blocking thread against the live connection, once `lane` has a slot
+    /// of the host's budget.
+    pub(crate) async fn call<T, F>(self: &Arc<Self>, lane: Lane, f: F) -> Result<T, HypervisorError>
     where
         T: Send + 'static,
         F: FnOnce(&Session) -> Result<T, HypervisorError> + Send + 'static,
     {
+        self.session()?;
+        let permit = self.lanes.acquire(lane).await;
+        // The session current once the slot is ours: a wait may span a reconnect.
         let session = self.session()?;
-        let permit = Arc::clone(&self.permits)
-            .acquire_owned()
-            .await
-            .map_err(|_| nothing_done("libvirt host is shutting down"))?;
         let host = Arc::clone(self);
         let joined = tokio::task::spawn_blocking(move || {
             let _permit = permit;
@@ -314,6 +316,12 @@ impl Host {
     pub(crate) fn redial(&self) {
         self.redial.store(true, Ordering::SeqCst);
         self.wake.notify_one();
+    }
+
+    /// The host's lanes (tests count what is in flight).
+    #[cfg(test)]
+    pub(crate) fn lanes(&self) -> &Arc<Lanes> {
+        &self.lanes
     }
 
     /// Test hook: behaves as if the transport had died under the current session.

@@ -4,8 +4,10 @@
 //! The adapter is split by concern so each file stays small enough to review in one
 //! sitting (docs/design.md §5.5) and each rule has one home:
 //!
-//! - `host`: one connection per zone, blocking calls behind a per-host semaphore,
-//!   keepalive, liveness probes, reconnect with jittered backoff (`backoff`), health;
+//! - `host`: one connection per zone, blocking calls behind the host's lanes, keepalive,
+//!   liveness probes, reconnect with jittered backoff (`backoff`), health;
+//! - `lanes`, `lane_metrics`: the per-host budget (`--host-budget`, `--agent-budget`), the
+//!   lanes (teardown, create, read, agent) and their fairness rule, and their series;
 //! - `ownership`: the metadata tag that proves a domain is ours, and XML escaping;
 //! - `xml`: the domain and volume documents; `seed`: the cloud-init NoCloud ISO;
 //! - `volumes`: overlay and seed volumes (create-or-adopt, upload, delete);
@@ -42,6 +44,8 @@ pub mod fixture;
 pub mod golden;
 mod guest;
 mod host;
+mod lane_metrics;
+pub mod lanes;
 mod lifecycle;
 mod orphans;
 mod ownership;
@@ -71,6 +75,8 @@ pub use agent::{AgentError, AgentPolicy, GuestAgent};
 pub use capacity::{CapacityPolicy, Shape};
 pub use devices::{CpuChoice, CpuMode, NicSource};
 pub use host::{Health, HostPolicy};
+pub use lane_metrics::LaneMetrics;
+pub use lanes::{Budget, Lane};
 pub use orphans::GcPolicy;
 pub use ownership::{NAMESPACE, Tag};
 pub use probe::{ProbeTarget, probe};
@@ -113,6 +119,8 @@ pub struct LibvirtOptions {
     pub capacity: CapacityPolicy,
     /// Orphan collection (`--gc-orphans`, `--orphan-grace`).
     pub gc: GcPolicy,
+    /// Calls in flight per host, and the agent's share (`--host-budget`, `--agent-budget`).
+    pub budget: Budget,
 }
 
 impl Default for LibvirtOptions {
@@ -131,6 +139,7 @@ impl Default for LibvirtOptions {
             base_user_data: None,
             capacity: CapacityPolicy::default(),
             gc: GcPolicy::default(),
+            budget: Budget::default(),
         }
     }
 }
@@ -184,6 +193,9 @@ pub struct LibvirtConfig {
     pub describe_timeout: Duration,
     /// Seed of the reconnect jitter.
     pub seed: u64,
+    /// Where the lanes record their series; the composition root registers it
+    /// ([`LaneMetrics::register`]) on the process's registry.
+    pub lane_metrics: LaneMetrics,
 }
 
 impl LibvirtConfig {
@@ -211,6 +223,7 @@ impl LibvirtConfig {
             startup_wait: Duration::from_secs(20),
             describe_timeout: Duration::from_secs(20),
             seed: 1,
+            lane_metrics: LaneMetrics::default(),
         }
     }
 }
@@ -321,6 +334,8 @@ impl<C: Clock> LibvirtHypervisor<C> {
                     &c.zone,
                     &c.uri,
                     config.hosts.clone(),
+                    config.options.budget,
+                    config.lane_metrics.clone(),
                     metrics.clone(),
                     golden,
                 );

@@ -65,6 +65,7 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
         network: None,
         domains: skipped(),
         cpu_trials: None,
+        max_client_requests: skipped(),
     };
     let conn = match Connect::open(Some(uri)) {
         Ok(conn) => conn,
@@ -110,10 +111,16 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
         if let Some(plan) = &target.trial {
             facts.cpu_trials = Some(super::trial::run(&conn, &target.provider, plan));
         }
+        facts.max_client_requests = Probe::Unsupported(NO_ADMIN_API.to_owned());
     }
     drop(conn);
     facts
 }
+
+/// Why `max_client_requests` is not read: libvirt serves it only through its admin API
+/// (`virAdmConnectOpen` on the daemon's admin socket, local to the host), which the `virt`
+/// crate does not bind.
+const NO_ADMIN_API: &str = "libvirt's admin API is not available to the provider";
 
 fn connection(conn: &Connect) -> Result<Connection, String> {
     let read = |what: &str, e: VirtError| format!("read {what}: {}", text(&e));

@@ -24,6 +24,7 @@ use super::describe::{self, HostView, Scan};
 use super::error::{maybe_done, nothing_done, refused};
 use super::guest::{self, DomainAgent};
 use super::host::Host;
+use super::lanes::Lane;
 use super::lifecycle::{self, CreateSpec};
 use super::orphans::Orphan;
 use super::watch::Busy;
@@ -93,10 +94,15 @@ impl<C: Clock> LibvirtHypervisor<C> {
         }
     }
 
-    async fn power_on(&self, what: &str, machine: &Machine) -> Result<Arc<Host>, HypervisorError> {
+    async fn power_on(
+        &self,
+        what: &str,
+        lane: Lane,
+        machine: &Machine,
+    ) -> Result<Arc<Host>, HypervisorError> {
         let (host, name) = self.target(machine)?;
         let (settings, id) = (Arc::clone(&self.inner.settings), machine.id.to_string());
-        host.call(move |s| lifecycle::power_on(s, &settings, &name, &id))
+        host.call(lane, move |s| lifecycle::power_on(s, &settings, &name, &id))
             .await
             .map_err(|e| prefixed(what, e))?;
         Ok(host)
@@ -105,15 +111,18 @@ impl<C: Clock> LibvirtHypervisor<C> {
     async fn retag(
         &self,
         what: &str,
+        lane: Lane,
         machine: &Machine,
         cluster: &str,
     ) -> Result<(), HypervisorError> {
         let (host, name) = self.target(machine)?;
         let (settings, id) = (Arc::clone(&self.inner.settings), machine.id.to_string());
         let cluster = cluster.to_owned();
-        host.call(move |s| lifecycle::retag(s, &settings, &name, &id, &cluster))
-            .await
-            .map_err(|e| prefixed(what, e))
+        host.call(lane, move |s| {
+            lifecycle::retag(s, &settings, &name, &id, &cluster)
+        })
+        .await
+        .map_err(|e| prefixed(what, e))
     }
 
     /// Scans one host, or `None` when it is unreachable, fails, or is too slow.
@@ -126,7 +135,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
             .saturating_add(self.inner.config.describe_timeout);
         // Biased: a scan that completes with the deadline is still used.
         let scanned = futures::select_biased! {
-            scanned = host.call(move |s| describe::scan(s, &settings)).fuse() => scanned,
+            scanned = host.call(Lane::Read, move |s| describe::scan(s, &settings)).fuse() => scanned,
             () = clock.sleep_until(deadline).fuse() => {
                 warn!(zone = %host.zone, "describe: host too slow; its slots are withheld");
                 return None;
@@ -226,11 +235,13 @@ impl<C: Clock> LibvirtHypervisor<C> {
                 name, machine_id, ..
             } => {
                 let owner = Arc::clone(&host);
-                host.call(move |s| lifecycle::delete(s, &owner, &settings, &name, &machine_id))
-                    .await
+                host.call(Lane::Teardown, move |s| {
+                    lifecycle::delete(s, &owner, &settings, &name, &machine_id)
+                })
+                .await
             }
             Orphan::Volume { name, .. } => {
-                host.call(move |s| {
+                host.call(Lane::Teardown, move |s| {
                     let pool =
                         volumes::pool(s, &settings.options.storage_pool).map_err(nothing_done)?;
                     volumes::delete(&pool, &name)
@@ -298,9 +309,11 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         };
         let placed = DomainRef::new(machine.zone.clone(), spec.name.clone());
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
-        host.call(move |s| lifecycle::create(s, &owner, &settings, &spec))
-            .await
-            .map_err(|e| prefixed(&format!("create domain {}", machine.instance_type), e))?;
+        host.call(Lane::Create, move |s| {
+            lifecycle::create(s, &owner, &settings, &spec)
+        })
+        .await
+        .map_err(|e| prefixed(&format!("create domain {}", machine.instance_type), e))?;
         self.inner
             .known()
             .insert(machine.id.to_string(), machine.zone.clone());
@@ -313,7 +326,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
 
     async fn configure(&self, request: ConfigureRequest) -> Result<(), HypervisorError> {
         let machine = &request.machine;
-        let host = self.power_on("configure", machine).await?;
+        let host = self.power_on("configure", Lane::Create, machine).await?;
         let (_, name) = self.target(machine)?;
         let agent = DomainAgent { host, name };
         let blob = request.bootstrap_blob.expose();
@@ -327,7 +340,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             .metrics
             .observe_phase("bootstrap", watch.seconds());
         // Only a successful bootstrap binds the domain to the cluster.
-        self.retag("configure", machine, &request.cluster_id)
+        self.retag("configure", Lane::Create, machine, &request.cluster_id)
             .await?;
         self.log_addresses(&agent, machine, &request.cluster_id)
             .await;
@@ -336,7 +349,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
 
     async fn drain(&self, request: DrainRequest) -> Result<(), HypervisorError> {
         let machine = &request.machine;
-        let host = self.power_on("drain", machine).await?;
+        let host = self.power_on("drain", Lane::Teardown, machine).await?;
         let (_, name) = self.target(machine)?;
         let agent = DomainAgent { host, name };
         let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
@@ -346,7 +359,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             .await
             .map_err(|e| maybe_done(format!("drain: {e}")))?;
         self.inner.metrics.observe_phase("drain", watch.seconds());
-        self.retag("drain", machine, "").await
+        self.retag("drain", Lane::Teardown, machine, "").await
     }
 
     async fn delete(&self, request: DeleteRequest) -> Result<(), HypervisorError> {
@@ -356,9 +369,11 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let id = machine.id.to_string();
         let _busy = Busy::mark(&self.inner, &id);
         let watch = Stopwatch::start();
-        host.call(move |s| lifecycle::delete(s, &owner, &settings, &name, &id))
-            .await
-            .map_err(|e| prefixed("delete", e))?;
+        host.call(Lane::Teardown, move |s| {
+            lifecycle::delete(s, &owner, &settings, &name, &id)
+        })
+        .await
+        .map_err(|e| prefixed("delete", e))?;
         self.inner.metrics.observe_phase("delete", watch.seconds());
         self.inner.known().remove(machine.id.as_str());
         Ok(())

@@ -33,6 +33,7 @@ use super::Inner;
 use super::domains::is_active;
 use super::error::{context, nothing_done};
 use super::host::Session;
+use super::lanes::Lane;
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_observe::metrics::DriftLabels;
 
@@ -178,7 +179,7 @@ pub(crate) async fn run<C: Clock>(inner: Weak<Inner<C>>, zone: String, clock: C)
         let provider = strong.config.provider.clone();
         let names: BTreeSet<String> = ids.iter().map(|id| domain_name(&provider, id)).collect();
         drop(strong);
-        let Ok(seen) = host.call(move |s| poll(s, &names)).await else {
+        let Ok(seen) = host.call(Lane::Read, move |s| poll(s, &names)).await else {
             // The call marked a dead connection lost; anything else is retried next tick.
             continue;
         };

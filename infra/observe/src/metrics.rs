@@ -173,6 +173,12 @@ impl Metrics {
     /// Registers every series on a fresh registry.
     #[must_use]
     pub fn new() -> Self {
+        Self::with(|_| {})
+    }
+
+    /// As [`Metrics::new`], then lets an adapter register its own series (`extra`) last.
+    #[must_use]
+    pub fn with(extra: impl FnOnce(&mut Registry)) -> Self {
         let metrics = Self {
             registry: Arc::default(),
             grpc_requests: Family::default(),
@@ -209,6 +215,7 @@ impl Metrics {
         metrics.register_provider(&mut registry);
         metrics.register_hosts(&mut registry);
         metrics.register_access(&mut registry);
+        extra(&mut registry);
         Self {
             registry: Arc::new(registry),
             ..metrics

@@ -58,5 +58,7 @@ pub(crate) fn fake(seed_count: usize) -> Flags {
         memory_allocation_ratio: 1.0,
         gc_orphans: false,
         orphan_grace: Duration::from_secs(15 * 60),
+        host_budget: 4,
+        agent_budget: 1,
     }
 }

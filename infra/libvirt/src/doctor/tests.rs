@@ -12,6 +12,7 @@ fn want() -> Expectations {
         domain_type: "kvm".to_owned(),
         user_data: None,
         capacity: CapacityPolicy::default(),
+        budget: crate::lanes::Budget::default(),
         slots: vec![(
             "a".to_owned(),
             vec![Slots {
@@ -53,6 +54,7 @@ fn good() -> HostFacts {
         network: Some(Probe::Found(true)),
         domains: Probe::Found(Domains::default()),
         cpu_trials: None,
+        max_client_requests: Probe::Unsupported("no admin API".to_owned()),
     }
 }
 
@@ -256,4 +258,36 @@ fn a_cpu_mode_that_aborts_blocks_with_qemus_words_and_a_named_model_as_fix() {
         lines[1].detail.starts_with("qemu64 (for kvm.large)"),
         "{lines:#?}"
     );
+}
+
+#[test]
+fn a_host_budget_at_libvirtds_limit_warns_and_names_the_setting() {
+    let mut host = good();
+    let (s, detail, _) = status(&judge(&want(), &[host.clone()]), "a", "host budget");
+    assert_eq!(s, Status::Ok, "{detail}");
+    assert!(detail.contains("default max_client_requests"), "{detail}");
+    assert!(detail.contains("no admin API"), "{detail}");
+    // Unknown limit: libvirtd's default 5 is the yardstick.
+    let mut over = want();
+    over.budget = crate::lanes::Budget::new(6, 1).unwrap();
+    let report = judge(&over, &[host.clone()]);
+    let (s, detail, fix) = status(&report, "a", "host budget");
+    assert_eq!(s, Status::Warn, "{detail}");
+    assert!(detail.contains("--host-budget 6 is not below"), "{detail}");
+    assert!(fix.contains("lower --host-budget to 4"), "{fix}");
+    assert!(
+        fix.contains("max_client_requests in the host's libvirtd.conf"),
+        "{fix}"
+    );
+    assert_eq!(report.exit_code(), 2, "a warning, not a blocker");
+    // A limit read from the host wins over the default, both ways.
+    host.max_client_requests = Probe::Found(20);
+    assert_eq!(
+        status(&judge(&over, &[host.clone()]), "a", "host budget").0,
+        Status::Ok
+    );
+    host.max_client_requests = Probe::Found(3);
+    let (s, _, fix) = status(&judge(&want(), &[host]), "a", "host budget");
+    assert_eq!(s, Status::Warn);
+    assert!(fix.contains("lower --host-budget to 2"), "{fix}");
 }

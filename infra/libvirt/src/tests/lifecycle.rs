@@ -170,7 +170,9 @@ async fn a_failed_create_rolls_back_only_what_it_made() {
     };
     let owner = Arc::clone(&host);
     let error = host
-        .call(move |s| lifecycle::create(s, &owner, &settings, &spec))
+        .call(Lane::Create, move |s| {
+            lifecycle::create(s, &owner, &settings, &spec)
+        })
         .await
         .unwrap_err();
     assert!(error.message.contains("define domain"), "{}", error.message);

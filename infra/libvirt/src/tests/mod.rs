@@ -7,6 +7,7 @@
 mod contract;
 mod hosts;
 mod isolation;
+mod lanes;
 mod lifecycle;
 mod reconcile;
 mod watch;
@@ -24,6 +25,7 @@ use tempfile::TempDir;
 use super::capacity::CapacityPolicy;
 use super::fixture::Fixture;
 use super::host::{HostPolicy, Session};
+use super::lanes::Lane;
 use super::{LibvirtConfig, LibvirtHypervisor};
 use bigfleet_libvirt_config::HostConnection;
 use bigfleet_libvirt_domain::catalog::{
@@ -144,7 +146,7 @@ pub(super) async fn on_host<T: Send + 'static>(
     f: impl FnOnce(&Session) -> T + Send + 'static,
 ) -> T {
     let host = Arc::clone(&hv.inner.hosts[zone]);
-    host.call(move |s| Ok(f(s))).await.unwrap()
+    host.call(Lane::Read, move |s| Ok(f(s))).await.unwrap()
 }
 
 /// Names of every domain on the host.
