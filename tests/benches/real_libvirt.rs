@@ -11,7 +11,9 @@
 //!   unloaded Delete's p99 (`delete_p99_unloaded_ms`).
 //! - `agent_poll_isolation`: Create ack → Idle while 8 guests of the same zone wait in
 //!   Configure for an agent that never answers (every guest boots with `bigfleet.agent=off`,
-//!   which scripts/qemu-tier/init honours) ÷ the unloaded Create (medians).
+//!   which scripts/qemu-tier/init honours) ÷ the same Creates beside the same 8 guests
+//!   running Idle (medians), so the guests' own CPU is on both sides and only the agent
+//!   polling differs.
 //!
 //! `kvm` where a KVM guest starts in the zone (a probe of the bare sequence, with the
 //! named CPU model `REAL_LIBVIRT_KVM_CPU`, default `kvm64`: host-passthrough aborts QEMU 7.2
@@ -30,6 +32,7 @@
 mod bare;
 #[path = "real_libvirt/drive.rs"]
 mod drive;
+#[allow(unused_imports)]
 #[path = "../tests/harness/mod.rs"]
 mod harness;
 #[path = "real_libvirt/phases.rs"]
@@ -62,7 +65,10 @@ pub struct Sizes {
 }
 
 fn size(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 impl Sizes {
@@ -80,18 +86,28 @@ impl Sizes {
 
     /// Slots each zone needs at once: (zone a, zone b).
     fn slots(&self) -> (usize, usize) {
-        let a = [self.c1, self.c8_per_zone, self.queued + self.deletes, self.stuck + self.c1];
+        let a = [
+            self.c1,
+            self.c8_per_zone,
+            self.queued + self.deletes,
+            self.stuck + 2 * self.c1,
+        ];
         (a.into_iter().max().unwrap_or(1), self.c8_per_zone)
     }
 }
 
 fn main() -> Result<(), BoxError> {
-    if std::env::var_os("BIGFLEET_QEMU_URI").is_none() || !std::env::args().any(|a| a == "--bench") {
-        println!("real-libvirt bench: skipped: run it inside the real-QEMU tier (scripts/bench/real-libvirt.sh)");
+    if std::env::var_os("BIGFLEET_QEMU_URI").is_none() || !std::env::args().any(|a| a == "--bench")
+    {
+        println!(
+            "real-libvirt bench: skipped: run it inside the real-QEMU tier (scripts/bench/real-libvirt.sh)"
+        );
         return Ok(());
     }
     virt::error::clear_error_callback();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let dir = tempfile::tempdir()?;
     let mut tier = Tier::from_env();
     tier.cmdline = format!("{} bigfleet.agent=off", tier.cmdline);
@@ -114,14 +130,20 @@ fn probe(tier: &mut Tier) -> Result<(Option<String>, String), BoxError> {
         Ok(_) => Ok((Some(cpu), "a KVM guest started".to_owned())),
         Err(e) => {
             tier.domain_type = "qemu";
-            Ok((None, format!("KVM did not start a guest ({e}); using qemu (TCG)")))
+            Ok((
+                None,
+                format!("KVM did not start a guest ({e}); using qemu (TCG)"),
+            ))
         }
     }
 }
 
 /// Whether the binary has `--host-budget` (the per-host lanes); its flag when it has.
 fn budget_flag(sizes: &Sizes) -> Option<String> {
-    let help = std::process::Command::new(harness::binary()).arg("--help").output().ok()?;
+    let help = std::process::Command::new(harness::binary())
+        .arg("--help")
+        .output()
+        .ok()?;
     String::from_utf8_lossy(&help.stdout)
         .contains("--host-budget")
         .then(|| format!("--host-budget={}", sizes.budget))
@@ -129,12 +151,18 @@ fn budget_flag(sizes: &Sizes) -> Option<String> {
 
 async fn run(tier: &mut Tier, dir: &std::path::Path) -> Result<report::Report, BoxError> {
     let sizes = Sizes::from_env();
+    let load_before = loadavg();
     let (cpu, why) = probe(tier)?;
-    println!("real-libvirt bench: domain type {} ({why})", tier.domain_type);
+    println!(
+        "real-libvirt bench: domain type {} ({why})",
+        tier.domain_type
+    );
     let budget = budget_flag(&sizes);
     match &budget {
         Some(flag) => println!("real-libvirt bench: the binary has --host-budget; passing {flag}"),
-        None => println!("real-libvirt bench: the binary has no --host-budget (fixed per-host limit); passing none"),
+        None => println!(
+            "real-libvirt bench: the binary has no --host-budget (fixed per-host limit); passing none"
+        ),
     }
     let mut extra = vec!["--cpu-allocation-ratio=64".to_owned()];
     extra.extend(cpu.iter().map(|cpu| format!("--cpu={cpu}")));
@@ -143,7 +171,10 @@ async fn run(tier: &mut Tier, dir: &std::path::Path) -> Result<report::Report, B
     let (slots_a, slots_b) = sizes.slots();
     let server = tier.provider(dir, LABEL, (slots_a as u32, slots_b as u32), &extra);
     let mut c = server.client().await;
-    let (a, b) = (ids_in(&mut c, tier.a.label).await, ids_in(&mut c, tier.b.label).await);
+    let (a, b) = (
+        ids_in(&mut c, tier.a.label).await,
+        ids_in(&mut c, tier.b.label).await,
+    );
     let mut sides = vec![
         Bare::open(tier, &tier.a, cpu.as_deref(), &format!("{LABEL}-bare-a"))?,
         Bare::open(tier, &tier.b, cpu.as_deref(), &format!("{LABEL}-bare-b"))?,
@@ -159,6 +190,8 @@ async fn run(tier: &mut Tier, dir: &std::path::Path) -> Result<report::Report, B
     let c8 = phases::c8(&c, &sides, &a, &b, &sizes).await?;
     let loaded = phases::delete_under_load(&c, &a, &sizes).await?;
     let agent = phases::agent_isolation(&c, &a, &sizes).await?;
+    let phases = provider_phases(&server).await;
+    let load = serde_json::json!({ "before": load_before, "after": loadavg() });
     Ok(report::Report {
         domain_type: tier.domain_type,
         versions: versions(tier)?,
@@ -168,12 +201,25 @@ async fn run(tier: &mut Tier, dir: &std::path::Path) -> Result<report::Report, B
         c8,
         loaded,
         agent,
+        provider_phases: phases,
+        load,
+        steps: report::steps(
+            &sides[0]
+                .steps
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ),
     })
 }
 
 /// One provider Create and Delete and one bare Create on zone a; returns the size of the
 /// provider's seed volume.
-async fn warm(c: &mut harness::Client, tier: &Tier, id: &str, side: &Bare) -> Result<usize, BoxError> {
+async fn warm(
+    c: &mut harness::Client,
+    tier: &Tier,
+    id: &str,
+    side: &Bare,
+) -> Result<usize, BoxError> {
     drive::create_timed(c.clone(), id.to_owned()).await?;
     let name = drive::domain_of(c, id).await?;
     let zone = Libvirt::open(tier, &tier.a);
@@ -187,6 +233,39 @@ async fn warm(c: &mut harness::Client, tier: &Tier, id: &str, side: &Bare) -> Re
     side.create(0)?;
     side.remove(0)?;
     Ok(usize::try_from(seed)?)
+}
+
+/// The provider's own mean `define` and `start` phase times over the whole run (ms), from
+/// its `/metrics` histogram, beside the bare sequence's steps.
+async fn provider_phases(server: &harness::Server) -> serde_json::Value {
+    let Some(addr) = server.metrics_addr else {
+        return serde_json::Value::Null;
+    };
+    let text = harness::scrape::scrape(addr).await.text;
+    let read = |series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let mut out = serde_json::Map::new();
+    for phase in ["define", "start"] {
+        let name = "bigfleet_libvirt_phase_duration_seconds";
+        let sum = read(&format!("{name}_sum{{phase=\"{phase}\"}}"));
+        let count = read(&format!("{name}_count{{phase=\"{phase}\"}}"));
+        if let (Some(sum), Some(count)) = (sum, count) {
+            out.insert(
+                phase.to_owned(),
+                serde_json::json!((sum / count * 1e6).round() / 1e3),
+            );
+        }
+    }
+    out.into()
+}
+
+/// The machine's 1-minute load average (the other work the numbers shared it with).
+fn loadavg() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
 }
 
 /// The libvirt library and QEMU versions of zone a, as `major.minor.micro`.

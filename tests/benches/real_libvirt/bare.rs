@@ -6,7 +6,7 @@
 //! per-host queue. The seed's bytes are as many as the provider's seed volume holds (the
 //! ISO is built in memory, not by libvirt).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bigfleet_libvirt_libvirt::xml::{self, DirectKernel, DomainSpec, DomainType, Platform};
@@ -31,6 +31,9 @@ pub struct Bare {
     pub seed_bytes: usize,
     /// Domain-name prefix of this run's bare domains.
     prefix: String,
+    /// Each Create's steps: the volumes (lookups and creates), the seed upload, define, and
+    /// start with autostart.
+    pub steps: Mutex<Vec<[Duration; 4]>>,
 }
 
 /// The guest every side boots: the tier's one vCPU, 384 MiB type.
@@ -45,8 +48,14 @@ fn text(e: &virt::error::Error) -> String {
 
 impl Bare {
     /// Opens its own connection to `zone` (the provider holds one per zone too).
-    pub fn open(tier: &Tier, zone: &Zone, cpu: Option<&str>, prefix: &str) -> Result<Self, BoxError> {
-        let conn = Connect::open(Some(&zone.uri)).map_err(|e| format!("connect {}: {}", zone.uri, text(&e)))?;
+    pub fn open(
+        tier: &Tier,
+        zone: &Zone,
+        cpu: Option<&str>,
+        prefix: &str,
+    ) -> Result<Self, BoxError> {
+        let conn = Connect::open(Some(&zone.uri))
+            .map_err(|e| format!("connect {}: {}", zone.uri, text(&e)))?;
         let domain_type = match tier.domain_type {
             "kvm" => DomainType::Kvm,
             _ => DomainType::Qemu,
@@ -61,8 +70,12 @@ impl Bare {
             ..Platform::default()
         };
         let cpu = cpu.map(CpuChoice::parse).transpose()?;
-        let pool = conn.lookup_storage_pool_by_name(&tier.pool).map_err(|e| text(&e))?;
-        let golden = pool.lookup_storage_vol_by_name(&tier.image).map_err(|e| text(&e))?;
+        let pool = conn
+            .lookup_storage_pool_by_name(&tier.pool)
+            .map_err(|e| text(&e))?;
+        let golden = pool
+            .lookup_storage_vol_by_name(&tier.image)
+            .map_err(|e| text(&e))?;
         let path = golden.path().map_err(|e| text(&e))?;
         let capacity = golden.info().map_err(|e| text(&e))?.capacity;
         Ok(Self {
@@ -73,6 +86,7 @@ impl Bare {
             cpu,
             seed_bytes: 64 * 1024,
             prefix: prefix.to_owned(),
+            steps: Mutex::new(Vec::new()),
         })
     }
 
@@ -87,9 +101,15 @@ impl Bare {
         let start = Instant::now();
         // The provider first looks for a domain of that name it already owns.
         if self.conn.lookup_domain_by_name(&name).is_ok() {
-            return Err(format!("bare domain {name} already exists (a leftover of an earlier run?)").into());
+            return Err(format!(
+                "bare domain {name} already exists (a leftover of an earlier run?)"
+            )
+            .into());
         }
-        let pool = self.conn.lookup_storage_pool_by_name(&self.pool).map_err(|e| text(&e))?;
+        let pool = self
+            .conn
+            .lookup_storage_pool_by_name(&self.pool)
+            .map_err(|e| text(&e))?;
         let (base_path, capacity) = (&self.base.0, self.base.1);
         let overlay_name = format!("{name}-overlay.qcow2");
         let _ = pool.lookup_storage_vol_by_name(&overlay_name);
@@ -102,7 +122,9 @@ impl Bare {
         let seed_xml = xml::seed_volume(&seed_name, self.seed_bytes as u64);
         let seed = StorageVol::create_xml(&pool, &seed_xml, 0)
             .map_err(|e| format!("create {seed_name}: {}", text(&e)))?;
+        let volumes = start.elapsed();
         self.upload(&seed)?;
+        let uploaded = start.elapsed();
         let seed_path = seed.path().map_err(|e| text(&e))?;
         let tag = Tag::new(&self.prefix, &n.to_string());
         let document = xml::domain(&DomainSpec {
@@ -116,16 +138,37 @@ impl Bare {
             cpu: self.cpu.as_ref(),
             platform: &self.platform,
         });
-        let domain = self.conn.define_domain_xml(&document).map_err(|e| format!("define {name}: {}", text(&e)))?;
-        domain.create().map_err(|e| format!("start {name}: {}", text(&e)))?;
-        domain.set_autostart(true).map_err(|e| format!("autostart {name}: {}", text(&e)))?;
-        Ok(start.elapsed())
+        let domain = self
+            .conn
+            .define_domain_xml(&document)
+            .map_err(|e| format!("define {name}: {}", text(&e)))?;
+        let defined = start.elapsed();
+        domain
+            .create()
+            .map_err(|e| format!("start {name}: {}", text(&e)))?;
+        domain
+            .set_autostart(true)
+            .map_err(|e| format!("autostart {name}: {}", text(&e)))?;
+        let total = start.elapsed();
+        let steps = [
+            volumes,
+            uploaded - volumes,
+            defined - uploaded,
+            total - defined,
+        ];
+        self.steps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(steps);
+        Ok(total)
     }
 
     fn upload(&self, volume: &StorageVol) -> Result<(), BoxError> {
         let bytes = vec![0u8; self.seed_bytes];
         let stream = Stream::new(&self.conn, 0).map_err(|e| text(&e))?;
-        volume.upload(&stream, 0, bytes.len() as u64, 0).map_err(|e| text(&e))?;
+        volume
+            .upload(&stream, 0, bytes.len() as u64, 0)
+            .map_err(|e| text(&e))?;
         for chunk in bytes.chunks(UPLOAD_CHUNK) {
             let mut sent = 0;
             while sent < chunk.len() {
@@ -136,7 +179,9 @@ impl Bare {
                 sent += n.unsigned_abs();
             }
         }
-        stream.finish().map_err(|e| format!("finish upload: {}", text(&e)).into())
+        stream
+            .finish()
+            .map_err(|e| format!("finish upload: {}", text(&e)).into())
     }
 
     /// Removes bare domain `n` and its volumes (not timed).
@@ -144,16 +189,25 @@ impl Bare {
         let name = self.name(n);
         if let Ok(domain) = self.conn.lookup_domain_by_name(&name) {
             if domain.is_active().unwrap_or(false) {
-                domain.destroy().map_err(|e| format!("destroy {name}: {}", text(&e)))?;
+                domain
+                    .destroy()
+                    .map_err(|e| format!("destroy {name}: {}", text(&e)))?;
             }
             domain
                 .undefine_flags(virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM)
                 .map_err(|e| format!("undefine {name}: {}", text(&e)))?;
         }
-        let pool = self.conn.lookup_storage_pool_by_name(&self.pool).map_err(|e| text(&e))?;
-        for volume in [format!("{name}-overlay.qcow2"), format!("{name}-cidata.iso")] {
+        let pool = self
+            .conn
+            .lookup_storage_pool_by_name(&self.pool)
+            .map_err(|e| text(&e))?;
+        for volume in [
+            format!("{name}-overlay.qcow2"),
+            format!("{name}-cidata.iso"),
+        ] {
             if let Ok(vol) = pool.lookup_storage_vol_by_name(&volume) {
-                vol.delete(0).map_err(|e| format!("delete {volume}: {}", text(&e)))?;
+                vol.delete(0)
+                    .map_err(|e| format!("delete {volume}: {}", text(&e)))?;
             }
         }
         Ok(())
@@ -162,18 +216,25 @@ impl Bare {
 
 /// Runs `count` bare Creates on each of `sides`, `width` at a time per side (threads
 /// sharing the side's connection); returns each Create's time and the wall time of all.
-pub fn run(sides: &[Arc<Bare>], first: usize, count: usize, width: usize) -> Result<(Vec<Duration>, Duration), BoxError> {
+pub fn run(
+    sides: &[Arc<Bare>],
+    first: usize,
+    count: usize,
+    width: usize,
+) -> Result<(Vec<Duration>, Duration), BoxError> {
     let start = Instant::now();
     let mut handles = Vec::new();
     for side in sides {
         for lane in 0..width {
             let side = Arc::clone(side);
-            handles.push(std::thread::spawn(move || -> Result<Vec<Duration>, String> {
-                (first + lane..first + count)
-                    .step_by(width)
-                    .map(|n| side.create(n).map_err(|e| e.to_string()))
-                    .collect()
-            }));
+            handles.push(std::thread::spawn(
+                move || -> Result<Vec<Duration>, String> {
+                    (first + lane..first + count)
+                        .step_by(width)
+                        .map(|n| side.create(n).map_err(|e| e.to_string()))
+                        .collect()
+                },
+            ));
         }
     }
     let mut times = Vec::new();
@@ -183,12 +244,20 @@ pub fn run(sides: &[Arc<Bare>], first: usize, count: usize, width: usize) -> Res
     Ok((times, start.elapsed()))
 }
 
-/// Removes bare domains `first..first + count` of every side.
+/// Removes bare domains `first..first + count` of every side, all at once (destroying a
+/// domain takes seconds; none of this is timed).
 pub fn remove(sides: &[Arc<Bare>], first: usize, count: usize) -> Result<(), BoxError> {
+    let mut handles = Vec::new();
     for side in sides {
         for n in first..first + count {
-            side.remove(n)?;
+            let side = Arc::clone(side);
+            handles.push(std::thread::spawn(move || {
+                side.remove(n).map_err(|e| e.to_string())
+            }));
         }
+    }
+    for handle in handles {
+        handle.join().map_err(|_| "a bare remover panicked")??;
     }
     Ok(())
 }

@@ -17,8 +17,6 @@ const POLL: Duration = Duration::from_millis(5);
 /// One call's timings.
 #[derive(Clone, Copy, Debug)]
 pub struct Timed {
-    /// Sent → acked.
-    pub ack: Duration,
     /// Acked → the machine is in the call's target state.
     pub done: Duration,
     /// When the target state was seen.
@@ -34,7 +32,9 @@ pub async fn reach(c: &mut Client, id: &str, want: S) -> Result<Instant, BoxErro
         match state(&machine) {
             s if s == want => return Ok(now),
             S::Failed => {
-                return Err(format!("{id} failed on the way to {want:?}: {}", machine.last_error).into());
+                return Err(
+                    format!("{id} failed on the way to {want:?}: {}", machine.last_error).into(),
+                );
             }
             s if start.elapsed() > BOOT => {
                 return Err(format!("{id} is still {s:?}, not {want:?}, after {BOOT:?}").into());
@@ -46,20 +46,28 @@ pub async fn reach(c: &mut Client, id: &str, want: S) -> Result<Instant, BoxErro
 
 /// Create, then Idle.
 pub async fn create_timed(mut c: Client, id: String) -> Result<Timed, BoxError> {
-    let sent = Instant::now();
-    create(&mut c, &id, None).await.map_err(|e| format!("Create {id}: {e}"))?;
+    create(&mut c, &id, None)
+        .await
+        .map_err(|e| format!("Create {id}: {e}"))?;
     let acked = Instant::now();
     let at = reach(&mut c, &id, S::Idle).await?;
-    Ok(Timed { ack: acked - sent, done: at - acked, at })
+    Ok(Timed {
+        done: at - acked,
+        at,
+    })
 }
 
 /// Delete, then Speculative.
 pub async fn delete_timed(mut c: Client, id: String) -> Result<Timed, BoxError> {
-    let sent = Instant::now();
-    delete(&mut c, &id, None).await.map_err(|e| format!("Delete {id}: {e}"))?;
+    delete(&mut c, &id, None)
+        .await
+        .map_err(|e| format!("Delete {id}: {e}"))?;
     let acked = Instant::now();
     let at = reach(&mut c, &id, S::Speculative).await?;
-    Ok(Timed { ack: acked - sent, done: at - acked, at })
+    Ok(Timed {
+        done: at - acked,
+        at,
+    })
 }
 
 /// Configure (acked only: the guest's agent never answers, so it stays Configuring).
@@ -76,7 +84,10 @@ where
     F: Fn(Client, String) -> Fut,
     Fut: std::future::Future<Output = Result<Timed, BoxError>> + Send + 'static,
 {
-    let tasks: Vec<_> = ids.iter().map(|id| tokio::spawn(call(c.clone(), id.clone()))).collect();
+    let tasks: Vec<_> = ids
+        .iter()
+        .map(|id| tokio::spawn(call(c.clone(), id.clone())))
+        .collect();
     let mut out = Vec::new();
     for task in tasks {
         out.push(task.await??);
@@ -86,7 +97,12 @@ where
 
 /// Runs `call` over `ids` with `width` workers (each takes the next id in turn); returns
 /// the results and the wall time of all.
-pub async fn wide<F, Fut>(c: &Client, ids: &[String], width: usize, call: F) -> Result<(Vec<Timed>, Duration), BoxError>
+pub async fn wide<F, Fut>(
+    c: &Client,
+    ids: &[String],
+    width: usize,
+    call: F,
+) -> Result<(Vec<Timed>, Duration), BoxError>
 where
     F: Fn(Client, String) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = Result<Timed, BoxError>> + Send + 'static,
@@ -116,6 +132,9 @@ where
 pub async fn domain_of(c: &mut Client, id: &str) -> Result<String, BoxError> {
     let machine = get(c, id).await.map_err(|e| format!("Get {id}: {e}"))?;
     let host = machine.host.ok_or_else(|| format!("{id} has no host"))?;
-    let (_, name) = host.r#ref.split_once('/').ok_or_else(|| format!("{id}: host ref {:?} is not zone/domain", host.r#ref))?;
+    let (_, name) = host
+        .r#ref
+        .split_once('/')
+        .ok_or_else(|| format!("{id}: host ref {:?} is not zone/domain", host.r#ref))?;
     Ok(name.to_owned())
 }
