@@ -4,8 +4,9 @@
 //! both into each zone's libvirtd.conf), and checks that
 //!
 //! - every call is accepted and every machine reaches its state (Idle, Speculative);
-//! - neither the provider's log nor either libvirtd's log shows a "too many requests" error
-//!   or a keepalive disconnect while it runs;
+//! - neither the provider's log nor either libvirtd's log shows libvirt throttling the
+//!   provider (libvirtd's "Client hit max requests limit" warning, "too many") or a
+//!   keepalive disconnect while it runs;
 //! - the Deletes finish first: on each zone, every Delete reaches Speculative before half of
 //!   the Creates acked ahead of it reach Idle (a Delete queued behind the Creates finishes
 //!   only after most of them).
@@ -27,9 +28,19 @@ use crate::qemu_zones::*;
 const CREATES: usize = 16;
 const DELETES: usize = 4;
 
-/// What libvirt says when a client is throttled away or dropped for missed keepalives
-/// (lower case; the logs are searched case-insensitively).
-const LIBVIRT_TROUBLE: &[&str] = &["too many", "keepalive", "connection closed"];
+/// What libvirt says when a client is throttled or dropped for missed keepalives (lower
+/// case; the logs are searched case-insensitively). libvirtd 9.0 warns "Client hit max
+/// requests limit 5. This may result in keep-alive timeouts. …" when a client has
+/// `max_client_requests` calls in flight; the client then sees "client socket is closed"
+/// or "connection closed due to keepalive timeout".
+const LIBVIRT_TROUBLE: &[&str] = &[
+    "max requests limit",
+    "too many",
+    "keepalive",
+    "keep-alive",
+    "connection closed",
+    "client socket is closed",
+];
 
 /// The part of a log file written since `offset`.
 fn since(path: &PathBuf, offset: u64) -> String {
@@ -194,7 +205,10 @@ fn check_logs(server: &Server, zones: &[&Zone], offsets: &[u64]) -> Vec<String> 
 #[test]
 fn trouble_finds_throttling_and_keepalive_lines() {
     let log = "ok line\n2026 warning : No response from client 0x1 after 5 keepalive messages\n\
-               error: Too many active clients\nfine";
-    assert_eq!(trouble(log).len(), 2);
+               error: Too many active clients\nfine\n\
+               2026-12-02 04:29:19.414+0000: 2065: warning : virNetServerClientDispatchRead:1267 : \
+               Client hit max requests limit 5. This may result in keep-alive timeouts.\n\
+               upload: internal error: client socket is closed (libvirt error 1)";
+    assert_eq!(trouble(log).len(), 4);
     assert!(trouble("Create done\nDelete done").is_empty());
 }
