@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The real-QEMU tier: `ci`, every step in order with timings, then the tests, always stopping.
+# The real-QEMU tier: `ci`, every step in order with timings, then the tests and the
+# real-libvirt benchmark (scripts/bench/real-libvirt.sh), always stopping.
 # Sourced by scripts/qemu-tier/run.sh (not run on its own), after common.sh.
 # shellcheck disable=SC2154 # the lowercase settings (tier_dir, pool, ...) are set in common.sh
 
@@ -35,7 +36,14 @@ cmd_ci() {
     local test_started=$SECONDS status=0
     # The tests drive the real binary; cargo test builds it (the tests are its package's).
     (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration -- \
-            --ignored --nocapture --test-threads=1 qemu_e2e:: qemu_faults:: qemu_remote::) || status=$?
+            --ignored --nocapture --test-threads=1 qemu_e2e:: qemu_faults:: qemu_remote:: \
+            qemu_lanes::) || status=$?
     echo "qemu tier: test: $((SECONDS - test_started))s (exit status $status)"
+    # Then the real-libvirt benchmark on the same daemons: numbers only, it fails only when a
+    # call errors (the exit status is still the tests' when they failed first).
+    local bench_started=$SECONDS bench_status=0
+    "$repo/scripts/bench/real-libvirt.sh" || bench_status=$?
+    echo "qemu tier: bench: $((SECONDS - bench_started))s (exit status $bench_status)"
+    ((status != 0)) || status=$bench_status
     exit "$status"
 }

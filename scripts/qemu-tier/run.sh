@@ -16,8 +16,9 @@
 #   scripts/qemu-tier/run.sh env       print the BIGFLEET_QEMU_* export lines for the test
 #   scripts/qemu-tier/run.sh stop      remove every domain, stop the daemons, unmount
 #   scripts/qemu-tier/run.sh ci        check (skip = exit 0), prepare, start, run the qemu_e2e,
-#                                      qemu_faults and qemu_remote tests (tests/tests/), always stop; exits
-#                                      with the tests' status
+#                                      qemu_faults, qemu_lanes and qemu_remote tests (tests/tests/),
+#                                      then the real-libvirt benchmark (scripts/bench/real-libvirt.sh),
+#                                      always stop; exits with the tests' status (else the bench's)
 #   scripts/qemu-tier/run.sh libvirtd ZONE kill|term|start
 #                                      SIGKILL / SIGTERM (waiting for it to exit) / start (waiting
 #                                      until it answers) one zone's libvirtd; takes no lock, for

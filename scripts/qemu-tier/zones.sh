@@ -22,6 +22,20 @@ mount_zone() {
     echo "$stamp" >"$dir/.stamp"
 }
 
+# libvirtd's limits, written explicitly into every zone's libvirtd.conf at each start. They
+# are libvirt's own defaults, which the provider's per-host budget has to respect and the
+# host_lanes test and the real-libvirt benchmark run against: at most 5 calls in flight per
+# client connection (the daemon stops reading a client's socket beyond that), 20 worker
+# threads, and keepalive as shipped (a ping every 5 s; 5 unanswered drop the client).
+daemon_limits=('max_client_requests = 5' 'max_workers = 20' 'keepalive_interval = 5'
+    'keepalive_count = 5')
+set_daemon_limits() {
+    local conf=$R/etc/libvirt/libvirtd.conf
+    [[ -f $conf ]] || die "no $conf (run: $0 prepare)"
+    sed -i -E '/^(max_client_requests|max_workers|keepalive_interval|keepalive_count) /d' "$conf"
+    printf '%s\n' "${daemon_limits[@]}" >>"$conf"
+}
+
 # Starts virtlogd and libvirtd in the zone at $R (no waiting). The daemons daemonize
 # themselves and write pid files (no init system in the chroot).
 launch_daemons() {
@@ -78,6 +92,7 @@ cmd_start() {
         mount_zone "$z"
         in_zone "$z" mount_chroot
         in_zone "$z" setup_remote_zone "$z"
+        in_zone "$z" set_daemon_limits
         in_zone "$z" launch_daemons
     done
     for z in "${zones[@]}"; do
