@@ -15,7 +15,6 @@ use bigfleet_libvirt_libvirt::{LibvirtConfig, LibvirtHypervisor};
 use bigfleet_libvirt_memory::MemoryStateStore;
 use bigfleet_libvirt_memory::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
-use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_ports::{Hypervisor, Provider, Spawner, StateStore};
 use bigfleet_libvirt_redb::RedbStateStore;
 use bigfleet_libvirt_system::{SystemClock, TokioSpawner};
@@ -24,6 +23,7 @@ use tracing::warn;
 
 use crate::exit::Exit;
 use crate::launch::{Backend, Plan};
+use crate::metrics::Metrics;
 use crate::{Banner, NetLimits, Parts, ServeConfig};
 
 /// The provider as [`run`] builds it, for an [`OnStart`] hook.
@@ -115,9 +115,13 @@ async fn serve<S: StateStore, O: OnStart, F: Future<Output = ()> + Send>(
         }
         Backend::Libvirt => {
             let config = libvirt_config(&mut launch.plan)?;
-            let libvirt =
-                LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone())
-                    .await;
+            let libvirt = LibvirtHypervisor::connect(
+                config,
+                SystemClock,
+                &TokioSpawner,
+                metrics.libvirt.clone(),
+            )
+            .await;
             TokioSpawner.spawn(
                 "libvirt-redial-on-sighup",
                 libvirt.clone().redial_on_sighup(),

@@ -29,7 +29,7 @@ use super::capacity::{Ledger, Node};
 use super::error::{is_unsupported, maybe_done, nothing_done, text};
 use super::golden::{self, GoldenImage};
 use super::volumes::BaseImage;
-use bigfleet_libvirt_observe::metrics::{HostLabels, Metrics};
+use crate::metrics::{HostLabels, LibvirtMetrics};
 
 /// How hosts are connected to and watched.
 #[derive(Clone, Debug)]
@@ -116,7 +116,7 @@ pub(crate) struct Host {
     slot: Mutex<Slot>,
     health: watch::Sender<Health>,
     wake: Arc<Notify>,
-    metrics: Metrics,
+    metrics: LibvirtMetrics,
     pub(crate) ledger: Mutex<Ledger>,
     /// Domain names whose create or delete sequence is running on a blocking thread.
     busy: Mutex<BTreeSet<String>>,
@@ -151,7 +151,7 @@ impl Host {
         zone: &str,
         uri: &str,
         policy: HostPolicy,
-        metrics: Metrics,
+        metrics: LibvirtMetrics,
         golden: Option<(Arc<GoldenImage>, String)>,
     ) -> Arc<Self> {
         let host = Self {

@@ -40,6 +40,7 @@ pub mod golden;
 mod guest;
 mod host;
 mod lifecycle;
+pub mod metrics;
 mod orphans;
 mod ownership;
 mod probe;
@@ -72,9 +73,9 @@ pub use ownership::{NAMESPACE, Tag};
 pub use probe::{ProbeTarget, probe};
 pub use xml::{DirectKernel, DomainType, Firmware, Platform};
 
+use crate::metrics::LibvirtMetrics;
 use bigfleet_libvirt_config::HostConnection;
 use bigfleet_libvirt_domain::catalog::InstanceCatalog;
-use bigfleet_libvirt_observe::metrics::Metrics;
 use host::Host;
 use orphans::OrphanBook;
 
@@ -235,7 +236,7 @@ pub(crate) struct Settings {
     /// The MAC address of every NIC of every configured slot.
     pub(crate) macs: devices::MacBook,
     /// Where the blocking create path records its define/start phase durations.
-    pub(crate) metrics: Metrics,
+    pub(crate) metrics: LibvirtMetrics,
 }
 
 pub(crate) struct Inner<C> {
@@ -243,7 +244,7 @@ pub(crate) struct Inner<C> {
     settings: Arc<Settings>,
     hosts: BTreeMap<String, Arc<Host>>,
     clock: C,
-    metrics: Metrics,
+    metrics: LibvirtMetrics,
     /// Machines the provider's records say run on a host: id → zone.
     known: Mutex<BTreeMap<String, String>>,
     /// Machine ids with a Delete in flight (the drift watch leaves them alone).
@@ -292,7 +293,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
         config: LibvirtConfig,
         clock: C,
         spawner: &E,
-        metrics: Metrics,
+        metrics: LibvirtMetrics,
     ) -> Self {
         let settings = Arc::new(Settings {
             provider: config.provider.clone(),
