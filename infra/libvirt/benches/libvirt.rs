@@ -153,16 +153,10 @@ async fn provider_side(uri: &str, slots: &[Machine]) -> Result<(f64, Vec<f64>), 
         cpu_ratio: 1.0,
         memory_ratio: 1.0,
     };
-    // The bench links the root without its libvirt feature, so the adapter's series go
-    // to a registry of their own; the rest go to the root's.
-    let metrics = app::Metrics::new();
-    let libvirt = LibvirtHypervisor::connect(
-        config,
-        SystemClock,
-        &TokioSpawner,
-        LibvirtMetrics::unexposed(),
-    )
-    .await;
+    // The root is linked without its libvirt feature: the adapter's series stand alone.
+    let libvirt_metrics = LibvirtMetrics::unexposed();
+    let libvirt = LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, libvirt_metrics);
+    let libvirt = libvirt.await;
     let (done, mut finished) = tokio::sync::mpsc::unbounded_channel::<TransitionEvent>();
     let done = Mutex::new(done);
     let timer: Observer = Arc::new(move |event: &TransitionEvent| {
@@ -178,7 +172,7 @@ async fn provider_side(uri: &str, slots: &[Machine]) -> Result<(f64, Vec<f64>), 
         store: MemoryStateStore::new(),
         clock: SystemClock,
         spawner: TokioSpawner,
-        metrics,
+        metrics: app::Metrics::new(),
         observers: vec![timer],
     })
     .await?;
