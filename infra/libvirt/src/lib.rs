@@ -83,7 +83,7 @@ use orphans::OrphanBook;
 /// composition root's launch plan validated it, used here as is. A new libvirt flag is a
 /// field here (with its default), the clap flag in the binary, and its check in the plan.
 #[derive(Clone, Debug)]
-pub struct LibvirtOptions {
+pub struct DomainConfig {
     /// The golden base-image volume (`--image`), in the storage pool.
     pub image: String,
     /// `--image-source`: uploaded to every host that lacks it; `image` is its volume name.
@@ -112,7 +112,7 @@ pub struct LibvirtOptions {
     pub gc: GcPolicy,
 }
 
-impl Default for LibvirtOptions {
+impl Default for DomainConfig {
     /// No image, storage pool and network `default`, default platform and policies.
     fn default() -> Self {
         Self {
@@ -132,7 +132,7 @@ impl Default for LibvirtOptions {
     }
 }
 
-impl LibvirtOptions {
+impl DomainConfig {
     /// The NIC sources of a domain of `instance_type`, in order.
     #[must_use]
     pub fn nic_sources(&self, instance_type: &str) -> Vec<NicSource> {
@@ -167,7 +167,7 @@ pub struct LibvirtConfig {
     /// The instance-type catalog (vCPU and memory per type).
     pub catalog: InstanceCatalog,
     /// The operator's libvirt flags.
-    pub options: LibvirtOptions,
+    pub options: DomainConfig,
     /// The cloud-init user-data (the `--base-user-data` file's bytes); `None` =
     /// `#cloud-config {}`.
     pub user_data: Option<Vec<u8>>,
@@ -198,9 +198,9 @@ impl LibvirtConfig {
             connections,
             slots,
             catalog,
-            options: LibvirtOptions {
+            options: DomainConfig {
                 image: image.to_owned(),
-                ..LibvirtOptions::default()
+                ..DomainConfig::default()
             },
             user_data: None,
             hosts: HostPolicy::default(),
@@ -229,9 +229,9 @@ fn mac_book(config: &LibvirtConfig) -> devices::MacBook {
 
 /// What the blocking sequences need, shared with their threads.
 #[derive(Debug)]
-pub(crate) struct Settings {
+pub(crate) struct SequenceContext {
     pub(crate) provider: String,
-    pub(crate) options: LibvirtOptions,
+    pub(crate) options: DomainConfig,
     pub(crate) user_data: Vec<u8>,
     /// The MAC address of every NIC of every configured slot.
     pub(crate) macs: devices::MacBook,
@@ -241,7 +241,7 @@ pub(crate) struct Settings {
 
 pub(crate) struct Inner<C> {
     config: LibvirtConfig,
-    settings: Arc<Settings>,
+    settings: Arc<SequenceContext>,
     hosts: BTreeMap<String, Arc<Host>>,
     clock: C,
     metrics: LibvirtMetrics,
@@ -295,7 +295,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
         spawner: &E,
         metrics: LibvirtMetrics,
     ) -> Self {
-        let settings = Arc::new(Settings {
+        let settings = Arc::new(SequenceContext {
             provider: config.provider.clone(),
             options: config.options.clone(),
             user_data: config
