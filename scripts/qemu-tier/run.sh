@@ -48,6 +48,10 @@ source "$guest_src/common.sh"
 source "$guest_src/check.sh"
 # shellcheck source=scripts/qemu-tier/chroot.sh
 source "$guest_src/chroot.sh"
+# shellcheck source=scripts/qemu-tier/image.sh
+source "$guest_src/image.sh"
+# shellcheck source=scripts/qemu-tier/network.sh
+source "$guest_src/network.sh"
 # shellcheck source=scripts/qemu-tier/zones.sh
 source "$guest_src/zones.sh"
 # shellcheck source=scripts/qemu-tier/remote.sh
@@ -83,7 +87,7 @@ virsh)
     in_zone "$zone" in_chroot virsh -c qemu:///system "$@"
     ;;
 shell)
-    base_ready || die "not prepared; run: $0 prepare"
+    prepared || die "not prepared; run: $0 prepare"
     lock
     mount_chroot
     in_chroot TERM="${TERM:-dumb}" /bin/bash -l || true
