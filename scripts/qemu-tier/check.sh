@@ -48,8 +48,8 @@ skip_reason() {
     rm -rf "$probe"
     local available
     available=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
-    # Two daemons and up to three 384 MiB TCG guests at once.
-    ((available >= 2048)) || { echo "only ${available} MiB of memory available (needs 2048)"; return; }
+    # Three daemons and up to three 384 MiB guests, or two 1 GiB real-image guests, at once.
+    ((available >= 3072)) || { echo "only ${available} MiB of memory available (needs 3072)"; return; }
     # Everything below is only needed to build the chroot.
     if base_ready; then return; fi
     local free_mb

@@ -8,9 +8,12 @@
 # Sourced by scripts/qemu-tier/run.sh (not run on its own), after common.sh.
 # shellcheck disable=SC2154 # the lowercase settings (tier_dir, repo, ...) are set in common.sh and run.sh
 
-# The image's packages, on top of debootstrap's minbase. cloud-guest-utils and fdisk let
-# cloud-init grow the root partition to the overlay's size.
-image_packages=(linux-image-cloud-amd64 systemd systemd-sysv udev dbus cloud-init
+# The image's packages, on top of debootstrap's minbase. Debian's generic kernel, not its
+# cloud kernel: the cloud kernel has no AHCI driver, so it cannot see the SATA CD-ROM the
+# provider attaches the NoCloud seed on (cloud-init then runs with instance-id "nocloud" and
+# no user-data). cloud-guest-utils and fdisk let cloud-init grow the root partition to the
+# overlay's size.
+image_packages=(linux-image-amd64 systemd systemd-sysv udev dbus cloud-init
     cloud-guest-utils fdisk e2fsprogs qemu-guest-agent iproute2)
 # Bump when the image recipe changes in a way the stamp cannot see.
 image_recipe=1

@@ -13,11 +13,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use pb::MachineState as S;
-use serde_json::{Value, json};
+use serde_json::json;
 use virt::connect::Connect;
 use virt::domain::Domain;
 
@@ -25,6 +24,7 @@ use crate::harness::*;
 use crate::qemu_zones::{domain_name, until_explained};
 
 mod guest;
+mod identity;
 mod kvm;
 mod network;
 

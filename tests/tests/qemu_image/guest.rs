@@ -32,7 +32,11 @@ fn decoded(status: &Value, field: &str) -> String {
     String::from_utf8_lossy(&STANDARD.decode(data).unwrap_or_default()).into_owned()
 }
 
-/// Runs `/bin/sh -c script` in the guest and waits (up to 60 s) for it to exit.
+/// How long one command in the guest may take: `cloud-init status` (Python) under TCG on a
+/// busy 2-core host takes tens of seconds.
+const EXEC: Duration = Duration::from_secs(180);
+
+/// Runs `/bin/sh -c script` in the guest and waits (up to [`EXEC`]) for it to exit.
 pub fn sh(domain: &Domain, script: &str) -> Result<Exec, String> {
     let started = agent(
         domain,
@@ -40,7 +44,7 @@ pub fn sh(domain: &Domain, script: &str) -> Result<Exec, String> {
             "path": "/bin/sh", "arg": ["-c", script], "capture-output": true}}),
     )?;
     let pid = started["pid"].as_i64().ok_or("guest-exec returned no pid")?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + EXEC;
     loop {
         let status = agent(
             domain,
@@ -54,7 +58,7 @@ pub fn sh(domain: &Domain, script: &str) -> Result<Exec, String> {
             });
         }
         if std::time::Instant::now() > deadline {
-            return Err(format!("{script:?} did not exit within 60 s"));
+            return Err(format!("{script:?} did not exit within {EXEC:?}"));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -63,7 +67,7 @@ pub fn sh(domain: &Domain, script: &str) -> Result<Exec, String> {
 /// `sh` that must succeed; returns its stdout.
 pub fn run(domain: &Domain, script: &str) -> String {
     let exec = sh(domain, script).unwrap_or_else(|e| panic!("guest-exec {script:?}: {e}"));
-    assert_eq!(exec.code, 0, "{script:?} in the guest failed: {exec:?}");
+    assert_eq!(exec.code, 0, "{script:?} in the guest failed: {}", exec.stderr);
     exec.stdout
 }
 
@@ -76,18 +80,21 @@ pub fn json_file(domain: &Domain, path: &str) -> Value {
 /// Waits until `cloud-init status --format json` says `done` for the NoCloud datasource
 /// (failing at once on `error`).
 pub async fn cloud_init_done(domain: &Domain, name: &str) {
+    let last = std::cell::RefCell::new(Value::Null);
     until_explained(&format!("cloud-init done in {name}"), BOOT, || {
         let exec = sh(domain, "cloud-init status --format json")?;
         let status: Value = serde_json::from_str(&exec.stdout)
             .map_err(|e| format!("status is not JSON ({e}): {exec:?}"))?;
-        match status["status"].as_str() {
+        let state = status["status"].as_str().map(str::to_owned);
+        *last.borrow_mut() = status;
+        match state.as_deref() {
             Some("done") => Ok(()),
-            Some("error") => panic!("cloud-init failed in {name}: {status:#}"),
+            Some("error") => panic!("cloud-init failed in {name}: {:#}", last.borrow()),
             other => Err(format!("status {other:?}")),
         }
     })
     .await;
-    let status: Value = serde_json::from_str(&run(domain, "cloud-init status --format json")).unwrap();
+    let status = last.into_inner();
     let datasource = status["datasource"].as_str().unwrap_or_default();
     assert_eq!(datasource, "nocloud", "cloud-init read the provider's NoCloud seed: {status:#}");
     assert_eq!(status["errors"], json!([]), "no cloud-init errors: {status:#}");
