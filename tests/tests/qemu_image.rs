@@ -70,7 +70,11 @@ impl Accel {
     }
 
     pub fn describe(&self) -> String {
-        let engine = if self.domain_type == "kvm" { "KVM" } else { "TCG (no KVM)" };
+        let engine = if self.domain_type == "kvm" {
+            "KVM"
+        } else {
+            "TCG (no KVM)"
+        };
         format!(
             "{engine}, --domain-type {}, CPU {}",
             self.domain_type,
@@ -98,22 +102,40 @@ impl ImageTier {
         if self.kvm.is_ok() && !tcg {
             self.kvm_accel()
         } else {
-            Accel { domain_type: "qemu", cpu: None }
+            Accel {
+                domain_type: "qemu",
+                cpu: None,
+            }
         }
     }
 
     pub fn kvm_accel(&self) -> Accel {
         let cpu = std::env::var("BIGFLEET_QEMU_KVM_CPU").unwrap_or_else(|_| KVM_CPU.to_owned());
-        Accel { domain_type: "kvm", cpu: Some(cpu) }
+        Accel {
+            domain_type: "kvm",
+            cpu: Some(cpu),
+        }
     }
 
     /// The provider's flags: `count` slots of a 1 vCPU / 1 GiB type in zone `local` on the
     /// image zone, the real image, the default NIC, `accel`, plus `extra`.
-    pub fn flags(&self, dir: &Path, label: &str, count: u32, accel: &Accel, extra: &[&str]) -> Vec<String> {
+    pub fn flags(
+        &self,
+        dir: &Path,
+        label: &str,
+        count: u32,
+        accel: &Accel,
+        extra: &[&str],
+    ) -> Vec<String> {
         let types = dir.join(format!("{label}-types.json"));
-        std::fs::write(&types, r#"{ "img.small": { "vcpu": 1, "memory_mib": 1024 } }"#).unwrap();
+        std::fs::write(
+            &types,
+            r#"{ "img.small": { "vcpu": 1, "memory_mib": 1024 } }"#,
+        )
+        .unwrap();
         let offerings = dir.join(format!("{label}-offerings.json"));
-        let offer = format!(r#"[{{ "instance_type": "img.small", "zone": "local", "count": {count} }}]"#);
+        let offer =
+            format!(r#"[{{ "instance_type": "img.small", "zone": "local", "count": {count} }}]"#);
         std::fs::write(&offerings, offer).unwrap();
         let mut args = vec![
             format!("--connect={}", self.uri),
@@ -130,7 +152,14 @@ impl ImageTier {
         args
     }
 
-    pub fn provider(&self, dir: &Path, label: &str, count: u32, accel: &Accel, extra: &[&str]) -> Server {
+    pub fn provider(
+        &self,
+        dir: &Path,
+        label: &str,
+        count: u32,
+        accel: &Accel,
+        extra: &[&str],
+    ) -> Server {
         let args = self.flags(dir, label, count, accel, extra);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Server::start(&args)
@@ -152,7 +181,10 @@ impl Libvirt {
     pub fn open(tier: &ImageTier) -> Self {
         virt::error::clear_error_callback();
         let conn = Connect::open(Some(&tier.uri)).expect("connect to the image zone's libvirtd");
-        Self { conn, pool: tier.pool.clone() }
+        Self {
+            conn,
+            pool: tier.pool.clone(),
+        }
     }
 
     pub fn domain(&self, name: &str) -> Option<Domain> {
@@ -160,7 +192,10 @@ impl Libvirt {
     }
 
     pub fn volumes(&self) -> Vec<String> {
-        let pool = self.conn.lookup_storage_pool_by_name(&self.pool).expect("the tier's pool");
+        let pool = self
+            .conn
+            .lookup_storage_pool_by_name(&self.pool)
+            .expect("the tier's pool");
         pool.refresh(0).expect("refresh the pool");
         let mut names = pool.list_volumes().expect("list volumes");
         names.sort();
@@ -178,12 +213,18 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .expect("run sha256sum");
     child.stdin.take().unwrap().write_all(bytes).unwrap();
     let out = child.wait_with_output().expect("sha256sum");
-    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_owned()
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// A binary bootstrap blob of `len` bytes (every byte value).
 fn blob(len: u32) -> Vec<u8> {
-    (0..len).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect()
+    (0..len)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
 }
 
 /// Sends a call, waits for `want`, and returns the machine and the time since `start`.
@@ -213,12 +254,27 @@ pub struct Timings {
 impl Timings {
     pub fn print(&self, what: &str) {
         println!("{what}:");
-        println!("  Create → Idle (domain running)      {:>9.2?}", self.create_idle);
-        println!("  Create → guest agent answers (boot) {:>9.2?}", self.agent_ready);
-        println!("  Create → Configured                 {:>9.2?}", self.configured);
-        println!("  Create → cloud-init done            {:>9.2?}", self.cloud_init_done);
+        println!(
+            "  Create → Idle (domain running)      {:>9.2?}",
+            self.create_idle
+        );
+        println!(
+            "  Create → guest agent answers (boot) {:>9.2?}",
+            self.agent_ready
+        );
+        println!(
+            "  Create → Configured                 {:>9.2?}",
+            self.configured
+        );
+        println!(
+            "  Create → cloud-init done            {:>9.2?}",
+            self.cloud_init_done
+        );
         println!("  Drain → Idle                        {:>9.2?}", self.drain);
-        println!("  Delete → Speculative                {:>9.2?}", self.delete);
+        println!(
+            "  Delete → Speculative                {:>9.2?}",
+            self.delete
+        );
     }
 }
 
@@ -253,7 +309,15 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str) -> Timings {
     let name = domain_name(&idle);
 
     let blob = blob(64 * 1024);
-    let accepted = configure_map(&mut c, &id, cluster, md(&[("team", "image")]), blob.clone(), None).await;
+    let accepted = configure_map(
+        &mut c,
+        &id,
+        cluster,
+        md(&[("team", "image")]),
+        blob.clone(),
+        None,
+    )
+    .await;
     let (configured, _) = settle(&mut c, &id, accepted, S::Configured, start).await;
     let configured_at = start.elapsed();
     assert_eq!(configured.cluster, cluster);
@@ -262,6 +326,9 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str) -> Timings {
     let cloud_init_done = start.elapsed();
     guest::assert_joined(&domain, cluster, &sha256_hex(&blob));
 
+    // A fresh connection: the provider closes client connections left idle while the guest
+    // was read.
+    let mut c = server.client().await;
     let drain_start = Instant::now();
     let accepted = drain(&mut c, &id, 30, None).await;
     let (drained, drain_wall) = settle(&mut c, &id, accepted, S::Idle, drain_start).await;
@@ -273,7 +340,11 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str) -> Timings {
     let (gone, delete_wall) = settle(&mut c, &id, accepted, S::Speculative, delete_start).await;
     assert!(!host_set(&gone), "{gone:?}");
     assert!(virt.domain(&name).is_none(), "{name} is undefined");
-    assert_eq!(virt.volumes(), volumes_before, "Delete removed every volume it made");
+    assert_eq!(
+        virt.volumes(),
+        volumes_before,
+        "Delete removed every volume it made"
+    );
     Timings {
         create_idle,
         agent_ready,

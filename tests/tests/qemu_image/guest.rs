@@ -43,7 +43,9 @@ pub fn sh(domain: &Domain, script: &str) -> Result<Exec, String> {
         &json!({"execute": "guest-exec", "arguments": {
             "path": "/bin/sh", "arg": ["-c", script], "capture-output": true}}),
     )?;
-    let pid = started["pid"].as_i64().ok_or("guest-exec returned no pid")?;
+    let pid = started["pid"]
+        .as_i64()
+        .ok_or("guest-exec returned no pid")?;
     let deadline = std::time::Instant::now() + EXEC;
     loop {
         let status = agent(
@@ -67,14 +69,19 @@ pub fn sh(domain: &Domain, script: &str) -> Result<Exec, String> {
 /// `sh` that must succeed; returns its stdout.
 pub fn run(domain: &Domain, script: &str) -> String {
     let exec = sh(domain, script).unwrap_or_else(|e| panic!("guest-exec {script:?}: {e}"));
-    assert_eq!(exec.code, 0, "{script:?} in the guest failed: {}", exec.stderr);
+    assert_eq!(
+        exec.code, 0,
+        "{script:?} in the guest failed: {}",
+        exec.stderr
+    );
     exec.stdout
 }
 
 /// A JSON file in the guest, read through the agent.
 pub fn json_file(domain: &Domain, path: &str) -> Value {
     let text = run(domain, &format!("cat {path}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} in the guest is not JSON ({e}): {text}"))
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{path} in the guest is not JSON ({e}): {text}"))
 }
 
 /// Waits until `cloud-init status --format json` says `done` for the NoCloud datasource
@@ -96,8 +103,15 @@ pub async fn cloud_init_done(domain: &Domain, name: &str) {
     .await;
     let status = last.into_inner();
     let datasource = status["datasource"].as_str().unwrap_or_default();
-    assert_eq!(datasource, "nocloud", "cloud-init read the provider's NoCloud seed: {status:#}");
-    assert_eq!(status["errors"], json!([]), "no cloud-init errors: {status:#}");
+    assert_eq!(
+        datasource, "nocloud",
+        "cloud-init read the provider's NoCloud seed: {status:#}"
+    );
+    assert_eq!(
+        status["errors"],
+        json!([]),
+        "no cloud-init errors: {status:#}"
+    );
     let instance = run(domain, "cat /var/lib/cloud/data/instance-id");
     assert!(
         instance.trim().starts_with(name),
@@ -107,7 +121,9 @@ pub async fn cloud_init_done(domain: &Domain, name: &str) {
 
 /// The instance-id cloud-init ran with.
 pub fn instance_id(domain: &Domain) -> String {
-    run(domain, "cat /var/lib/cloud/data/instance-id").trim().to_owned()
+    run(domain, "cat /var/lib/cloud/data/instance-id")
+        .trim()
+        .to_owned()
 }
 
 /// The bootstrap hook handed the join to systemd: bigfleet-join.service ran (and stays
@@ -122,12 +138,24 @@ pub fn assert_joined(domain: &Domain, cluster: &str, blob_sha256: &str) {
         "systemctl show -p ActiveState -p InvocationID bigfleet-join.service; cat /proc/1/comm",
     );
     let invocation = joined["invocation_id"].as_str().unwrap_or_default();
-    assert!(!invocation.is_empty(), "systemd ran the join (it has an invocation id): {joined}");
+    assert!(
+        !invocation.is_empty(),
+        "systemd ran the join (it has an invocation id): {joined}"
+    );
     assert!(unit.contains("ActiveState=active"), "{unit}");
-    assert!(unit.contains(&format!("InvocationID={invocation}")), "{unit} vs {joined}");
-    assert!(unit.trim_end().ends_with("systemd"), "PID 1 is systemd: {unit}");
+    assert!(
+        unit.contains(&format!("InvocationID={invocation}")),
+        "{unit} vs {joined}"
+    );
+    assert!(
+        unit.trim_end().ends_with("systemd"),
+        "PID 1 is systemd: {unit}"
+    );
     let blob = sh(domain, "test -e /opt/bigfleet/bootstrap.blob").unwrap();
-    assert_ne!(blob.code, 0, "the provider removed the blob once the hook ended");
+    assert_ne!(
+        blob.code, 0,
+        "the provider removed the blob once the hook ended"
+    );
 }
 
 /// The drain hook ran with the grace period and stopped the join unit.

@@ -33,6 +33,9 @@ async fn incarnation(server: &Server, virt: &Libvirt, id: &str) -> (String, Stri
     let runs = guest::run(&domain, "cat /var/lib/bigfleet/user-data-runs");
     let written = guest::run(&domain, "cat /var/lib/bigfleet/base-user-data");
     println!("  {name}: booted in {boot:.2?}, instance-id {instance}");
+    // A fresh connection: the provider closes client connections left idle while the guest
+    // was read.
+    let mut c = server.client().await;
     let accepted = delete(&mut c, id, None).await;
     settle(&mut c, id, accepted, S::Speculative, Instant::now()).await;
     (instance, runs, written)
@@ -54,8 +57,16 @@ async fn cloud_init_identity() {
     let (first, first_runs, _) = incarnation(&server, &virt, &id).await;
     let (second, second_runs, _) = incarnation(&server, &virt, &id).await;
     assert_ne!(first, second, "a re-created slot gets a new instance-id");
-    assert_eq!(first_runs.trim(), first, "user-data ran once, under the first instance-id");
-    assert_eq!(second_runs.trim(), second, "user-data ran again, under the new instance-id");
+    assert_eq!(
+        first_runs.trim(),
+        first,
+        "user-data ran once, under the first instance-id"
+    );
+    assert_eq!(
+        second_runs.trim(),
+        second,
+        "user-data ran again, under the new instance-id"
+    );
 }
 
 #[tokio::test]

@@ -20,7 +20,10 @@ const TRIAL_DOMAIN: bool = false;
 /// `doctor --trial-domain` with `--cpu=host-passthrough` on KVM: the `cpu trial` check blocks,
 /// naming why the trial domain died and a CPU mode to use instead.
 fn doctor_refuses_host_passthrough(tier: &ImageTier, dir: &Path) {
-    let accel = Accel { domain_type: "kvm", cpu: Some("host-passthrough".to_owned()) };
+    let accel = Accel {
+        domain_type: "kvm",
+        cpu: Some("host-passthrough".to_owned()),
+    };
     let mut args = tier.flags(dir, "img-doctor", 1, &accel, &[]);
     args.push("--trial-domain".to_owned());
     let out = Command::new(binary())
@@ -29,7 +32,10 @@ fn doctor_refuses_host_passthrough(tier: &ImageTier, dir: &Path) {
         .output()
         .expect("run doctor");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("doctor printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stderr))
+        panic!(
+            "doctor printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
     });
     let trial = report["checks"]
         .as_array()
@@ -39,7 +45,10 @@ fn doctor_refuses_host_passthrough(tier: &ImageTier, dir: &Path) {
         .unwrap_or_else(|| panic!("no cpu trial check: {report:#}"));
     println!("doctor --cpu=host-passthrough --trial-domain: {trial}");
     assert_eq!(trial["status"], "block", "{trial}");
-    assert!(trial["fix"].as_str().unwrap_or_default().contains("--cpu"), "{trial}");
+    assert!(
+        trial["fix"].as_str().unwrap_or_default().contains("--cpu"),
+        "{trial}"
+    );
 }
 
 #[tokio::test]

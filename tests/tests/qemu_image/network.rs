@@ -11,7 +11,9 @@ use super::*;
 /// The MAC of the domain's one NIC, from its live XML.
 fn mac_of(domain: &Domain) -> String {
     let xml = domain.xml_desc(0).expect("the domain's XML");
-    let at = xml.find("<mac address='").expect("the domain has a NIC with a MAC");
+    let at = xml
+        .find("<mac address='")
+        .expect("the domain has a NIC with a MAC");
     let rest = &xml[at + "<mac address='".len()..];
     rest[..rest.find('\'').unwrap()].to_ascii_lowercase()
 }
@@ -26,7 +28,13 @@ fn leased(tier: &ImageTier, mac: &str) -> Result<String, String> {
         .as_array()
         .into_iter()
         .flatten()
-        .find(|l| l["mac-address"].as_str().map(str::to_ascii_lowercase).as_deref() == Some(mac))
+        .find(|l| {
+            l["mac-address"]
+                .as_str()
+                .map(str::to_ascii_lowercase)
+                .as_deref()
+                == Some(mac)
+        })
         .and_then(|l| l["ip-address"].as_str().map(str::to_owned))
         .ok_or_else(|| format!("no lease for {mac} yet: {text}"))
 }
@@ -61,9 +69,17 @@ async fn incarnation(tier: &ImageTier, server: &Server, virt: &Libvirt, id: &str
     .await;
     let address = leased(tier, &mac).unwrap();
     let seen = guest_addresses(&domain, &mac);
-    println!("  {name}: MAC {mac}, lease {address} ({waited:.2?} after the agent, {boot:.2?} boot), guest sees {seen:?}");
-    assert!(address.starts_with("192.168.122."), "a lease on the tier's network: {address}");
+    println!(
+        "  {name}: MAC {mac}, lease {address} ({waited:.2?} after the agent, {boot:.2?} boot), guest sees {seen:?}"
+    );
+    assert!(
+        address.starts_with("192.168.122."),
+        "a lease on the tier's network: {address}"
+    );
     assert_eq!(seen, [address.clone()], "the guest's address is its lease");
+    // A fresh connection: the provider closes client connections left idle while the guest
+    // was read.
+    let mut c = server.client().await;
     let accepted = delete(&mut c, id, None).await;
     settle(&mut c, id, accepted, S::Speculative, Instant::now()).await;
     mac
@@ -74,7 +90,10 @@ async fn incarnation(tier: &ImageTier, server: &Server, virt: &Libvirt, id: &str
 async fn guest_network() {
     let tier = ImageTier::from_env();
     let accel = tier.accel();
-    println!("guest_network: {} on the NAT network default", accel.describe());
+    println!(
+        "guest_network: {} on the NAT network default",
+        accel.describe()
+    );
     let dir = tempfile::tempdir().unwrap();
     let virt = Libvirt::open(&tier);
     let server = tier.provider(dir.path(), "img-net", 1, &accel, &[]);
@@ -84,5 +103,9 @@ async fn guest_network() {
     let second = incarnation(&tier, &server, &virt, &id).await;
     assert_eq!(first, second, "a re-created slot keeps its derived MAC");
     let octet = u8::from_str_radix(&first[..2], 16).unwrap();
-    assert_eq!(octet & 0b11, 0b10, "a locally administered unicast MAC: {first}");
+    assert_eq!(
+        octet & 0b11,
+        0b10,
+        "a locally administered unicast MAC: {first}"
+    );
 }
