@@ -76,7 +76,11 @@ async fn incarnation(tier: &ImageTier, server: &Server, virt: &Libvirt, id: &str
         address.starts_with("192.168.122."),
         "a lease on the tier's network: {address}"
     );
-    assert_eq!(seen, [address.clone()], "the guest's address is its lease");
+    assert_eq!(
+        seen,
+        std::slice::from_ref(&address),
+        "the guest's address is its lease"
+    );
     // A fresh connection: the provider closes client connections left idle while the guest
     // was read.
     let mut c = server.client().await;
