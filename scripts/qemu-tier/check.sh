@@ -8,15 +8,19 @@ skip_reason() {
     [[ $(id -u) -eq 0 ]] || { echo "not root (needs chroot, mount and a system libvirtd)"; return; }
     [[ $(uname -m) == x86_64 ]] || { echo "not x86_64 ($(uname -m))"; return; }
     local tool
-    for tool in chroot mount umount mountpoint findmnt flock sha256sum timeout; do
+    for tool in chroot mount umount mountpoint findmnt flock sha256sum timeout ip nsenter; do
         command -v "$tool" >/dev/null || { echo "$tool is not installed"; return; }
     done
-    # QEMU's pty serial console and the daemons need these device nodes. (No /dev/net/tun:
-    # the tier's domains have no NIC.)
+    # QEMU's pty serial console and the daemons need these device nodes, and the image
+    # zone's guests their NIC's tap device.
     local node
-    for node in /dev/null /dev/zero /dev/urandom /dev/ptmx; do
+    for node in /dev/null /dev/zero /dev/urandom /dev/ptmx /dev/net/tun; do
         [[ -c $node ]] || { echo "no $node"; return; }
     done
+    # The image zone's libvirtd runs in a network namespace of its own (network.sh).
+    local ns=bigfleet-probe-$$
+    ip netns add "$ns" 2>/dev/null || { echo "cannot create a network namespace (ip netns add)"; return; }
+    ip netns delete "$ns"
     # Mounting (proc, bind mounts) must be allowed; a restricted container forbids it.
     local probe
     probe=$(mktemp -d)
@@ -44,8 +48,8 @@ skip_reason() {
     rm -rf "$probe"
     local available
     available=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
-    # Two daemons and up to three 384 MiB TCG guests at once.
-    ((available >= 2048)) || { echo "only ${available} MiB of memory available (needs 2048)"; return; }
+    # Three daemons and up to three 384 MiB guests, or two 1 GiB real-image guests, at once.
+    ((available >= 3072)) || { echo "only ${available} MiB of memory available (needs 3072)"; return; }
     # Everything below is only needed to build the chroot.
     if base_ready; then return; fi
     local free_mb

@@ -9,6 +9,11 @@
 # to the host's /dev or /sys.
 mount_chroot() {
     mountpoint -q "$R/proc" || mount -t proc proc "$R/proc"
+    # The image zone's /sys is a sysfs of its network namespace (so libvirt sees the
+    # namespace's bridge and NICs under /sys/class/net, not the host's).
+    if in_image_zone && ! mountpoint -q "$R/sys"; then
+        nsenter "--net=/run/netns/$(netns_name)" mount -t sysfs sysfs "$R/sys"
+    fi
     local fs
     for fs in dev sys; do
         if ! mountpoint -q "$R/$fs"; then
@@ -180,7 +185,7 @@ tier_running() {
 
 cmd_prepare() {
     local started=$SECONDS
-    if ! base_ready || ! guest_ready; then
+    if ! prepared; then
         tier_running && die "the tier is running with an outdated chroot; run: $0 stop"
         # Zones mounted on the old chroot go with it.
         unmount_zones
@@ -191,6 +196,9 @@ cmd_prepare() {
     fi
     if ! guest_ready; then
         build_guest
+    fi
+    if ! image_ready; then
+        build_image
     fi
     say "prepared $R ($((SECONDS - started))s)"
 }

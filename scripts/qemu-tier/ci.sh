@@ -37,7 +37,7 @@ cmd_ci() {
     # The tests drive the real binary; cargo test builds it (the tests are its package's).
     (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration -- \
             --ignored --nocapture --test-threads=1 qemu_e2e:: qemu_faults:: qemu_remote:: \
-            qemu_lanes::) || status=$?
+            qemu_lanes:: qemu_image::) || status=$?
     echo "qemu tier: test: $((SECONDS - test_started))s (exit status $status)"
     # Then the real-libvirt benchmark on the same daemons: numbers only, it fails only when a
     # call errors (the exit status is still the tests' when they failed first).

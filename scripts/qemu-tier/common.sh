@@ -8,15 +8,21 @@ tier_dir=$(realpath -m "${QEMU_TIER_DIR:-/var/tmp/bigfleet-qemu-tier}")
 R=$tier_dir/bookworm
 
 suite=bookworm
-# Packages installed in the chroot (the daemon, QEMU, the tools, and the guest's parts; and
-# for the remote zones, sshd, polkit and its system bus, and nc for libvirt's remote helper).
+# Packages installed in the chroot (the daemon, QEMU, the tools, and the guest's parts; for
+# the remote zones, sshd, polkit and its system bus, and nc for libvirt's remote helper; for
+# the image zone's NAT network, dnsmasq, iptables and iproute2; and the tools that lay out
+# the golden image's disk without loop devices: sfdisk, mkfs.vfat, mtools and GRUB's images).
 chroot_packages=(libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils
     libvirt-clients qemu-guest-agent busybox-static cpio kmod ovmf
-    openssh-server polkitd dbus netcat-openbsd)
+    openssh-server polkitd dbus netcat-openbsd
+    dnsmasq-base iptables iproute2
+    fdisk dosfstools mtools e2fsprogs grub-pc-bin grub-efi-amd64-bin)
 # Bump when the chroot recipe changes in a way that needs a fresh debootstrap.
 base_recipe=2
-# The zones: overlay mounts of the chroot, one libvirtd each.
-zones=(a b)
+# The zones: overlay mounts of the chroot, one libvirtd each. Zone c is the image zone: its
+# libvirtd runs in a network namespace with a NAT network (network.sh).
+zones=(a b c)
+image_zone=c
 
 pool=bigfleet
 pool_dir=/var/lib/libvirt/images/bigfleet
@@ -54,7 +60,9 @@ die() {
 
 # Commands inside the chroot run with a clean environment (no host PATH, locale, etc.).
 in_chroot() {
-    chroot "$R" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C.UTF-8 \
+    local netns
+    mapfile -t netns < <(netns_prefix)
+    "${netns[@]}" chroot "$R" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C.UTF-8 \
         DEBIAN_FRONTEND=noninteractive "$@"
 }
 
@@ -79,6 +87,8 @@ guest_stamp() {
 }
 
 base_ready() { [[ -f $base_marker && $(cat "$base_marker") == "$(base_stamp)" ]]; }
+# The image (image.sh) is part of what prepare makes.
+prepared() { base_ready && guest_ready && image_ready; }
 guest_ready() {
     [[ -f $guest_marker && $(cat "$guest_marker") == "$(guest_stamp)" && -s $R$kernel && -s $R$initrd ]]
 }

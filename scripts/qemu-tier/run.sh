@@ -1,33 +1,39 @@
 #!/usr/bin/env bash
-# The real-QEMU test tier: two real libvirtd + QEMU (TCG) hosts from one Debian 12 chroot,
-# and a tiny guest (Debian cloud kernel + busybox/qemu-ga initramfs) the provider can drive
-# through the guest agent. The chroot is only built and never run in: each zone (a and b)
-# is an overlayfs mount on top of it with its own upper layer, so the two daemons share the
-# packages and the guest but each has its own /etc/libvirt, /run, /var/lib/libvirt (pool
-# and golden image) and /var/log. The chroot keeps the host untouched: installing Debian 12's
+# The real-QEMU test tier: three real libvirtd + QEMU hosts from one Debian 12 chroot, a tiny
+# guest (Debian cloud kernel + busybox/qemu-ga initramfs) the provider can drive through the
+# guest agent, and a real Debian 12 golden image (image.sh) for the image zone c, whose
+# libvirtd runs in a network namespace with a NAT network (network.sh). The chroot is only
+# built and never run in: each zone (a, b and c) is an overlayfs mount on top of it with its
+# own upper layer, so the daemons share the packages and the guests but each has its own
+# /etc/libvirt, /run, /var/lib/libvirt (pool and golden image) and /var/log. The chroot keeps the host untouched: installing Debian 12's
 # qemu-system-x86 on the host would remove its newer qemu-utils (qemu-img 10.0.2, from
 # bookworm-backports), which declares Breaks: qemu-system-common (<< 8.0).
 #
 #   scripts/qemu-tier/run.sh check     exit 0 if this machine can run the tier, else print
 #                                      "qemu tier: skipped: <reason>" and exit 3
-#   scripts/qemu-tier/run.sh prepare   build the chroot and the guest (idempotent; fast when done)
-#   scripts/qemu-tier/run.sh start     mount both zones, start virtlogd + libvirtd in each, create
-#                                      each zone's pool and golden image
+#   scripts/qemu-tier/run.sh prepare   build the chroot, the guest and the golden image (idempotent;
+#                                      fast when done)
+#   scripts/qemu-tier/run.sh start     mount the zones, start virtlogd + libvirtd in each, create
+#                                      each zone's pool and golden image (zone c: in its network
+#                                      namespace, with the network default, the real image, and
+#                                      a KVM probe)
 #   scripts/qemu-tier/run.sh env       print the BIGFLEET_QEMU_* export lines for the test
 #   scripts/qemu-tier/run.sh stop      remove every domain, stop the daemons, unmount
 #   scripts/qemu-tier/run.sh ci        check (skip = exit 0), prepare, start, run the qemu_e2e,
-#                                      qemu_faults, qemu_lanes and qemu_remote tests (tests/tests/),
-#                                      then the real-libvirt benchmark (scripts/bench/real-libvirt.sh),
-#                                      always stop; exits with the tests' status (else the bench's)
+#                                      qemu_faults, qemu_lanes, qemu_remote and qemu_image tests
+#                                      (tests/tests/), then the real-libvirt benchmark
+#                                      (scripts/bench/real-libvirt.sh), always stop; exits with the
+#                                      tests' status (else the bench's)
 #   scripts/qemu-tier/run.sh libvirtd ZONE kill|term|start
 #                                      SIGKILL / SIGTERM (waiting for it to exit) / start (waiting
 #                                      until it answers) one zone's libvirtd; takes no lock, for
 #                                      the fault tests while ci runs them
-#   scripts/qemu-tier/run.sh virsh ... virsh against zone a's daemon (QEMU_TIER_ZONE=b: zone b's)
+#   scripts/qemu-tier/run.sh virsh ... virsh against zone a's daemon (QEMU_TIER_ZONE=b or c: that
+#                                      zone's)
 #   scripts/qemu-tier/run.sh shell     a shell inside the chroot (mounts it first)
 #
 # Environment: QEMU_TIER_DIR (default /var/tmp/bigfleet-qemu-tier) holds the chroot in
-# $QEMU_TIER_DIR/bookworm and the zones in $QEMU_TIER_DIR/zone-{a,b} (every socket, pid
+# $QEMU_TIER_DIR/bookworm and the zones in $QEMU_TIER_DIR/zone-{a,b,c} (every socket, pid
 # file, pool and log lives under it); QEMU_TIER_MIRROR overrides the Debian mirror debootstrap uses
 # (default: the host's, from /etc/apt/sources.list.d/debian.sources). Needs root, x86_64,
 # apt and the mirror (only while the chroot is built).
@@ -35,8 +41,9 @@
 # tests talk to each daemon through its zone's socket from the host.
 #
 # This file holds the commands; its parts sit beside it and the guest's files: common.sh
-# (settings and helpers), check.sh, chroot.sh (kernel mounts, processes, prepare), zones.sh
-# (start, stop, libvirtd, env) and ci.sh.
+# (settings and helpers), check.sh, chroot.sh (kernel mounts, processes, prepare), image.sh
+# (the golden image; its files in image/), network.sh (zone c's namespace, network and KVM
+# probe), zones.sh (start, stop, libvirtd, env), remote.sh and ci.sh.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -49,6 +56,10 @@ source "$guest_src/common.sh"
 source "$guest_src/check.sh"
 # shellcheck source=scripts/qemu-tier/chroot.sh
 source "$guest_src/chroot.sh"
+# shellcheck source=scripts/qemu-tier/image.sh
+source "$guest_src/image.sh"
+# shellcheck source=scripts/qemu-tier/network.sh
+source "$guest_src/network.sh"
 # shellcheck source=scripts/qemu-tier/zones.sh
 source "$guest_src/zones.sh"
 # shellcheck source=scripts/qemu-tier/remote.sh
@@ -84,7 +95,7 @@ virsh)
     in_zone "$zone" in_chroot virsh -c qemu:///system "$@"
     ;;
 shell)
-    base_ready || die "not prepared; run: $0 prepare"
+    prepared || die "not prepared; run: $0 prepare"
     lock
     mount_chroot
     in_chroot TERM="${TERM:-dumb}" /bin/bash -l || true

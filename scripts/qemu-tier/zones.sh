@@ -12,7 +12,7 @@ mount_zone() {
     dir=$(zone_dir "$1")
     root=$(zone_root "$1")
     mountpoint -q "$root" && return 0
-    stamp="$(base_stamp) $(guest_stamp)"
+    stamp="$(base_stamp) $(guest_stamp) $(image_stamp)"
     if [[ ! -f $dir/.stamp || $(cat "$dir/.stamp") != "$stamp" ]]; then
         rm -rf --one-file-system "$dir/upper" "$dir/work"
     fi
@@ -86,8 +86,10 @@ ensure_pool() {
 
 cmd_start() {
     local started=$SECONDS z
-    if ! base_ready || ! guest_ready; then die "not prepared; run: $0 prepare"; fi
-    # Both daemons probe QEMU at once, then each gets its pool.
+    prepared || die "not prepared; run: $0 prepare"
+    ensure_netns
+    # The daemons probe QEMU at once, then each gets its pool (and zone c its network and
+    # the real golden image).
     for z in "${zones[@]}"; do
         mount_zone "$z"
         in_zone "$z" mount_chroot
@@ -98,6 +100,12 @@ cmd_start() {
     for z in "${zones[@]}"; do
         in_zone "$z" await_libvirtd
         in_zone "$z" ensure_pool
+        if [[ $z == "$image_zone" ]]; then
+            in_zone "$z" ensure_network
+            in_zone "$z" ensure_real_image
+            in_zone "$z" cached_kvm_probe
+            say "zone $z: KVM: $(cat "$(zone_dir "$z")/kvm")"
+        fi
         say "zone $z: libvirtd pid $(in_zone "$z" chroot_pid libvirtd), virtlogd pid $(in_zone "$z" chroot_pid virtlogd)"
     done
     say "started zones ${zones[*]} with pool $pool and image $image ($((SECONDS - started))s)"
@@ -117,7 +125,7 @@ stop_root() {
         done < <(virsh_ list --all --name 2>/dev/null)
         if virsh_ pool-refresh "$pool" >/dev/null 2>&1; then
             while read -r volume _; do
-                [[ -n $volume && $volume != "$image" ]] || continue
+                [[ -n $volume && $volume != "$image" && $volume != "$real_image" ]] || continue
                 virsh_ vol-delete --pool "$pool" "$volume" >/dev/null 2>&1 || true
             done < <(virsh_ vol-list "$pool" 2>/dev/null)
         fi
@@ -157,6 +165,7 @@ cmd_stop() {
         in_zone "$z" stop_root
     done
     unmount_zones
+    remove_netns
     # The chroot itself: mounts left by prepare (and daemons of an older, single-zone tier).
     stop_root
     say "stopped"
@@ -203,6 +212,9 @@ cmd_env() {
     echo "export BIGFLEET_QEMU_INITRD='$initrd'"
     echo "export BIGFLEET_QEMU_CMDLINE='$cmdline'"
     # The fault tests stop and start daemons through this script, in this tier.
+    # The image zone: the real golden image, and whether its QEMU can use KVM.
+    echo "export BIGFLEET_QEMU_REAL_IMAGE='$real_image'"
+    echo "export BIGFLEET_QEMU_KVM='$(cat "$(zone_dir "$image_zone")/kvm" 2>/dev/null || echo "no: the tier is not started")'"
     echo "export BIGFLEET_QEMU_TIER_SCRIPT='$repo/scripts/qemu-tier/run.sh'"
     echo "export QEMU_TIER_DIR='$tier_dir'"
     remote_env

@@ -45,6 +45,7 @@ mod ops;
 mod property;
 mod qemu_e2e;
 mod qemu_faults;
+mod qemu_image;
 mod qemu_lanes;
 mod qemu_remote;
 mod qemu_zones;

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The real-QEMU tier's golden image: a Debian 12 disk built from Debian's packages only,
+# with its own boot loader (GRUB for BIOS and UEFI on one disk), systemd, cloud-init,
+# qemu-guest-agent and the bigfleet hooks (scripts/qemu-tier/image/). `prepare` builds it
+# once and caches it in the chroot's /guest (a stamp over the recipe and the files, like the
+# guest's); `start` puts it into zone c's pool. docs/golden-image.md is the same recipe for
+# operators.
+# Sourced by scripts/qemu-tier/run.sh (not run on its own), after common.sh.
+# shellcheck disable=SC2154 # the lowercase settings (tier_dir, repo, ...) are set in common.sh and run.sh
+
+# The image's packages, on top of debootstrap's minbase. Debian's generic kernel, not its
+# cloud kernel: the cloud kernel has no AHCI driver, so it cannot see the SATA CD-ROM the
+# provider attaches the NoCloud seed on (cloud-init then runs with instance-id "nocloud" and
+# no user-data). cloud-guest-utils and fdisk let cloud-init grow the root partition to the
+# overlay's size.
+image_packages=(linux-image-amd64 systemd systemd-sysv udev dbus cloud-init
+    cloud-guest-utils fdisk e2fsprogs qemu-guest-agent iproute2)
+# Bump when the image recipe changes in a way the stamp cannot see.
+image_recipe=1
+# The image inside the chroot (so in every zone), and its volume name in zone c's pool.
+real_image=debian-12-bigfleet.qcow2
+image_file=/guest/$real_image
+image_marker=$R/guest/.bigfleet-image
+# Where it is built (inside the chroot, where the disk tools are); removed afterwards.
+image_work=/image
+
+image_stamp() {
+    { base_stamp; printf '%s\n' "$image_recipe" "${image_packages[@]}"; cat "$guest_src"/image/*; } \
+        | sha256sum | cut -c1-16
+}
+image_ready() {
+    [[ -f $image_marker && $(cat "$image_marker") == "$(image_stamp)" && -s $R$image_file ]]
+}
+
+# Runs "$@" with R pointing at the image's root file system (mount_chroot, in_chroot and
+# unmount_chroot then work on it).
+in_image_root() {
+    local R=$R$image_work/root
+    "$@"
+}
+
+# debootstrap, the packages, the hooks and units, inside $R$image_work/root.
+image_rootfs() {
+    local root=$R$image_work/root src=$guest_src/image
+    say "image: debootstrap --variant=minbase $suite"
+    debootstrap --variant=minbase "$suite" "$root" "$(mirror)" >"$tier_dir/image-debootstrap.log" 2>&1 \
+        || { tail -n 20 "$tier_dir/image-debootstrap.log" >&2; die "debootstrap of the image failed (log: $tier_dir/image-debootstrap.log)"; }
+    if [[ -z ${QEMU_TIER_MIRROR:-} && -r /etc/apt/sources.list.d/debian.sources ]]; then
+        cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/"
+        rm -f "$root/etc/apt/sources.list"
+    fi
+    cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+    printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+    chmod 755 "$root/usr/sbin/policy-rc.d"
+    install -m 0644 "$src/nodoc" "$root/etc/dpkg/dpkg.cfg.d/01-bigfleet-nodoc"
+    in_image_root mount_chroot
+    in_image_root in_chroot apt-get update -q >"$tier_dir/image-apt.log" 2>&1 \
+        || { tail -n 20 "$tier_dir/image-apt.log" >&2; die "apt-get update in the image failed"; }
+    in_image_root in_chroot apt-get install -y -q --no-install-recommends "${image_packages[@]}" \
+        >>"$tier_dir/image-apt.log" 2>&1 \
+        || { tail -n 20 "$tier_dir/image-apt.log" >&2; die "apt-get install in the image failed (log: $tier_dir/image-apt.log)"; }
+    in_image_root in_chroot apt-get clean
+    install -d "$root/opt/bigfleet"
+    install -m 0755 "$src/bootstrap" "$src/drain" "$src/join" "$root/opt/bigfleet/"
+    install -m 0644 "$src/bigfleet-join.service" "$root/etc/systemd/system/"
+    install -m 0644 "$src/90-bigfleet.cfg" "$root/etc/cloud/cloud.cfg.d/"
+    install -m 0644 "$src/80-dhcp.network" "$root/etc/systemd/network/"
+    in_image_root in_chroot systemctl enable systemd-networkd.service >/dev/null 2>&1
+    echo 'LABEL=bigfleet-root / ext4 defaults,errors=remount-ro 0 1' >"$root/etc/fstab"
+    # Per-machine state a golden image must not carry: each boot makes its own.
+    : >"$root/etc/machine-id"
+    rm -f "$root/var/lib/dbus/machine-id" "$root/usr/sbin/policy-rc.d"
+    : >"$root/etc/resolv.conf"
+    rm -rf "$root"/var/lib/apt/lists/* "$root"/var/log/*.log "$root/var/cache/debconf"/*-old
+    in_image_root unmount_chroot
+}
+
+build_image() {
+    local started=$SECONDS
+    mount_chroot
+    if [[ -e $R$image_work ]]; then
+        in_image_root unmount_chroot
+        rm -rf --one-file-system "${R:?}$image_work"
+    fi
+    mkdir -p "$R$image_work/src"
+    image_rootfs
+    say "image: root file system: $((SECONDS - started))s"
+    cp "$guest_src/image/assemble" "$R$image_work/src/"
+    rm -f "$R$image_file" "$image_marker"
+    in_chroot /bin/bash "$image_work/src/assemble" "$image_file" || die "assembling the image failed"
+    rm -rf --one-file-system "${R:?}$image_work"
+    image_stamp >"$image_marker"
+    say "image: $image_file built in $((SECONDS - started))s"
+}
+
+# Zone c's copy of the image in its pool (at $R = zone c's root), unless it has it.
+ensure_real_image() {
+    # The stamp sits outside the pool (every file in a dir pool is a volume).
+    local target=$R$pool_dir/$real_image stamp=$R/var/lib/libvirt/.bigfleet-image
+    if [[ ! -f $target || $(cat "$stamp" 2>/dev/null) != "$(image_stamp)" ]]; then
+        cp --reflink=auto "$R$image_file" "$R/var/lib/libvirt/$real_image.tmp"
+        mv "$R/var/lib/libvirt/$real_image.tmp" "$target"
+        image_stamp >"$stamp"
+    fi
+    virsh_ pool-refresh "$pool" >/dev/null
+}

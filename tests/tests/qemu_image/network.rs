@@ -1,0 +1,115 @@
+//! `guest_network`: the real image's NIC on the image zone's NAT network `default`: a DHCP
+//! lease from libvirt's dnsmasq for the MAC the provider derived from the machine id, the
+//! same MAC after the slot is re-created, and the guest's own view (`ip -j addr`, through the
+//! agent) agreeing with the lease.
+
+use serde_json::Value;
+use virt::domain::Domain;
+
+use super::*;
+
+/// The MAC of the domain's one NIC, from its live XML.
+fn mac_of(domain: &Domain) -> String {
+    let xml = domain.xml_desc(0).expect("the domain's XML");
+    let at = xml
+        .find("<mac address='")
+        .expect("the domain has a NIC with a MAC");
+    let rest = &xml[at + "<mac address='".len()..];
+    rest[..rest.find('\'').unwrap()].to_ascii_lowercase()
+}
+
+/// The IPv4 address dnsmasq leased to `mac`, from the network's status file.
+fn leased(tier: &ImageTier, mac: &str) -> Result<String, String> {
+    let path = tier.host_path("/var/lib/libvirt/dnsmasq/virbr0.status");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let leases: Value = serde_json::from_str(if text.trim().is_empty() { "[]" } else { &text })
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    leases
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|l| {
+            l["mac-address"]
+                .as_str()
+                .map(str::to_ascii_lowercase)
+                .as_deref()
+                == Some(mac)
+        })
+        .and_then(|l| l["ip-address"].as_str().map(str::to_owned))
+        .ok_or_else(|| format!("no lease for {mac} yet: {text}"))
+}
+
+/// The guest's interface with `mac` and its IPv4 addresses, from `ip -j addr`.
+fn guest_addresses(domain: &Domain, mac: &str) -> Vec<String> {
+    let links: Value = serde_json::from_str(&guest::run(domain, "ip -j addr show")).unwrap();
+    let link = links
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["address"].as_str() == Some(mac))
+        .unwrap_or_else(|| panic!("the guest has no NIC with MAC {mac}: {links:#}"));
+    link["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["family"] == "inet")
+        .filter_map(|a| a["local"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// One incarnation of the slot: boots, checks lease and guest agree, deletes; returns the MAC.
+async fn incarnation(tier: &ImageTier, server: &Server, virt: &Libvirt, id: &str) -> String {
+    let mut c = server.client().await;
+    let (idle, domain, _, boot) = create_and_boot(&mut c, virt, id).await;
+    let name = domain_name(&idle);
+    let mac = mac_of(&domain);
+    let waited = until_explained(&format!("a DHCP lease for {name} ({mac})"), BOOT, || {
+        leased(tier, &mac).map(|_| ())
+    })
+    .await;
+    let address = leased(tier, &mac).unwrap();
+    let seen = guest_addresses(&domain, &mac);
+    println!(
+        "  {name}: MAC {mac}, lease {address} ({waited:.2?} after the agent, {boot:.2?} boot), guest sees {seen:?}"
+    );
+    assert!(
+        address.starts_with("192.168.122."),
+        "a lease on the tier's network: {address}"
+    );
+    assert_eq!(
+        seen,
+        std::slice::from_ref(&address),
+        "the guest's address is its lease"
+    );
+    // A fresh connection: the provider closes client connections left idle while the guest
+    // was read.
+    let mut c = server.client().await;
+    let accepted = delete(&mut c, id, None).await;
+    settle(&mut c, id, accepted, S::Speculative, Instant::now()).await;
+    mac
+}
+
+#[tokio::test]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
+async fn guest_network() {
+    let tier = ImageTier::from_env();
+    let accel = tier.accel();
+    println!(
+        "guest_network: {} on the NAT network default",
+        accel.describe()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let virt = Libvirt::open(&tier);
+    let server = tier.provider(dir.path(), "img-net", 1, &accel, &[]);
+    let mut c = server.client().await;
+    let id = pick(&server, &mut c).await;
+    let first = incarnation(&tier, &server, &virt, &id).await;
+    let second = incarnation(&tier, &server, &virt, &id).await;
+    assert_eq!(first, second, "a re-created slot keeps its derived MAC");
+    let octet = u8::from_str_radix(&first[..2], 16).unwrap();
+    assert_eq!(
+        octet & 0b11,
+        0b10,
+        "a locally administered unicast MAC: {first}"
+    );
+}
