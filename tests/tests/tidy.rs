@@ -19,8 +19,8 @@ fn workspace_root() -> PathBuf {
     crate::harness::repo_root()
 }
 
-/// `cargo metadata` of the workspace's own crates (no dependencies resolved).
-fn workspace_metadata() -> serde_json::Value {
+/// The normal (non-dev, non-build) dependencies each workspace crate declares.
+fn declared_dependencies() -> Vec<(String, BTreeSet<String>)> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(cargo)
         .args([
@@ -39,12 +39,6 @@ fn workspace_metadata() -> serde_json::Value {
         String::from_utf8_lossy(&output.stderr)
     );
     let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    metadata
-}
-
-/// The normal (non-dev, non-build) dependencies each workspace crate declares.
-fn declared_dependencies() -> Vec<(String, BTreeSet<String>)> {
-    let metadata = workspace_metadata();
     metadata["packages"]
         .as_array()
         .unwrap()
