@@ -113,3 +113,46 @@ async fn guest_network() {
         "a locally administered unicast MAC: {first}"
     );
 }
+
+/// `--nic bridge=virbr0`: the NIC on an existing host bridge (here the NAT network's own
+/// bridge, which libvirt's dnsmasq serves) instead of a libvirt network: the domain's
+/// interface is of type `bridge`, and the guest still gets a lease for its derived MAC.
+#[tokio::test]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
+async fn guest_network_on_a_bridge() {
+    let tier = ImageTier::from_env();
+    let accel = tier.accel();
+    println!(
+        "guest_network_on_a_bridge: {} on the host bridge virbr0",
+        accel.describe()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let virt = Libvirt::open(&tier);
+    let server = tier.provider(
+        dir.path(),
+        "img-bridge",
+        1,
+        &accel,
+        &["--nic=bridge=virbr0"],
+    );
+    let mut c = server.client().await;
+    let id = pick(&server, &mut c).await;
+    let (idle, domain, _, _) = create_and_boot(&mut c, &virt, &id).await;
+    let name = domain_name(&idle);
+    let xml = domain.xml_desc(0).expect("the domain's XML");
+    assert!(
+        xml.contains("<interface type='bridge'>") && xml.contains("<source bridge='virbr0'/>"),
+        "{name} has its NIC on the bridge: {xml}"
+    );
+    let mac = mac_of(&domain);
+    until_explained(&format!("a DHCP lease for {name} ({mac})"), BOOT, || {
+        leased(&tier, &mac).map(|_| ())
+    })
+    .await;
+    let address = leased(&tier, &mac).unwrap();
+    assert_eq!(guest_addresses(&domain, &mac), [address.clone()]);
+    println!("  {name}: bridge NIC, MAC {mac}, lease {address}");
+    let mut c = server.client().await;
+    let accepted = delete(&mut c, &id, None).await;
+    settle(&mut c, &id, accepted, S::Speculative, Instant::now()).await;
+}
