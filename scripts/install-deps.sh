@@ -3,6 +3,10 @@
 # supply-chain checks and the SBOM (scripts/install-cargo-tools.sh: cargo-audit, cargo-deny,
 # cargo-cyclonedx, built from crates.io at pinned versions). Safe to run repeatedly; run as
 # root (or with sudo) on Debian 12. Installs nothing when everything is already present.
+#
+#   scripts/install-deps.sh              both
+#   scripts/install-deps.sh --packages   only the Debian packages (CI starts the tier's
+#                                        background prepare before the cargo tools build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,4 +28,7 @@ if ((${#missing[@]} > 0)); then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
+if [[ ${1:-} == --packages ]]; then
+    exit 0
+fi
 scripts/install-cargo-tools.sh

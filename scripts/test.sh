@@ -11,6 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
+if [[ ${1:-} != --quick ]]; then
+    # The tier's chroot and golden image build from Debian's packages (mostly download and
+    # unpack): let that overlap the cargo builds; the tier's `ci` below waits for it.
+    scripts/qemu-tier/run.sh prepare --background
+fi
 cargo test --locked --workspace
 if [[ ${1:-} == --quick ]]; then
     exit 0

@@ -20,10 +20,46 @@ ci_cleanup() {
     exit "$status"
 }
 
+# Starts `prepare` detached, its output in $tier_dir/prepare.log and its pid in
+# $tier_dir/prepare.pid, unless the tier is skipped here or a background prepare runs.
+prepare_in_background() {
+    if skipped; then
+        return 0
+    fi
+    mkdir -p "$tier_dir"
+    if background_prepare_running; then
+        say "a background prepare already runs (pid $(cat "$tier_dir/prepare.pid"))"
+        return 0
+    fi
+    setsid "$repo/scripts/qemu-tier/run.sh" prepare >"$tier_dir/prepare.log" 2>&1 </dev/null &
+    echo $! >"$tier_dir/prepare.pid"
+    say "prepare runs in the background (pid $!, log: $tier_dir/prepare.log)"
+}
+
+background_prepare_running() {
+    local pid
+    pid=$(cat "$tier_dir/prepare.pid" 2>/dev/null) || return 1
+    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null
+}
+
+# Waits for a background prepare to end and shows how it went. A failed one is not fatal
+# here: ci's own prepare runs next and either finishes the work or fails with the reason.
+wait_for_background_prepare() {
+    [[ -f $tier_dir/prepare.pid ]] || return 0
+    if background_prepare_running; then
+        say "waiting for the background prepare (pid $(cat "$tier_dir/prepare.pid"), log: $tier_dir/prepare.log)"
+        while background_prepare_running; do sleep 5; done
+    fi
+    rm -f "$tier_dir/prepare.pid"
+    say "the background prepare ended; the last lines of its log:"
+    tail -n 5 "$tier_dir/prepare.log" >&2 || true
+}
+
 cmd_ci() {
     if skipped; then
         return 0
     fi
+    timed wait-background-prepare wait_for_background_prepare
     lock
     ci_started=$SECONDS
     # Whatever happens from here on, the daemons are stopped and the mounts undone; the

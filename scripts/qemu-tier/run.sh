@@ -13,6 +13,10 @@
 #                                      "qemu tier: skipped: <reason>" and exit 3
 #   scripts/qemu-tier/run.sh prepare   build the chroot, the guest and the golden image (idempotent;
 #                                      fast when done)
+#   scripts/qemu-tier/run.sh prepare --background
+#                                      the same in the background (log: $QEMU_TIER_DIR/prepare.log),
+#                                      so it overlaps the cargo builds; `ci` waits for it. Does
+#                                      nothing where the tier is skipped or one already runs
 #   scripts/qemu-tier/run.sh start     mount the zones, start virtlogd + libvirtd in each, create
 #                                      each zone's pool and golden image (zone c: in its network
 #                                      namespace, with the network default, the real image, and
@@ -73,6 +77,10 @@ usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0";
 case "${1:-}" in
 check) cmd_check ;;
 prepare)
+    if [[ ${2:-} == --background ]]; then
+        prepare_in_background
+        exit 0
+    fi
     lock
     # The mounts prepare needs are undone when it ends (even on failure), unless the tier
     # is running.
