@@ -21,6 +21,7 @@ bugs=(
     bug-per-shard-fence
     bug-transition-after-commit
     bug-detached-transition-span
+    bug-lanes-over-budget
 )
 
 sim() { # [--features F] -- runner args

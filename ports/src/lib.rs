@@ -9,6 +9,7 @@ mod clock;
 mod compensation;
 mod domain_ref;
 mod hypervisor;
+pub mod lanes;
 mod provider;
 mod spawn;
 mod store;

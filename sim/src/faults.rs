@@ -8,6 +8,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use bigfleet_libvirt_ports::lanes::{Budget, LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS};
+
 use crate::rng::{Ratio, SimRng};
 
 /// A closed interval of simulated time (since the start of the run).
@@ -46,6 +48,49 @@ pub struct HostFaults {
     pub service: (Duration, Duration),
     /// Hosts unreachable for a while (target = host index).
     pub outages: Vec<Window>,
+}
+
+/// libvirtd's limit on each host and the provider's budget against it (not faults: the
+/// limits the provider must keep to).
+#[derive(Clone, Debug)]
+pub struct Libvirtd {
+    /// Each host's `max_client_requests`: requests of one client connection a host serves
+    /// at once; more wait in the daemon until one finishes.
+    pub max_client_requests: Vec<usize>,
+    /// The provider's per-host budget (`--host-budget`, `--agent-budget`), drawn at most
+    /// the smallest limit minus one (the headroom the product's default leaves for its
+    /// liveness probe) and validated by the product's `Budget::new`.
+    pub budget: Budget,
+}
+
+impl Libvirtd {
+    /// Draws the limits of `hosts` hosts and a budget that keeps below every one.
+    fn draw(rng: &mut SimRng, hosts: usize) -> Self {
+        let default = u64::try_from(LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS).expect("small");
+        let max_client_requests: Vec<usize> = (0..hosts)
+            .map(|_| {
+                let limit = if rng.chance(Ratio::new(1, 2)) {
+                    default
+                } else {
+                    rng.between(2, 8)
+                };
+                usize::try_from(limit).expect("small")
+            })
+            .collect();
+        let lowest = max_client_requests.iter().copied().min().unwrap_or(2);
+        let high = u64::try_from(lowest - 1).expect("small");
+        let host = rng.between(1, high);
+        let agent = rng.between(1, host);
+        let budget = Budget::new(
+            usize::try_from(host).expect("small"),
+            usize::try_from(agent).expect("small"),
+        )
+        .expect("the drawn budget is valid");
+        Self {
+            max_client_requests,
+            budget,
+        }
+    }
 }
 
 /// Shard ↔ provider network faults.
@@ -103,6 +148,8 @@ pub struct FaultPlan {
     pub net: NetFaults,
     /// Store faults.
     pub store: StoreFaults,
+    /// libvirtd's limits and the provider's budget.
+    pub libvirtd: Libvirtd,
     /// When the provider is killed.
     pub crashes: Vec<Duration>,
     /// How long a killed provider stays down.
@@ -174,6 +221,8 @@ impl FaultPlan {
         let restart_delay = (ms(200), secs(rng.between(1, 10)));
         let zombie_life = (secs(1), secs(rng.between(5, 60)));
         net.cancel = rng.swarm_rate(CANCEL_RATES);
+        // Drawn after everything else, so adding it left the earlier draws as they were.
+        let libvirtd = Libvirtd::draw(&mut rng, hosts);
         Self {
             seed,
             hosts,
@@ -187,6 +236,7 @@ impl FaultPlan {
             host,
             net,
             store,
+            libvirtd,
             crashes,
             restart_delay,
             shard_restarts,
@@ -259,6 +309,12 @@ impl fmt::Display for FaultPlan {
             h.error, h.spike, h.hang, h.lost_reply, h.partial_create, h.service.0, h.service.1
         )?;
         show_windows(f, "outages", &h.outages)?;
+        let l = &self.libvirtd;
+        write!(
+            f,
+            "\n  libvirtd: max_client_requests={:?} host_budget={} agent_budget={}",
+            l.max_client_requests, l.budget.host, l.budget.agent
+        )?;
         write!(
             f,
             "\n  network: delay<={:?} drop_request={} drop_reply={} cancel={}",

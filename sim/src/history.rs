@@ -25,6 +25,17 @@ pub enum Event {
         /// Hosts holding a domain for it afterwards.
         domains: usize,
     },
+    /// A request of the provider's connection `connection` arrived at host `host`, which
+    /// then had `in_flight` requests of that connection (this one included) not yet
+    /// finished, queued in the daemon or executing.
+    HostLoad {
+        /// The host's index (`zone-<host>`).
+        host: usize,
+        /// Which provider process's connection (one per `SimHypervisor`).
+        connection: u64,
+        /// Its requests on the host right after this one arrived.
+        in_flight: usize,
+    },
     /// The provider opened a span of interest (`crate::spans`).
     Span(SpanSeen),
 }

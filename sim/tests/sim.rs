@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use bigfleet_libvirt_ports::lanes::Budget;
+use bigfleet_libvirt_sim::checkers::Invariant;
 use bigfleet_libvirt_sim::faults::{FaultPlan, Window};
 use bigfleet_libvirt_sim::rng::Ratio;
 use bigfleet_libvirt_sim::scenario::{RunReport, run_plan, run_seed};
@@ -199,4 +201,40 @@ fn outages_and_partitions_heal() {
     // Only the partitions make calls indefinite in this plan (whether the lost ones are
     // traced mutations or untraced Gets and Lists depends on the schedule).
     assert!(report.stats.indefinite > 0, "partitioned calls were lost");
+}
+
+/// Goal: the `host-budget` invariant sees a provider that keeps more in flight on a host
+/// than its libvirtd's `max_client_requests`, and the host makes the surplus wait in the
+/// daemon instead of running it. Method: no faults, busy shards, hosts that serve one
+/// request per connection at a time and slow service, and a provider budget of 3 built
+/// past `Budget::new`'s checks (the misconfiguration `doctor` warns about).
+#[test]
+fn a_budget_over_max_client_requests_is_caught_and_queued_in_the_daemon() {
+    let mut plan = quiet_plan(16);
+    plan.workers = 3;
+    plan.host.service = (Duration::from_millis(200), Duration::from_millis(800));
+    plan.libvirtd.max_client_requests = vec![1; plan.hosts];
+    plan.libvirtd.budget = Budget { host: 3, agent: 1 };
+    let report = on_own_thread(move || run_plan(plan, true));
+    assert!(
+        report
+            .violations
+            .counts
+            .contains_key(&Invariant::HostBudget),
+        "over max_client_requests was not reported: {:?}",
+        report.violations.counts
+    );
+    assert!(
+        report
+            .violations
+            .first
+            .iter()
+            .any(|v| v.detail.contains("max_client_requests 1")),
+        "{:#?}",
+        report.violations.first
+    );
+    assert!(
+        traced(&report, "the request waits in the daemon"),
+        "some request waited for a daemon worker"
+    );
 }

@@ -159,7 +159,7 @@ impl Host {
         let host = Self {
             zone: zone.to_owned(),
             uri: uri.to_owned(),
-            lanes: Lanes::new(zone, budget, lane_metrics),
+            lanes: Lanes::new(zone, budget, Arc::new(lane_metrics)),
             policy,
             slot: Mutex::new(Slot {
                 session: None,

@@ -7,6 +7,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use bigfleet_libvirt_system::Stopwatch;
+
+use crate::lanes::{Lane, LaneObserver};
+
 /// Labels of the per-lane series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LaneLabels {
@@ -123,5 +127,61 @@ impl LaneMetrics {
         prometheus_client::encoding::text::encode(&mut out, &registry)
             .expect("encode metrics into a string");
         out
+    }
+}
+
+/// The lanes' view of a host, as series: the wait is timed here, from the call's arrival
+/// at its lanes to its grant.
+impl LaneObserver for LaneMetrics {
+    fn budget(&self, zone: &str, budget: usize) {
+        self.set_budget(zone, budget);
+    }
+
+    fn lane(&self, zone: &str, lane: Lane, depth: usize, in_flight: usize) {
+        self.set_lane(zone, lane.name(), depth, in_flight);
+    }
+
+    fn wait(&self, zone: &str, lane: Lane) -> Box<dyn FnOnce() + Send> {
+        let watch = Stopwatch::start();
+        let (metrics, zone) = (self.clone(), zone.to_owned());
+        Box::new(move || metrics.observe_wait(&zone, lane.name(), watch.seconds()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::lanes::{Budget, Lanes};
+
+    #[tokio::test(start_paused = true)]
+    async fn depth_wait_in_flight_and_budget_are_exported() {
+        let metrics = LaneMetrics::default();
+        let lanes = Lanes::new(
+            "zone-a",
+            Budget::new(3, 1).unwrap(),
+            Arc::new(metrics.clone()),
+        );
+        let first = lanes.acquire(Lane::Create).await;
+        let mut second = Box::pin(lanes.acquire(Lane::Create));
+        assert!(futures::poll!(&mut second).is_pending());
+        let text = metrics.render();
+        for line in [
+            "bigfleet_libvirt_host_budget{zone=\"zone-a\"} 3",
+            "bigfleet_libvirt_host_queue_depth{zone=\"zone-a\",lane=\"create\"} 1",
+            "bigfleet_libvirt_host_in_flight{zone=\"zone-a\",lane=\"create\"} 1",
+            "bigfleet_libvirt_host_queue_wait_seconds_count{zone=\"zone-a\",lane=\"create\"} 1",
+            "bigfleet_libvirt_host_queue_depth{zone=\"zone-a\",lane=\"teardown\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        drop(first);
+        let _second = second.await;
+        assert!(
+            metrics
+                .render()
+                .contains("bigfleet_libvirt_host_queue_depth{zone=\"zone-a\",lane=\"create\"} 0")
+        );
     }
 }

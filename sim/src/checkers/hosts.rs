@@ -1,7 +1,10 @@
 //! Checks after every host effect, read from the history (the hypervisor fake records each
 //! operation there with how many hosts then hold a domain for its machine): never more than
 //! one domain per machine, across all hosts (a machine belongs to exactly one zone, and each
-//! zone is one host).
+//! zone is one host). And after every request that arrives at a host (recorded with the
+//! requests of its provider connection then in flight there): the provider never has more
+//! in flight on a host than its own budget (`--host-budget`), nor than the host's modelled
+//! libvirtd `max_client_requests`.
 
 use std::time::Duration;
 
@@ -16,5 +19,20 @@ pub fn on_effect(world: &World, at: Duration, machine: &MachineId, domains: usiz
     if domains > 1 {
         let detail = format!("machine {machine} has {domains} domains");
         world.violation_at(Invariant::DomainsPerMachine, at, detail);
+    }
+}
+
+/// Checks one arrival at `at`: host `host` then had `in_flight` requests of the provider
+/// connection `connection` not yet finished.
+pub fn on_load(world: &World, at: Duration, host: usize, connection: u64, in_flight: usize) {
+    let libvirtd = &world.plan.libvirtd;
+    let budget = libvirtd.budget.host;
+    let limit = libvirtd.max_client_requests[host];
+    if in_flight > budget || in_flight > limit {
+        let detail = format!(
+            "connection {connection} had {in_flight} requests in flight on zone-{host} \
+             (host budget {budget}, max_client_requests {limit})"
+        );
+        world.violation_at(Invariant::HostBudget, at, detail);
     }
 }

@@ -1,6 +1,6 @@
 //! Invariant checkers, kept apart from the workload (docs/design.md §5.6). They observe the world
 //! after every step: each answer as it leaves the provider (`online`), each durable commit
-//! (`durable`) and each host effect (`hosts`), both read from the history the fakes append
+//! (`durable`), each host effect and each request arriving at a host (`hosts`), read from the history the fakes append
 //! to (`crate::history`; no fake calls a checker), each provider restart (`restart`), and
 //! once more after faults stop and the provider has converged (`quiescence`).
 //!
@@ -37,6 +37,11 @@ pub fn read_history(world: &World) {
             Event::HostEffect { machine, domains } => {
                 hosts::on_effect(world, at, &machine, domains);
             }
+            Event::HostLoad {
+                host,
+                connection,
+                in_flight,
+            } => hosts::on_load(world, at, host, connection, in_flight),
             Event::Span(seen) => spans::on_span(world, at, &seen),
         }
     }
@@ -65,6 +70,9 @@ pub enum Invariant {
     Binding,
     /// Revisions only grow and since_revision never misses a change.
     Revisions,
+    /// The provider never has more requests in flight on a host than its budget, nor than
+    /// the host's `max_client_requests`.
+    HostBudget,
     /// After quiescence no domain exists that the state does not know about.
     OrphanDomain,
     /// No accepted transition stays transitional past its deadline and the sweep's grace.
@@ -90,6 +98,7 @@ impl Invariant {
             Self::AckedSurvivesRestart => "acked-survives-restart",
             Self::Binding => "binding-while-bound",
             Self::Revisions => "revisions",
+            Self::HostBudget => "host-budget",
             Self::OrphanDomain => "no-orphan-domain",
             Self::TransitionDeadline => "transition-deadline",
             Self::SpansInCallTrace => "spans-in-call-trace",
@@ -112,6 +121,9 @@ impl Invariant {
             Self::AckedSurvivesRestart => "no acknowledged mutation is lost across restarts",
             Self::Binding => "cluster and shard_metadata are present exactly while bound",
             Self::Revisions => "revisions only grow and since_revision never misses a change",
+            Self::HostBudget => {
+                "the provider keeps within its host budget and libvirtd's max_client_requests"
+            }
             Self::OrphanDomain => "after quiescence no domain exists that the state does not know",
             Self::TransitionDeadline => {
                 "no accepted transition outlives its deadline by more than the sweep's grace"

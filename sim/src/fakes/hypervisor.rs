@@ -12,14 +12,31 @@
 //! host acted, the caller gets an indefinite error); a partial Create (domain defined, not
 //! started: `SideEffects::Applied`); a host unreachable for a while (calls are refused, and
 //! replies in flight are lost after a keepalive timeout).
+//!
+//! Each provider process's `SimHypervisor` is one connection to every host, and every call
+//! it makes passes through the product's per-host [`Lanes`] first, on the lane the libvirt
+//! adapter uses for the same call: Create and Configure on `create`, Drain and Delete (the
+//! compensation and orphan collection included) on `teardown`, describe on `read`, the
+//! guest-agent readiness check on `agent`. The permit travels with the request into the
+//! host's task and is dropped only when the host has finished it and the reply (or the
+//! connection's loss) reached the caller, as the adapter's blocking thread holds it until
+//! the libvirt call returns; a caller that gives up, a dropped future or a lost reply frees
+//! nothing early. A hang holds its slot until the host finally acts (late), then frees it
+//! without answering.
+//!
+//! Each host models libvirtd's `max_client_requests` (drawn per host, `FaultPlan::libvirtd`):
+//! it counts the requests of each connection not yet finished, appends the count to the
+//! history as each one arrives (`Event::HostLoad`; the `host-budget` checker judges it), and
+//! executes at most that many at once: a request over the limit waits in the daemon until
+//! one finishes.
 
-use std::collections::BTreeMap;
-use std::future::Future;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_domain::{HostRef, Machine, MachineId, MachineState};
+use bigfleet_libvirt_ports::lanes::{Lane, Lanes, NoObserver, Permit};
 use bigfleet_libvirt_ports::{
     ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
     HypervisorError, ReadinessRequest, SideEffects,
@@ -55,6 +72,19 @@ pub struct Hosts {
     busy_until: BTreeMap<MachineId, Duration>,
     /// Per-slot price drift, so reconcile has substrate facts to refresh.
     pub price_drift: BTreeMap<MachineId, u32>,
+    /// Each (host, connection)'s requests in the daemon.
+    load: BTreeMap<(usize, u64), Load>,
+    /// Connections opened so far (one per `SimHypervisor`).
+    connections: u64,
+}
+
+/// One connection's requests on one host: arrived and not finished, and of those the ones
+/// executing; the rest wait in `waiting` for a worker (libvirtd's `max_client_requests`).
+#[derive(Debug, Default)]
+struct Load {
+    in_flight: usize,
+    executing: usize,
+    waiting: VecDeque<oneshot::Sender<()>>,
 }
 
 impl Hosts {
@@ -66,6 +96,8 @@ impl Hosts {
             domains: vec![BTreeMap::new(); count],
             busy_until: BTreeMap::new(),
             price_drift: BTreeMap::new(),
+            load: BTreeMap::new(),
+            connections: 0,
         }
     }
 }
@@ -99,6 +131,15 @@ impl Op {
             Self::Delete => "delete",
         }
     }
+
+    /// The lane the libvirt adapter uses for the same call.
+    fn lane(&self) -> Lane {
+        match self {
+            Self::Create | Self::Configure(_) => Lane::Create,
+            Self::Ready => Lane::Agent,
+            Self::Drain | Self::Delete => Lane::Teardown,
+        }
+    }
 }
 
 type HostResult = Result<Option<HostRef>, HypervisorError>;
@@ -109,15 +150,18 @@ struct Job {
     op: Op,
     machine: Machine,
     fault: Fault,
+    arrive_at: Duration,
     execute_at: Duration,
     reply_delay: Duration,
     keepalive: Duration,
 }
 
-/// The provider's view of the hosts.
+/// The provider's view of the hosts: one connection to each, behind its lanes.
 #[derive(Clone)]
 pub struct SimHypervisor {
     world: Arc<World>,
+    connection: u64,
+    lanes: Arc<Vec<Arc<Lanes>>>,
 }
 
 /// The host index of a zone (`zone-<i>`).
@@ -148,10 +192,23 @@ fn draw_fault(rng: &mut SimRng, faults: &HostFaults, op: &Op) -> Fault {
 }
 
 impl SimHypervisor {
-    /// The hosts of `world`.
+    /// A new connection to the hosts of `world`, with the run's budget on each.
     #[must_use]
     pub fn new(world: Arc<World>) -> Self {
-        Self { world }
+        let connection = {
+            let mut hosts = world.hosts();
+            hosts.connections += 1;
+            hosts.connections
+        };
+        let budget = world.plan.libvirtd.budget;
+        let lanes = (0..world.plan.hosts)
+            .map(|host| Lanes::new(&format!("zone-{host}"), budget, Arc::new(NoObserver)))
+            .collect();
+        Self {
+            world,
+            connection,
+            lanes: Arc::new(lanes),
+        }
     }
 
     fn host_ref(&self, zone: usize, domain: &Domain) -> HostRef {
@@ -161,35 +218,39 @@ impl SimHypervisor {
         }
     }
 
-    /// Sends `op` for `machine` to its host; the returned future is the reply.
-    fn dispatch(&self, op: Op, machine: &Machine) -> BoxFuture<'static, HostResult> {
+    /// Sends `op` for `machine` to its host once its lane has a slot; the result is the
+    /// reply.
+    async fn dispatch(&self, op: Op, machine: &Machine) -> HostResult {
         let host = zone_index(&machine.zone);
-        let now = elapsed();
         let calm = self.world.calm();
-        let unreachable = !calm && self.world.host_unreachable(host, now);
+        let unreachable = !calm && self.world.host_unreachable(host, elapsed());
         let fault = if calm || unreachable {
             Fault::None
         } else {
             draw_fault(&mut self.world.hosts().rng, &self.world.plan.host, &op)
         };
         if unreachable || fault == Fault::Error {
-            return self.refuse(host, &op, &machine.id, unreachable);
+            return self.refuse(host, &op, &machine.id, unreachable).await;
+        }
+        let permit = self.lanes[host].acquire(op.lane()).await;
+        // A wait for the slot may span the start of an outage.
+        let now = elapsed();
+        if !self.world.calm() && self.world.host_unreachable(host, now) {
+            drop(permit);
+            return self.refuse(host, &op, &machine.id, true).await;
         }
         let job = self.schedule(host, op, machine, fault, now);
         let (answer, reply) = oneshot::channel();
         drop(
             self.world
                 .host_node(host)
-                .spawn(self.clone().serve(job, answer)),
+                .spawn(self.clone().serve(job, answer, permit)),
         );
-        async move {
-            match reply.await {
-                Ok(result) => result,
-                // No answer is coming: hang until the caller's deadline drops this future.
-                Err(oneshot::Canceled) => std::future::pending().await,
-            }
+        match reply.await {
+            Ok(result) => result,
+            // No answer is coming: hang until the caller's deadline drops this future.
+            Err(oneshot::Canceled) => std::future::pending().await,
         }
-        .boxed()
     }
 
     /// A call that never reaches the host: refused after a short while, nothing happened.
@@ -239,21 +300,25 @@ impl SimHypervisor {
             .get(&machine.id)
             .copied()
             .unwrap_or_default();
-        let execute_at = (now + send).max(queued) + service;
+        let arrive_at = now + send;
+        let execute_at = arrive_at.max(queued) + service;
         hosts.busy_until.insert(machine.id.clone(), execute_at);
         Job {
             host,
             op,
             machine: machine.clone(),
             fault,
+            arrive_at,
             execute_at,
             reply_delay,
             keepalive,
         }
     }
 
-    /// The host side of one call: execute at the scheduled time, then answer (or not).
-    async fn serve(self, job: Job, answer: oneshot::Sender<HostResult>) {
+    /// The host side of one call: arrive, wait for one of the daemon's workers, execute at
+    /// the scheduled time (or as soon as a worker is free after it), then answer (or not).
+    /// `_permit`, the call's slot in the provider's lanes, is dropped when this ends.
+    async fn serve(self, job: Job, answer: oneshot::Sender<HostResult>, _permit: Permit) {
         let Job {
             host,
             op,
@@ -261,8 +326,11 @@ impl SimHypervisor {
             fault,
             ..
         } = &job;
+        madsim::time::sleep(job.arrive_at.saturating_sub(elapsed())).await;
+        self.arrive(*host).await;
         madsim::time::sleep(job.execute_at.saturating_sub(elapsed())).await;
         let result = self.execute(*host, op, machine, *fault);
+        self.finish(*host);
         if *fault == Fault::Hang {
             return; // The host never answers; the caller's deadline ends the call.
         }
@@ -285,6 +353,72 @@ impl SimHypervisor {
             }
         };
         let _ = answer.send(result);
+    }
+
+    /// A request of this connection arrives at `host`: counted, recorded, and once one of
+    /// the daemon's `max_client_requests` workers for the connection is free, executing.
+    async fn arrive(&self, host: usize) {
+        let limit = self.world.plan.libvirtd.max_client_requests[host];
+        let worker = {
+            let mut hosts = self.world.hosts();
+            let load = hosts.load.entry((host, self.connection)).or_default();
+            load.in_flight += 1;
+            let in_flight = load.in_flight;
+            let worker = if load.executing < limit {
+                load.executing += 1;
+                None
+            } else {
+                let (free, freed) = oneshot::channel();
+                load.waiting.push_back(free);
+                Some(freed)
+            };
+            (in_flight, worker)
+        };
+        let (in_flight, worker) = worker;
+        self.world.record(Event::HostLoad {
+            host,
+            connection: self.connection,
+            in_flight,
+        });
+        if let Some(freed) = worker {
+            self.world.trace(format!(
+                "host zone-{host}: connection {} over max_client_requests={limit}, the \
+                 request waits in the daemon",
+                self.connection
+            ));
+            // The finishing request hands its worker over; host tasks are never killed.
+            let _ = freed.await;
+        }
+    }
+
+    /// A request of this connection finished on `host`: its worker goes to the next
+    /// waiting request, if any.
+    fn finish(&self, host: usize) {
+        let mut hosts = self.world.hosts();
+        let load = hosts.load.entry((host, self.connection)).or_default();
+        load.in_flight -= 1;
+        load.executing -= 1;
+        while let Some(next) = load.waiting.pop_front() {
+            if next.send(()).is_ok() {
+                load.executing += 1;
+                break;
+            }
+        }
+    }
+
+    /// Describe's scan of `host`, a request that arrives and finishes at once (it reads
+    /// what the world holds and never waits for a daemon worker): counted and recorded.
+    fn scan(&self, host: usize) {
+        let in_flight = {
+            let mut hosts = self.world.hosts();
+            let load = hosts.load.entry((host, self.connection)).or_default();
+            load.in_flight + 1
+        };
+        self.world.record(Event::HostLoad {
+            host,
+            connection: self.connection,
+            in_flight,
+        });
     }
 
     /// Applies `op` on `host` now.
@@ -368,11 +502,18 @@ fn done(result: HostResult) -> Result<(), HypervisorError> {
 }
 
 impl Hypervisor for SimHypervisor {
-    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
-        let now = elapsed();
+    async fn describe(&self) -> Result<Vec<Machine>, HypervisorError> {
         let world = &self.world;
-        let down = (0..world.plan.hosts).find(|h| !world.calm() && world.host_unreachable(*h, now));
-        let result = match down {
+        let down_at = |now: Duration| {
+            (0..world.plan.hosts).find(|h| !world.calm() && world.host_unreachable(*h, now))
+        };
+        if down_at(elapsed()).is_none() {
+            for host in 0..world.plan.hosts {
+                let _permit = self.lanes[host].acquire(Lane::Read).await;
+                self.scan(host);
+            }
+        }
+        match down_at(elapsed()) {
             Some(host) => Err(HypervisorError::permanent(format!(
                 "zone-{host}: describe: host unreachable"
             ))),
@@ -396,8 +537,7 @@ impl Hypervisor for SimHypervisor {
                     })
                     .collect())
             }
-        };
-        std::future::ready(result)
+        }
     }
 
     async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
