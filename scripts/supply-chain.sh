@@ -9,7 +9,8 @@
 #   scripts/supply-chain.sh ADVISORY_DB
 #
 # ADVISORY_DB is a checkout of the RustSec advisory-db (CI: shared/advisory-db beside the
-# repository). Nothing is fetched: a missing snapshot fails with the path it looked at. The
+# repository). The advisory database is never fetched: a missing snapshot fails with the path it
+# looked at. Crate sources are fetched (cargo fetch --locked) because cargo-deny reads them. The
 # tools come from scripts/install-cargo-tools.sh (installed when missing).
 set -euo pipefail
 
@@ -53,6 +54,13 @@ fi
 say "cargo audit --db $db --no-fetch"
 "$bin/cargo-audit" audit --db "$db" --no-fetch --file Cargo.lock \
     || die "cargo audit found advisories (above): update the crate (cargo update -p NAME), or ignore the id in $config with the reason in a comment above it"
+
+# cargo-deny reads `cargo metadata` for every target, so it needs the sources of crates that no
+# build on this machine downloads (e.g. android_system_properties): fetch them first, checked
+# against Cargo.lock's checksums. A no-op when the registry cache already has them all.
+say "cargo fetch --locked (every crate in Cargo.lock, for every target)"
+cargo fetch --locked \
+    || die "cargo fetch failed (above): cargo-deny needs every crate of Cargo.lock in the local registry; check the network to crates.io or run 'cargo fetch --locked' where it works"
 
 say "cargo deny --offline check licenses bans sources"
 "$bin/cargo-deny" --offline --locked check licenses bans sources \
