@@ -266,20 +266,6 @@ async fn phases(server: &Server) -> HashMap<String, (f64, f64)> {
     out
 }
 
-/// Checks the call was accepted, waits for `want`, and returns the machine and the time
-/// since `start` (when the call was sent).
-async fn settle(
-    c: &mut Client,
-    id: &str,
-    accepted: Result<pb::TransitionAck, tonic::Status>,
-    want: S,
-    start: Instant,
-) -> (pb::Machine, Duration) {
-    accepted.unwrap_or_else(|e| panic!("the call towards {want:?} was refused: {e}"));
-    let machine = reach(c, id, want, BOOT).await;
-    (machine, start.elapsed())
-}
-
 /// The Configure left no error, and its log line for domain `name` shows what the guest
 /// agent reports as the guest's addresses (the tier's guest has no NIC: none but loopback,
 /// which is left out) or, as a warning, why it could not tell.
@@ -316,7 +302,7 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
     // Create → Idle: a running domain.
     let start = Instant::now();
     let accepted = create(&mut c, &id, None).await;
-    let (idle, create_wall) = settle(&mut c, &id, accepted, S::Idle, start).await;
+    let (idle, create_wall) = settle(&mut c, &id, accepted, S::Idle, BOOT, start).await;
     let name = domain_name(&idle);
     let domain = virt.domain(&name).expect("Create defined the domain");
     assert!(domain.is_active().unwrap(), "{name} is running");
@@ -341,7 +327,7 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
         None,
     )
     .await;
-    let (configured, configure_wall) = settle(&mut c, &id, accepted, S::Configured, start).await;
+    let (configured, conf_wall) = settle(&mut c, &id, accepted, S::Configured, BOOT, start).await;
     assert_eq!(configured.cluster, "e2e-cluster-1");
     assert_eq!(configured.shard_metadata, metadata);
     configured_cleanly(&server, &configured, &name).await;
@@ -366,7 +352,7 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
     // Drain → Idle with the binding cleared; the guest's drain hook ran.
     let start = Instant::now();
     let accepted = drain(&mut c, &id, 30, None).await;
-    let (drained, drain_wall) = settle(&mut c, &id, accepted, S::Idle, start).await;
+    let (drained, drain_wall) = settle(&mut c, &id, accepted, S::Idle, BOOT, start).await;
     assert_eq!(drained.cluster, "");
     assert!(drained.shard_metadata.is_empty(), "{drained:?}");
     let grace = virt
@@ -381,7 +367,7 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
     // Delete → Speculative: domain and volumes gone, base image intact.
     let start = Instant::now();
     let accepted = delete(&mut c, &id, None).await;
-    let (gone, delete_wall) = settle(&mut c, &id, accepted, S::Speculative, start).await;
+    let (gone, delete_wall) = settle(&mut c, &id, accepted, S::Speculative, BOOT, start).await;
     assert!(!host_set(&gone), "{gone:?}");
     assert!(virt.domain(&name).is_none(), "{name} is undefined");
     assert_eq!(
@@ -399,7 +385,7 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
         "real-QEMU tier timings over {transport} (wall = RPC sent until the state was read back):"
     );
     println!("  create → Idle       {create_wall:>9.2?}");
-    println!("  configure → Configured {configure_wall:>6.2?}");
+    println!("  configure → Configured {conf_wall:>6.2?}");
     println!("  drain → Idle        {drain_wall:>9.2?}");
     println!("  delete → Speculative {delete_wall:>8.2?}");
     for phase in [
@@ -429,7 +415,7 @@ async fn a_failing_hook_fails_configure_with_its_bounded_output() {
     let virt = Libvirt::open(tier);
     let volumes_before = virt.volumes();
     let accepted = create(&mut c, &id, None).await;
-    let (idle, _) = settle(&mut c, &id, accepted, S::Idle, Instant::now()).await;
+    let (idle, _) = settle(&mut c, &id, accepted, S::Idle, BOOT, Instant::now()).await;
     let name = domain_name(&idle);
 
     let accepted = configure_map(
@@ -441,7 +427,7 @@ async fn a_failing_hook_fails_configure_with_its_bounded_output() {
         None,
     )
     .await;
-    let (failed, _) = settle(&mut c, &id, accepted, S::Failed, Instant::now()).await;
+    let (failed, _) = settle(&mut c, &id, accepted, S::Failed, BOOT, Instant::now()).await;
     let error = &failed.last_error;
     println!("last_error ({} bytes): {error}", error.len());
     // The hook printed 200 lines to each stream; last_error keeps the last 1 KiB of each.
@@ -505,7 +491,7 @@ async fn a_domain_that_will_not_start_says_why() {
         let virt = Libvirt::open(tier);
         let volumes_before = virt.volumes();
         let accepted = create(&mut c, &id, None).await;
-        let (failed, _) = settle(&mut c, &id, accepted, S::Failed, Instant::now()).await;
+        let (failed, _) = settle(&mut c, &id, accepted, S::Failed, BOOT, Instant::now()).await;
         let error = &failed.last_error;
         println!("last_error ({} bytes): {error}", error.len());
         assert!(error.contains("start domain"), "{error}");

@@ -228,19 +228,6 @@ fn blob(len: u32) -> Vec<u8> {
         .collect()
 }
 
-/// Sends a call, waits for `want`, and returns the machine and the time since `start`.
-async fn settle(
-    c: &mut Client,
-    id: &str,
-    accepted: Result<pb::TransitionAck, tonic::Status>,
-    want: S,
-    start: Instant,
-) -> (pb::Machine, Duration) {
-    accepted.unwrap_or_else(|e| panic!("the call towards {want:?} was refused: {e}"));
-    let machine = reach(c, id, want, BOOT).await;
-    (machine, start.elapsed())
-}
-
 /// What one walk measured.
 #[derive(Debug, Default)]
 pub struct Timings {
@@ -288,7 +275,7 @@ async fn create_and_boot(
 ) -> (pb::Machine, Domain, Duration, Duration) {
     let start = Instant::now();
     let accepted = create(c, id, None).await;
-    let (idle, create_idle) = settle(c, id, accepted, S::Idle, start).await;
+    let (idle, create_idle) = settle(c, id, accepted, S::Idle, BOOT, start).await;
     let name = domain_name(&idle);
     let domain = virt.domain(&name).expect("Create defined the domain");
     assert!(domain.is_active().unwrap(), "{name} is running");
@@ -330,7 +317,7 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str) -> Timings {
         None,
     )
     .await;
-    let (configured, _) = settle(&mut c, &id, accepted, S::Configured, start).await;
+    let (configured, _) = settle(&mut c, &id, accepted, S::Configured, BOOT, start).await;
     let configured_at = start.elapsed();
     assert_eq!(configured.cluster, cluster);
     assert_eq!(configured.last_error, "");
@@ -343,13 +330,14 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str) -> Timings {
     let mut c = server.client().await;
     let drain_start = Instant::now();
     let accepted = drain(&mut c, &id, 30, None).await;
-    let (drained, drain_wall) = settle(&mut c, &id, accepted, S::Idle, drain_start).await;
+    let (drained, drain_wall) = settle(&mut c, &id, accepted, S::Idle, BOOT, drain_start).await;
     assert_eq!(drained.cluster, "");
     guest::assert_drained(&domain, 30);
 
     let delete_start = Instant::now();
     let accepted = delete(&mut c, &id, None).await;
-    let (gone, delete_wall) = settle(&mut c, &id, accepted, S::Speculative, delete_start).await;
+    let (gone, delete_wall) =
+        settle(&mut c, &id, accepted, S::Speculative, BOOT, delete_start).await;
     assert!(!host_set(&gone), "{gone:?}");
     assert!(virt.domain(&name).is_none(), "{name} is undefined");
     assert_eq!(

@@ -317,3 +317,19 @@ pub fn md(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
 }
+
+/// Checks that a mutating call was accepted, waits up to `within` for `want`, and returns the
+/// machine and the time since `start` (when the call was sent). Each tier passes its own
+/// limit (a TCG boot of the real image takes minutes, the tier's small guest seconds).
+pub async fn settle(
+    c: &mut Client,
+    id: &str,
+    accepted: Result<pb::TransitionAck, tonic::Status>,
+    want: S,
+    within: Duration,
+    start: Instant,
+) -> (pb::Machine, Duration) {
+    accepted.unwrap_or_else(|e| panic!("the call towards {want:?} was refused: {e}"));
+    let machine = reach(c, id, want, within).await;
+    (machine, start.elapsed())
+}

@@ -37,7 +37,7 @@ async fn incarnation(server: &Server, virt: &Libvirt, id: &str) -> (String, Stri
     // was read.
     let mut c = server.client().await;
     let accepted = delete(&mut c, id, None).await;
-    settle(&mut c, id, accepted, S::Speculative, Instant::now()).await;
+    settle(&mut c, id, accepted, S::Speculative, BOOT, Instant::now()).await;
     (instance, runs, written)
 }
 

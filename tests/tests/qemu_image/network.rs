@@ -1,10 +1,13 @@
 //! `guest_network`: the real image's NIC on the image zone's NAT network `default`: a DHCP
 //! lease from libvirt's dnsmasq for the MAC the provider derived from the machine id, the
 //! same MAC after the slot is re-created, and the guest's own view (`ip -j addr`, through the
-//! agent) agreeing with the lease.
+//! agent) agreeing with the lease, and the provider's `configured` log line reporting that
+//! lease for that MAC.
 
 use serde_json::Value;
 use virt::domain::Domain;
+
+use crate::harness::logs::{lines_of, logged};
 
 use super::*;
 
@@ -18,7 +21,10 @@ fn mac_of(domain: &Domain) -> String {
     rest[..rest.find('\'').unwrap()].to_ascii_lowercase()
 }
 
-/// The IPv4 address dnsmasq leased to `mac`, from the network's status file.
+/// The IPv4 address dnsmasq leased to `mac` most recently (the latest expiry), from the
+/// network's status file. Earlier incarnations of the slot leave leases for the same MAC
+/// under other DHCP client ids (each boot of a fresh overlay has a new DUID), so the first
+/// entry for the MAC can be stale.
 fn leased(tier: &ImageTier, mac: &str) -> Result<String, String> {
     let path = tier.host_path("/var/lib/libvirt/dnsmasq/virbr0.status");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -28,13 +34,14 @@ fn leased(tier: &ImageTier, mac: &str) -> Result<String, String> {
         .as_array()
         .into_iter()
         .flatten()
-        .find(|l| {
+        .filter(|l| {
             l["mac-address"]
                 .as_str()
                 .map(str::to_ascii_lowercase)
                 .as_deref()
                 == Some(mac)
         })
+        .max_by_key(|l| l["expiry-time"].as_u64().unwrap_or_default())
         .and_then(|l| l["ip-address"].as_str().map(str::to_owned))
         .ok_or_else(|| format!("no lease for {mac} yet: {text}"))
 }
@@ -57,7 +64,8 @@ fn guest_addresses(domain: &Domain, mac: &str) -> Vec<String> {
         .collect()
 }
 
-/// One incarnation of the slot: boots, checks lease and guest agree, deletes; returns the MAC.
+/// One incarnation of the slot: boots, checks lease and guest agree, Configures and checks the
+/// provider reports the lease, drains and deletes; returns the MAC.
 async fn incarnation(tier: &ImageTier, server: &Server, virt: &Libvirt, id: &str) -> String {
     let mut c = server.client().await;
     let (idle, domain, _, boot) = create_and_boot(&mut c, virt, id).await;
@@ -84,9 +92,48 @@ async fn incarnation(tier: &ImageTier, server: &Server, virt: &Libvirt, id: &str
     // A fresh connection: the provider closes client connections left idle while the guest
     // was read.
     let mut c = server.client().await;
+    // Only this incarnation's line counts: the slot's domain keeps its name across incarnations.
+    let before = lines_of(server).len();
+    let accepted = configure(&mut c, id, "net-cluster", &[], None).await;
+    settle(&mut c, id, accepted, S::Configured, BOOT, Instant::now()).await;
+    let reported = reported_address(server, before, &name, &mac).await;
+    println!("  {name}: the provider's configured line reports {reported}");
+    assert_eq!(
+        reported,
+        format!("{address}/24"),
+        "the product reports the guest's lease on its NIC"
+    );
+    let accepted = drain(&mut c, id, 30, None).await;
+    settle(&mut c, id, accepted, S::Idle, BOOT, Instant::now()).await;
     let accepted = delete(&mut c, id, None).await;
-    settle(&mut c, id, accepted, S::Speculative, Instant::now()).await;
+    settle(&mut c, id, accepted, S::Speculative, BOOT, Instant::now()).await;
     mac
+}
+
+/// The IPv4 `address/prefix` the provider's `configured` log line for `name` (among the log's
+/// lines after the first `skip`) gives the interface with `mac` (its `addresses` field:
+/// `NAME MAC ADDR/PREFIX ...` per interface, joined by `; `). Fails when the line is missing
+/// (also when the provider logged only that it could not read the addresses) or names no
+/// IPv4 address for `mac`.
+async fn reported_address(server: &Server, skip: usize, name: &str, mac: &str) -> String {
+    let line = logged(
+        || lines_of(server).split_off(skip),
+        Duration::from_secs(30),
+        |m, v| m == "configured" && v["fields"]["domain"] == name,
+    )
+    .await;
+    let field = line["fields"]["addresses"].as_str().unwrap_or_default();
+    field
+        .split("; ")
+        .map(|part| part.split(' ').collect::<Vec<_>>())
+        .find(|words| words.get(1).map(|w| w.to_ascii_lowercase()).as_deref() == Some(mac))
+        .and_then(|words| {
+            words[2..]
+                .iter()
+                .find(|w| !w.contains(':') && w.contains('/'))
+                .map(|w| (*w).to_owned())
+        })
+        .unwrap_or_else(|| panic!("the configured line names no IPv4 address for {mac}: {line}"))
 }
 
 #[tokio::test]
@@ -157,5 +204,5 @@ async fn guest_network_on_a_bridge() {
     println!("  {name}: bridge NIC, MAC {mac}, lease {address}");
     let mut c = server.client().await;
     let accepted = delete(&mut c, &id, None).await;
-    settle(&mut c, &id, accepted, S::Speculative, Instant::now()).await;
+    settle(&mut c, &id, accepted, S::Speculative, BOOT, Instant::now()).await;
 }
