@@ -85,15 +85,18 @@ impl Accel {
 }
 
 impl ImageTier {
+    /// The image zone, with what an earlier scenario left behind removed first (see `sweep`).
     pub fn from_env() -> Self {
         let kvm = var("BIGFLEET_QEMU_KVM");
-        Self {
+        let tier = Self {
             uri: var("BIGFLEET_QEMU_URI_C"),
             root: PathBuf::from(var("BIGFLEET_QEMU_ROOT_C")),
             pool: var("BIGFLEET_QEMU_POOL"),
             image: var("BIGFLEET_QEMU_REAL_IMAGE"),
             kvm: if kvm == "yes" { Ok(()) } else { Err(kvm) },
-        }
+        };
+        Libvirt::open(&tier).sweep();
+        tier
     }
 
     /// KVM with the working CPU mode where the zone has it, else TCG with QEMU's default model.
@@ -201,6 +204,48 @@ impl Libvirt {
         let mut names = pool.list_volumes().expect("list volumes");
         names.sort();
         names
+    }
+
+    /// Removes every provider domain (`bigfleet-*`) in the zone and the volumes named after
+    /// it. The image scenarios run one at a time and each starts with an empty zone: a scenario
+    /// that failed part-way leaves its guests running, and those would otherwise take the
+    /// next scenario's CPU (TCG) and its provider's slots (`not enough Speculative machines`).
+    fn sweep(&self) {
+        let leftovers: Vec<(Domain, String)> = (self.conn.list_all_domains(0))
+            .expect("list the zone's domains")
+            .into_iter()
+            .map(|d| {
+                let name = d.name().expect("a domain's name");
+                (d, name)
+            })
+            .filter(|(_, n)| n.starts_with("bigfleet-"))
+            .collect();
+        for (domain, name) in &leftovers {
+            if domain.is_active().expect("is the domain running") {
+                domain.destroy().expect("destroy a leftover domain");
+            }
+            domain
+                .undefine_flags(virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM)
+                .or_else(|_| domain.undefine())
+                .expect("undefine a leftover domain");
+            println!("qemu_image: removed {name}, left by an earlier scenario");
+        }
+        let pool = self
+            .conn
+            .lookup_storage_pool_by_name(&self.pool)
+            .expect("the tier's pool");
+        for volume in self.volumes() {
+            if leftovers
+                .iter()
+                .any(|(_, n)| volume.starts_with(n.as_str()))
+            {
+                let vol = pool
+                    .lookup_storage_vol_by_name(&volume)
+                    .expect("a leftover volume");
+                vol.delete(0).expect("delete a leftover volume");
+                println!("qemu_image: removed volume {volume}");
+            }
+        }
     }
 }
 
