@@ -514,3 +514,4 @@ async fn a_domain_that_will_not_start_says_why() {
 
 mod doctor;
 mod image_source;
+mod stopped;

@@ -26,7 +26,7 @@ use super::backoff::Backoff;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AgentError {
     /// Agent commands cannot work for this domain (driver without agent support, no agent
-    /// channel, domain gone): waiting will not help.
+    /// channel, domain gone, domain no longer running): waiting will not help.
     Unsupported(String),
     /// The agent is not answering yet (guest booting, agent not started, domain paused).
     NotReady(String),

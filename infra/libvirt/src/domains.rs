@@ -128,6 +128,20 @@ fn shutoff_reason(domain: &Domain) -> Option<String> {
     Some(format!("{}: {reason}", state_name(Some(found))))
 }
 
+/// Why a domain cannot answer through its agent when it is not running: its state and
+/// libvirt's reason (`shutoff: shutdown`, `crashed: panicked`), where QEMU's log is, and what
+/// to do. `None` while it runs (or when its state cannot be read).
+pub(crate) fn stopped(domain: &Domain, name: &str) -> Option<String> {
+    shutoff_reason(domain).map(|why| {
+        format!(
+            "domain {name} is not running ({why}): the guest stopped after it was started, so \
+             its agent cannot answer; {}; the guest's own console log is the place to look for \
+             why (an image that powers off or panics at boot)",
+            log_hint(name)
+        )
+    })
+}
+
 /// Starts a shut-off or crashed domain, resumes a paused one, wakes a suspended one, and
 /// re-asserts autostart (best effort).
 pub(crate) fn ensure_running(domain: &Domain, name: &str) -> Result<(), HypervisorError> {

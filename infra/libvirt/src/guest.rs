@@ -18,6 +18,7 @@ use bigfleet_libvirt_ports::Clock;
 use virt::error::ErrorNumber;
 
 use super::agent::{self, AgentError, AgentPolicy, GuestAgent};
+use super::domains;
 use super::error::text;
 use super::host::Host;
 use super::lanes::Lane;
@@ -112,7 +113,14 @@ impl GuestAgent for DomainAgent {
                 };
                 Ok(domain
                     .qemu_agent_command(&json, timeout_secs, 0)
-                    .map_err(|e| classify(&e, &name)))
+                    .map_err(|e| match classify(&e, &name) {
+                        // A domain that is no longer running will not answer however long
+                        // the caller waits (libvirt says only "domain is not running"):
+                        // say so now, with its state and where its QEMU log is.
+                        AgentError::NotReady(why) => domains::stopped(&domain, &name)
+                            .map_or(AgentError::NotReady(why), AgentError::Unsupported),
+                        other => other,
+                    }))
             })
             .instrument(span)
             .await;
