@@ -12,10 +12,11 @@ use bigfleet_libvirt_domain::{
     Mutation, Snapshot, Timestamp,
 };
 
+use crate::testkit::doubles::TestSpawner;
 use crate::testkit::speculative;
 use crate::{
     BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig, Spawner, StateStore, StoreError,
+    Hypervisor, HypervisorError, Provider, ProviderConfig, StateStore, StoreError,
 };
 
 /// A host that records domains by machine id; `create` answers as `create_answer` says.
@@ -120,31 +121,20 @@ impl Clock for InstantClock {
     }
 }
 
-#[derive(Clone)]
-struct TokioSpawner;
-
-impl Spawner for TokioSpawner {
-    // The test's own Spawner adapter: the one place these tests may call tokio::spawn.
-    #[allow(clippy::disallowed_methods)]
-    fn spawn(&self, _: &'static str, task: impl Future<Output = ()> + Send + 'static) {
-        drop(tokio::task::spawn(task));
-    }
-}
-
-async fn start(host: Host, store: Store) -> Provider<Host, Store, InstantClock, TokioSpawner> {
+async fn start(host: Host, store: Store) -> Provider<Host, Store, InstantClock, TestSpawner> {
     Provider::start(
         ProviderConfig::default(),
         host,
         store,
         InstantClock,
-        TokioSpawner,
+        TestSpawner::default(),
         Vec::new(),
     )
     .await
     .expect("start")
 }
 
-async fn create(provider: &Provider<Host, Store, InstantClock, TokioSpawner>) {
+async fn create(provider: &Provider<Host, Store, InstantClock, TestSpawner>) {
     let mutation = Mutation {
         machine_id: "m-1".to_owned(),
         token: FenceToken {
@@ -167,7 +157,7 @@ async fn settle() {
     }
 }
 
-fn state(provider: &Provider<Host, Store, InstantClock, TokioSpawner>) -> MachineState {
+fn state(provider: &Provider<Host, Store, InstantClock, TestSpawner>) -> MachineState {
     provider.peek(&Default::default()).machines[0].state
 }
 

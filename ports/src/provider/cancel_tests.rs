@@ -16,10 +16,11 @@ use bigfleet_libvirt_domain::{
 use futures::FutureExt;
 use tokio::sync::watch;
 
+use crate::testkit::doubles::TestSpawner;
 use crate::testkit::speculative;
 use crate::{
     BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig, Spawner, StateStore, StoreError,
+    Hypervisor, HypervisorError, Provider, ProviderConfig, StateStore, StoreError,
 };
 
 /// A host that answers every call at once and records which kinds it was asked to do. Its
@@ -158,24 +159,6 @@ impl Clock for TokioClock {
     }
 }
 
-/// Spawns on tokio; when `lose_transitions` is set, every transition worker is dropped
-/// unstarted (a worker that never runs), while the provider's other tasks run.
-#[derive(Clone, Default)]
-struct TestSpawner {
-    lose_transitions: bool,
-}
-
-impl Spawner for TestSpawner {
-    // The test's own Spawner adapter: the one place these tests may call tokio::spawn.
-    #[allow(clippy::disallowed_methods)]
-    fn spawn(&self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
-        if self.lose_transitions && name == "transition" {
-            return;
-        }
-        drop(tokio::task::spawn(task));
-    }
-}
-
 type Subject = Provider<Host, SlowDisk, TokioClock, TestSpawner>;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -282,9 +265,7 @@ async fn a_call_dropped_while_its_decision_is_committed_still_runs_its_transitio
 #[tokio::test(start_paused = true)]
 async fn a_transition_whose_worker_never_runs_fails_at_its_deadline() {
     let host = Host::default();
-    let spawner = TestSpawner {
-        lose_transitions: true,
-    };
+    let spawner = TestSpawner::losing_transitions();
     let provider = start(host.clone(), SlowDisk::new(), spawner).await;
     let ack = provider
         .mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default())
@@ -446,9 +427,7 @@ async fn sweep_span_in_a_process_of_its_own() {
     let scopes = Scopes::default();
     let subscriber = tracing_subscriber::registry().with(scopes.clone());
     let _default = tracing::subscriber::set_default(subscriber);
-    let spawner = TestSpawner {
-        lose_transitions: true,
-    };
+    let spawner = TestSpawner::losing_transitions();
     let provider = start(Host::default(), SlowDisk::new(), spawner).await;
     provider
         .mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default())

@@ -12,11 +12,11 @@ use bigfleet_libvirt_domain::{
     MutateRequest, Mutation, Snapshot, Timestamp,
 };
 
+use crate::testkit::doubles::TestSpawner;
 use crate::testkit::speculative;
 use crate::{
     BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig, ProviderError, Spawner, StateStore,
-    StoreError,
+    Hypervisor, HypervisorError, Provider, ProviderConfig, ProviderError, StateStore, StoreError,
 };
 
 /// A host whose Create waits until the test opens its gate.
@@ -137,24 +137,20 @@ impl Clock for StoppedClock {
     }
 }
 
-#[derive(Clone)]
-struct TokioSpawner;
-
-impl Spawner for TokioSpawner {
-    // The test's own Spawner adapter: the one place these tests may call tokio::spawn.
-    #[allow(clippy::disallowed_methods)]
-    fn spawn(&self, _: &'static str, task: impl Future<Output = ()> + Send + 'static) {
-        drop(tokio::task::spawn(task));
-    }
-}
-
-type Subject = Provider<Host, Disk, StoppedClock, TokioSpawner>;
+type Subject = Provider<Host, Disk, StoppedClock, TestSpawner>;
 
 async fn start(host: Host, disk: Disk) -> Subject {
     let config = ProviderConfig::default();
-    Provider::start(config, host, disk, StoppedClock, TokioSpawner, Vec::new())
-        .await
-        .expect("start")
+    Provider::start(
+        config,
+        host,
+        disk,
+        StoppedClock,
+        TestSpawner::default(),
+        Vec::new(),
+    )
+    .await
+    .expect("start")
 }
 
 fn create(id: &str, sequence: i64) -> Mutation {
