@@ -12,10 +12,10 @@ use bigfleet_libvirt_domain::{
     Mutation, Snapshot, Timestamp,
 };
 
-use crate::testkit::doubles::TestSpawner;
+use crate::testkit::doubles::{StoppedClock, TestSpawner};
 use crate::testkit::speculative;
 use crate::{
-    BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
+    BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
     Hypervisor, HypervisorError, Provider, ProviderConfig, StateStore, StoreError,
 };
 
@@ -107,26 +107,12 @@ impl StateStore for Store {
     }
 }
 
-/// A clock stopped at t=1s whose timers fire at once.
-#[derive(Clone)]
-struct InstantClock;
-
-impl Clock for InstantClock {
-    fn now(&self) -> Timestamp {
-        Timestamp(1_000_000_000)
-    }
-
-    fn sleep_until(&self, _: Timestamp) -> impl Future<Output = ()> + Send + 'static {
-        std::future::ready(())
-    }
-}
-
-async fn start(host: Host, store: Store) -> Provider<Host, Store, InstantClock, TestSpawner> {
+async fn start(host: Host, store: Store) -> Provider<Host, Store, StoppedClock, TestSpawner> {
     Provider::start(
         ProviderConfig::default(),
         host,
         store,
-        InstantClock,
+        StoppedClock::instant(),
         TestSpawner::default(),
         Vec::new(),
     )
@@ -134,7 +120,7 @@ async fn start(host: Host, store: Store) -> Provider<Host, Store, InstantClock, 
     .expect("start")
 }
 
-async fn create(provider: &Provider<Host, Store, InstantClock, TestSpawner>) {
+async fn create(provider: &Provider<Host, Store, StoppedClock, TestSpawner>) {
     let mutation = Mutation {
         machine_id: "m-1".to_owned(),
         token: FenceToken {
@@ -157,7 +143,7 @@ async fn settle() {
     }
 }
 
-fn state(provider: &Provider<Host, Store, InstantClock, TestSpawner>) -> MachineState {
+fn state(provider: &Provider<Host, Store, StoppedClock, TestSpawner>) -> MachineState {
     provider.peek(&Default::default()).machines[0].state
 }
 

@@ -11,15 +11,15 @@ use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
     ChangeSet, FenceToken, HostRef, Kind, ListQuery, Machine, MachineState, MutateRequest,
-    Mutation, Policy, Snapshot, Timeouts, Timestamp,
+    Mutation, Policy, Snapshot, Timeouts,
 };
 use futures::FutureExt;
 use tokio::sync::watch;
 
-use crate::testkit::doubles::TestSpawner;
+use crate::testkit::doubles::{TestSpawner, TokioClock};
 use crate::testkit::speculative;
 use crate::{
-    BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
+    BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
     Hypervisor, HypervisorError, Provider, ProviderConfig, StateStore, StoreError,
 };
 
@@ -140,25 +140,6 @@ impl StateStore for SlowDisk {
     fn resume(&self) {}
 }
 
-/// The provider's clock on tokio's (paused) clock.
-#[derive(Clone)]
-struct TokioClock {
-    base: tokio::time::Instant,
-}
-
-impl Clock for TokioClock {
-    fn now(&self) -> Timestamp {
-        let elapsed = self.base.elapsed().as_nanos();
-        Timestamp(u64::try_from(elapsed).unwrap_or(u64::MAX))
-    }
-
-    // The test's own Clock adapter: the one place these tests may wait on tokio's timer.
-    #[allow(clippy::disallowed_methods)]
-    fn sleep_until(&self, deadline: Timestamp) -> impl Future<Output = ()> + Send + 'static {
-        tokio::time::sleep_until(self.base + Duration::from_nanos(deadline.0))
-    }
-}
-
 type Subject = Provider<Host, SlowDisk, TokioClock, TestSpawner>;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -171,9 +152,7 @@ async fn start(host: Host, disk: SlowDisk, spawner: TestSpawner) -> Subject {
         },
         ..ProviderConfig::default()
     };
-    let clock = TokioClock {
-        base: tokio::time::Instant::now(),
-    };
+    let clock = TokioClock::starting_now();
     Provider::start(config, host, disk, clock, spawner, Vec::new())
         .await
         .expect("start")

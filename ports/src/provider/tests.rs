@@ -5,17 +5,16 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
     ChangeSet, FenceKey, FenceToken, HostRef, Kind, Machine, MachineId, MachineState,
-    MutateRequest, Mutation, Snapshot, Timestamp,
+    MutateRequest, Mutation, Snapshot,
 };
 
-use crate::testkit::doubles::TestSpawner;
+use crate::testkit::doubles::{StoppedClock, TestSpawner};
 use crate::testkit::speculative;
 use crate::{
-    BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
+    BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
     Hypervisor, HypervisorError, Provider, ProviderConfig, ProviderError, StateStore, StoreError,
 };
 
@@ -116,36 +115,16 @@ impl StateStore for Disk {
     }
 }
 
-/// A clock stopped at t=1s: short waits (retry backoff) end after one yield, long ones
-/// (transition deadlines) never do.
-#[derive(Clone)]
-struct StoppedClock;
-
-impl Clock for StoppedClock {
-    fn now(&self) -> Timestamp {
-        Timestamp(1_000_000_000)
-    }
-
-    fn sleep_until(&self, deadline: Timestamp) -> impl Future<Output = ()> + Send + 'static {
-        let long = deadline.saturating_since(self.now()) > Duration::from_secs(60);
-        async move {
-            if long {
-                std::future::pending::<()>().await;
-            }
-            tokio::task::yield_now().await;
-        }
-    }
-}
-
 type Subject = Provider<Host, Disk, StoppedClock, TestSpawner>;
 
 async fn start(host: Host, disk: Disk) -> Subject {
     let config = ProviderConfig::default();
+    let clock = StoppedClock::short_waits_only();
     Provider::start(
         config,
         host,
         disk,
-        StoppedClock,
+        clock,
         TestSpawner::default(),
         Vec::new(),
     )
