@@ -8,15 +8,14 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use bigfleet_libvirt_domain::{
-    ChangeSet, Core, FenceToken, HostRef, Machine, MachineId, MachineState, MutateRequest,
-    Mutation, Snapshot, Timestamp,
+    Core, FenceToken, HostRef, Machine, MachineId, MachineState, MutateRequest, Mutation, Timestamp,
 };
 
-use crate::testkit::doubles::{StoppedClock, TestSpawner};
+use crate::testkit::doubles::{StoppedClock, TestDisk, TestSpawner};
 use crate::testkit::speculative;
 use crate::{
     BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig, StateStore, StoreError,
+    Hypervisor, HypervisorError, Provider, ProviderConfig,
 };
 
 /// A host that records domains by machine id; `create` answers as `create_answer` says.
@@ -89,25 +88,7 @@ impl Hypervisor for Host {
     }
 }
 
-/// A store that applies every commit at once.
-#[derive(Clone, Default)]
-struct Store(Arc<Mutex<Snapshot>>);
-
-impl StateStore for Store {
-    fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
-        std::future::ready(Ok(self.0.lock().unwrap().clone()))
-    }
-
-    fn commit(
-        &self,
-        changes: ChangeSet,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        self.0.lock().unwrap().apply(&changes);
-        std::future::ready(Ok(()))
-    }
-}
-
-async fn start(host: Host, store: Store) -> Provider<Host, Store, StoppedClock, TestSpawner> {
+async fn start(host: Host, store: TestDisk) -> Provider<Host, TestDisk, StoppedClock, TestSpawner> {
     Provider::start(
         ProviderConfig::default(),
         host,
@@ -120,7 +101,7 @@ async fn start(host: Host, store: Store) -> Provider<Host, Store, StoppedClock, 
     .expect("start")
 }
 
-async fn create(provider: &Provider<Host, Store, StoppedClock, TestSpawner>) {
+async fn create(provider: &Provider<Host, TestDisk, StoppedClock, TestSpawner>) {
     let mutation = Mutation {
         machine_id: "m-1".to_owned(),
         token: FenceToken {
@@ -143,14 +124,14 @@ async fn settle() {
     }
 }
 
-fn state(provider: &Provider<Host, Store, StoppedClock, TestSpawner>) -> MachineState {
+fn state(provider: &Provider<Host, TestDisk, StoppedClock, TestSpawner>) -> MachineState {
     provider.peek(&Default::default()).machines[0].state
 }
 
 #[tokio::test]
 async fn a_create_whose_reply_was_lost_is_followed_by_a_delete_of_its_domain() {
     let host = Host::failing_create(HypervisorError::indefinite("reply lost"));
-    let provider = start(host.clone(), Store::default()).await;
+    let provider = start(host.clone(), TestDisk::default()).await;
     create(&provider).await;
     settle().await;
     assert_eq!(state(&provider), MachineState::Failed);
@@ -161,7 +142,7 @@ async fn a_create_whose_reply_was_lost_is_followed_by_a_delete_of_its_domain() {
 #[tokio::test]
 async fn a_create_that_changed_nothing_is_not_compensated() {
     let host = Host::failing_create(HypervisorError::permanent("no such image"));
-    let provider = start(host.clone(), Store::default()).await;
+    let provider = start(host.clone(), TestDisk::default()).await;
     create(&provider).await;
     settle().await;
     assert_eq!(state(&provider), MachineState::Failed);
@@ -171,7 +152,7 @@ async fn a_create_that_changed_nothing_is_not_compensated() {
 #[tokio::test]
 async fn a_successful_create_is_not_compensated() {
     let host = Host::default();
-    let provider = start(host.clone(), Store::default()).await;
+    let provider = start(host.clone(), TestDisk::default()).await;
     create(&provider).await;
     settle().await;
     assert_eq!(state(&provider), MachineState::Idle);
@@ -182,9 +163,9 @@ async fn a_successful_create_is_not_compensated() {
 async fn a_restart_compensates_a_create_it_interrupted() {
     // The first process accepted the Create, the host made the domain, then the process
     // died before the completion was persisted.
-    let (host, store) = (Host::default(), Store::default());
+    let (host, store) = (Host::default(), TestDisk::default());
     drop(start(host.clone(), store.clone()).await); // first boot seeds m-1
-    let snapshot = store.0.lock().unwrap().clone();
+    let snapshot = store.durable();
     let (mut core, _) = Core::restore(ProviderConfig::default().policy, snapshot).expect("restore");
     let mutation = Mutation {
         machine_id: "m-1".to_owned(),
@@ -195,7 +176,7 @@ async fn a_restart_compensates_a_create_it_interrupted() {
         .mutate(mutation, Timestamp(1))
         .changes
         .expect("accepted");
-    store.0.lock().unwrap().apply(&changes);
+    store.apply(&changes);
     host.domains
         .lock()
         .unwrap()

@@ -10,17 +10,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
-    ChangeSet, FenceToken, HostRef, Kind, ListQuery, Machine, MachineState, MutateRequest,
-    Mutation, Policy, Snapshot, Timeouts,
+    FenceToken, HostRef, Kind, ListQuery, Machine, MachineState, MutateRequest, Mutation, Policy,
+    Timeouts,
 };
 use futures::FutureExt;
-use tokio::sync::watch;
 
-use crate::testkit::doubles::{TestSpawner, TokioClock};
+use crate::testkit::doubles::{TestDisk, TestSpawner, TokioClock};
 use crate::testkit::speculative;
 use crate::{
     BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig, StateStore, StoreError,
+    Hypervisor, HypervisorError, Provider, ProviderConfig,
 };
 
 /// A host that answers every call at once and records which kinds it was asked to do. Its
@@ -82,69 +81,11 @@ impl Hypervisor for Host {
     }
 }
 
-/// A disk whose commits complete only while it is open (a closed disk is a slow fsync), and
-/// fail while it is failing.
-#[derive(Clone)]
-struct SlowDisk {
-    durable: Arc<Mutex<Snapshot>>,
-    open: watch::Sender<bool>,
-    failing: Arc<AtomicBool>,
-}
-
-impl SlowDisk {
-    fn new() -> Self {
-        Self {
-            durable: Arc::default(),
-            open: watch::Sender::new(true),
-            failing: Arc::default(),
-        }
-    }
-
-    fn set_open(&self, open: bool) {
-        self.open.send_replace(open);
-    }
-
-    fn set_failing(&self, failing: bool) {
-        self.failing.store(failing, Ordering::SeqCst);
-    }
-
-    fn revision(&self) -> i64 {
-        self.durable.lock().unwrap().revision
-    }
-}
-
-impl StateStore for SlowDisk {
-    fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
-        std::future::ready(Ok(self.durable.lock().unwrap().clone()))
-    }
-
-    fn commit(
-        &self,
-        changes: ChangeSet,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        let durable = Arc::clone(&self.durable);
-        let failing = Arc::clone(&self.failing);
-        let mut open = self.open.subscribe();
-        async move {
-            open.wait_for(|open| *open)
-                .await
-                .map_err(|_| StoreError::Io("disk gone".to_owned()))?;
-            if failing.load(Ordering::SeqCst) {
-                return Err(StoreError::Io("injected fsync failure".to_owned()));
-            }
-            durable.lock().unwrap().apply(&changes);
-            Ok(())
-        }
-    }
-
-    fn resume(&self) {}
-}
-
-type Subject = Provider<Host, SlowDisk, TokioClock, TestSpawner>;
+type Subject = Provider<Host, TestDisk, TokioClock, TestSpawner>;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-async fn start(host: Host, disk: SlowDisk, spawner: TestSpawner) -> Subject {
+async fn start(host: Host, disk: TestDisk, spawner: TestSpawner) -> Subject {
     let config = ProviderConfig {
         policy: Policy {
             timeouts: Timeouts::uniform(TIMEOUT),
@@ -189,7 +130,7 @@ async fn machine(provider: &Subject) -> Arc<Machine> {
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_while_its_decision_is_committed_still_runs_its_transition() {
     let host = Host::default();
-    let disk = SlowDisk::new();
+    let disk = TestDisk::slow();
     let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
     let steps = [
         (MutateRequest::Create, MachineState::Idle),
@@ -245,7 +186,7 @@ async fn a_call_dropped_while_its_decision_is_committed_still_runs_its_transitio
 async fn a_transition_whose_worker_never_runs_fails_at_its_deadline() {
     let host = Host::default();
     let spawner = TestSpawner::losing_transitions();
-    let provider = start(host.clone(), SlowDisk::new(), spawner).await;
+    let provider = start(host.clone(), TestDisk::slow(), spawner).await;
     let ack = provider
         .mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default())
         .await
@@ -278,7 +219,7 @@ async fn a_transition_whose_worker_never_runs_fails_at_its_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_starts_after_its_deadline_does_not_touch_the_host() {
     let host = Host::default();
-    let disk = SlowDisk::new();
+    let disk = TestDisk::slow();
     let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
     disk.set_open(false);
     let call = provider.mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default());
@@ -314,7 +255,7 @@ async fn a_worker_that_starts_after_its_deadline_does_not_touch_the_host() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_commit_whose_caller_is_gone_is_taken_back_before_the_next_decision() {
     let host = Host::default();
-    let disk = SlowDisk::new();
+    let disk = TestDisk::slow();
     let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
     disk.set_open(false);
     let call = provider.mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default());
@@ -334,7 +275,7 @@ async fn a_failed_commit_whose_caller_is_gone_is_taken_back_before_the_next_deci
     let page = provider.list(&ListQuery::default()).await.expect("list");
     assert_eq!(
         page.revision,
-        disk.revision(),
+        disk.durable().revision,
         "a List answers only durable state"
     );
     assert_eq!(
@@ -407,7 +348,7 @@ async fn sweep_span_in_a_process_of_its_own() {
     let subscriber = tracing_subscriber::registry().with(scopes.clone());
     let _default = tracing::subscriber::set_default(subscriber);
     let spawner = TestSpawner::losing_transitions();
-    let provider = start(Host::default(), SlowDisk::new(), spawner).await;
+    let provider = start(Host::default(), TestDisk::slow(), spawner).await;
     provider
         .mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default())
         .instrument(tracing::info_span!("rpc"))

@@ -4,18 +4,17 @@
 //! store takes commits again.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bigfleet_libvirt_domain::{
-    ChangeSet, FenceKey, FenceToken, HostRef, Kind, Machine, MachineId, MachineState,
-    MutateRequest, Mutation, Snapshot,
+    FenceKey, FenceToken, HostRef, Kind, Machine, MachineId, MachineState, MutateRequest, Mutation,
 };
 
-use crate::testkit::doubles::{StoppedClock, TestSpawner};
+use crate::testkit::doubles::{StoppedClock, TestDisk, TestSpawner};
 use crate::testkit::speculative;
 use crate::{
     BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig, ProviderError, StateStore, StoreError,
+    Hypervisor, HypervisorError, Provider, ProviderConfig, ProviderError,
 };
 
 /// A host whose Create waits until the test opens its gate.
@@ -54,70 +53,9 @@ impl Hypervisor for Host {
     }
 }
 
-#[derive(Default)]
-struct DiskState {
-    durable: Snapshot,
-    full: bool,
-    refusing: bool,
-    attempts: u32,
-}
+type Subject = Provider<Host, TestDisk, StoppedClock, TestSpawner>;
 
-/// A disk that can fill up: a commit on a full disk fails, and every later one is refused
-/// without being applied until `resume`, as the port's contract asks.
-#[derive(Clone, Default)]
-struct Disk(Arc<Mutex<DiskState>>);
-
-impl Disk {
-    fn set_full(&self, full: bool) {
-        self.0.lock().unwrap().full = full;
-    }
-
-    fn durable(&self) -> Snapshot {
-        self.0.lock().unwrap().durable.clone()
-    }
-
-    fn attempts(&self) -> u32 {
-        self.0.lock().unwrap().attempts
-    }
-}
-
-impl StateStore for Disk {
-    fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
-        std::future::ready(Ok(self.durable()))
-    }
-
-    fn commit(
-        &self,
-        changes: ChangeSet,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        let mut disk = self.0.lock().unwrap();
-        let result = if disk.refusing {
-            Err(StoreError::AfterFailure(
-                "an earlier commit failed".to_owned(),
-            ))
-        } else {
-            disk.attempts += 1;
-            if disk.full {
-                disk.refusing = true;
-                Err(StoreError::Io(
-                    "No space left on device (os error 28)".to_owned(),
-                ))
-            } else {
-                disk.durable.apply(&changes);
-                Ok(())
-            }
-        };
-        std::future::ready(result)
-    }
-
-    fn resume(&self) {
-        self.0.lock().unwrap().refusing = false;
-    }
-}
-
-type Subject = Provider<Host, Disk, StoppedClock, TestSpawner>;
-
-async fn start(host: Host, disk: Disk) -> Subject {
+async fn start(host: Host, disk: TestDisk) -> Subject {
     let config = ProviderConfig::default();
     let clock = StoppedClock::short_waits_only();
     Provider::start(
@@ -156,7 +94,7 @@ async fn run_tasks() {
 
 #[tokio::test]
 async fn a_failed_commit_is_taken_back_and_the_next_one_is_attempted_afresh() {
-    let disk = Disk::default();
+    let disk = TestDisk::default();
     let provider = start(Host::default(), disk.clone()).await;
     disk.set_full(true);
     let refused = provider
@@ -217,7 +155,7 @@ async fn a_failed_commit_is_taken_back_and_the_next_one_is_attempted_afresh() {
 
 #[tokio::test]
 async fn a_completion_that_could_not_be_committed_is_committed_once_there_is_room() {
-    let disk = Disk::default();
+    let disk = TestDisk::default();
     let host = Host::default();
     let provider = start(host.clone(), disk.clone()).await;
     provider

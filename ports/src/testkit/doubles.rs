@@ -1,18 +1,159 @@
 //! Test doubles of the ports for the crate's own unit tests, one per port where the tests'
-//! needs allow: two clocks ([`StoppedClock`], [`TokioClock`]) and a spawner
-//! ([`TestSpawner`]). Each starts as the plainest double of its port (everything answers at
-//! once and succeeds); its builder methods turn on the behaviour a test needs.
+//! needs allow: a disk that can fill up, stall or fail ([`TestDisk`]), two clocks
+//! ([`StoppedClock`], [`TokioClock`]) and a spawner ([`TestSpawner`]). Each starts as the
+//! plainest double of its port (everything answers at once and succeeds); its builder
+//! methods turn on the behaviour a test needs.
 //!
-//! They run on tokio (its timer and its spawn), which the crate has only as a dev-
-//! dependency, so they are compiled for the unit tests only, not under the `testkit`
+//! They run on tokio (its `watch`, its timer and its spawn), which the crate has only as a
+//! dev-dependency, so they are compiled for the unit tests only, not under the `testkit`
 //! feature.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bigfleet_libvirt_domain::Timestamp;
+use bigfleet_libvirt_domain::{ChangeSet, Snapshot, Timestamp};
+use tokio::sync::watch;
 
-use crate::{Clock, Spawner};
+use crate::{Clock, Spawner, StateStore, StoreError};
+
+/// Locks a double's state; a test that panicked while holding it has failed already.
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().expect("a test double's lock is not poisoned")
+}
+
+#[derive(Default)]
+struct DiskState {
+    durable: Snapshot,
+    full: bool,
+    refusing: bool,
+    failing: bool,
+    attempts: u32,
+}
+
+/// A disk for the provider's store. Clones share their state. By default every commit is
+/// applied when it is made and succeeds. Its knobs:
+///
+/// - [`TestDisk::set_full`]: a commit made on a full disk fails (`No space left on
+///   device`), and every later one is refused ([`StoreError::AfterFailure`]) without being
+///   applied until `resume`, as the port's contract asks. [`TestDisk::attempts`] counts the
+///   commits that were attempted (not refused).
+/// - [`TestDisk::slow`] and [`TestDisk::set_open`]: the commits of a slow disk complete
+///   only while it is open (a closed disk is a slow fsync); they are applied when they
+///   complete, not when they are made.
+/// - [`TestDisk::set_failing`]: a commit that completes while the disk is failing fails
+///   (an injected fsync failure) and applies nothing; later ones are not refused for it.
+#[derive(Clone, Default)]
+pub struct TestDisk {
+    state: Arc<Mutex<DiskState>>,
+    open: Option<watch::Sender<bool>>,
+}
+
+/// How a commit goes on once it was made: at once, or when the slow disk is open.
+enum Pending {
+    Done(Result<(), StoreError>),
+    WhenOpen(ChangeSet, watch::Receiver<bool>),
+}
+
+impl TestDisk {
+    /// A slow disk, open to begin with: see [`TestDisk::set_open`].
+    pub fn slow() -> Self {
+        Self {
+            open: Some(watch::Sender::new(true)),
+            ..Self::default()
+        }
+    }
+
+    /// Fills the disk (`true`) or gives it room again (`false`).
+    pub fn set_full(&self, full: bool) {
+        locked(&self.state).full = full;
+    }
+
+    /// Opens or closes a slow disk: its commits complete only while it is open.
+    pub fn set_open(&self, open: bool) {
+        self.open
+            .as_ref()
+            .expect("set_open is for a slow disk")
+            .send_replace(open);
+    }
+
+    /// Starts or stops failing the commits that complete.
+    pub fn set_failing(&self, failing: bool) {
+        locked(&self.state).failing = failing;
+    }
+
+    /// The durable state: every change set committed so far, applied in order.
+    pub fn durable(&self) -> Snapshot {
+        locked(&self.state).durable.clone()
+    }
+
+    /// Applies `changes` to the durable state, as a commit of an earlier process did.
+    pub fn apply(&self, changes: &ChangeSet) {
+        locked(&self.state).durable.apply(changes);
+    }
+
+    /// How many commits were attempted: made while the disk did not refuse them.
+    pub fn attempts(&self) -> u32 {
+        locked(&self.state).attempts
+    }
+
+    /// What becomes of a commit when it is made.
+    fn make(&self, changes: ChangeSet) -> Pending {
+        let mut disk = locked(&self.state);
+        if disk.refusing {
+            let refused = StoreError::AfterFailure("an earlier commit failed".to_owned());
+            return Pending::Done(Err(refused));
+        }
+        disk.attempts += 1;
+        if disk.full {
+            disk.refusing = true;
+            let full = StoreError::Io("No space left on device (os error 28)".to_owned());
+            return Pending::Done(Err(full));
+        }
+        match &self.open {
+            Some(open) => Pending::WhenOpen(changes, open.subscribe()),
+            None => Pending::Done(complete(&mut disk, &changes)),
+        }
+    }
+}
+
+/// Completes a commit: applies it, or fails it while the disk is failing.
+fn complete(disk: &mut DiskState, changes: &ChangeSet) -> Result<(), StoreError> {
+    if disk.failing {
+        return Err(StoreError::Io("injected fsync failure".to_owned()));
+    }
+    disk.durable.apply(changes);
+    Ok(())
+}
+
+impl StateStore for TestDisk {
+    fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
+        std::future::ready(Ok(self.durable()))
+    }
+
+    fn commit(
+        &self,
+        changes: ChangeSet,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let pending = self.make(changes);
+        let state = Arc::clone(&self.state);
+        async move {
+            match pending {
+                Pending::Done(result) => result,
+                Pending::WhenOpen(changes, mut open) => {
+                    open.wait_for(|open| *open)
+                        .await
+                        .map_err(|_| StoreError::Io("disk gone".to_owned()))?;
+                    complete(&mut locked(&state), &changes)
+                }
+            }
+        }
+    }
+
+    fn resume(&self) {
+        locked(&self.state).refusing = false;
+    }
+}
 
 /// How the timers of a [`StoppedClock`] fire.
 #[derive(Clone, Copy)]
