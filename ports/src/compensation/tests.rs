@@ -3,92 +3,14 @@
 //! compensates interrupted Creates. Time is a clock whose timers fire at once, so backoff
 //! and deadlines cost nothing.
 
-use std::collections::BTreeSet;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
+use bigfleet_libvirt_domain::{Core, FenceToken, MachineState, MutateRequest, Mutation, Timestamp};
 
-use bigfleet_libvirt_domain::{
-    Core, FenceToken, HostRef, Machine, MachineId, MachineState, MutateRequest, Mutation, Timestamp,
-};
+use crate::testkit::doubles::{StoppedClock, TestDisk, TestHost, TestSpawner};
+use crate::{BootstrapBlob, HypervisorError, Provider, ProviderConfig};
 
-use crate::testkit::doubles::{StoppedClock, TestDisk, TestSpawner};
-use crate::testkit::speculative;
-use crate::{
-    BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig,
-};
+type Subject = Provider<TestHost, TestDisk, StoppedClock, TestSpawner>;
 
-/// A host that records domains by machine id; `create` answers as `create_answer` says.
-#[derive(Clone, Default)]
-struct Host {
-    domains: Arc<Mutex<BTreeSet<MachineId>>>,
-    deletes: Arc<Mutex<u32>>,
-    create_answer: Option<HypervisorError>,
-}
-
-impl Host {
-    fn failing_create(error: HypervisorError) -> Self {
-        Self {
-            create_answer: Some(error),
-            ..Self::default()
-        }
-    }
-
-    fn domain_count(&self) -> usize {
-        self.domains.lock().unwrap().len()
-    }
-
-    fn delete_count(&self) -> u32 {
-        *self.deletes.lock().unwrap()
-    }
-}
-
-impl Hypervisor for Host {
-    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
-        std::future::ready(Ok(vec![speculative("m-1")]))
-    }
-
-    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
-        let error = self.create_answer.clone();
-        // An indefinite error models a lost reply: the domain exists all the same.
-        if error
-            .as_ref()
-            .is_none_or(|e| e.side_effects != crate::SideEffects::None)
-        {
-            self.domains
-                .lock()
-                .unwrap()
-                .insert(request.machine.id.clone());
-        }
-        match error {
-            Some(error) => Err(error),
-            None => Ok(Created {
-                host: HostRef {
-                    provider: "test".to_owned(),
-                    reference: format!("zone-a/{}", request.machine.id),
-                },
-                resources: None,
-                allocatable: None,
-            }),
-        }
-    }
-
-    async fn configure(&self, _: ConfigureRequest) -> Result<(), HypervisorError> {
-        Ok(())
-    }
-
-    async fn drain(&self, _: DrainRequest) -> Result<(), HypervisorError> {
-        Ok(())
-    }
-
-    async fn delete(&self, request: DeleteRequest) -> Result<(), HypervisorError> {
-        *self.deletes.lock().unwrap() += 1;
-        self.domains.lock().unwrap().remove(&request.machine.id);
-        Ok(())
-    }
-}
-
-async fn start(host: Host, store: TestDisk) -> Provider<Host, TestDisk, StoppedClock, TestSpawner> {
+async fn start(host: TestHost, store: TestDisk) -> Subject {
     Provider::start(
         ProviderConfig::default(),
         host,
@@ -101,7 +23,7 @@ async fn start(host: Host, store: TestDisk) -> Provider<Host, TestDisk, StoppedC
     .expect("start")
 }
 
-async fn create(provider: &Provider<Host, TestDisk, StoppedClock, TestSpawner>) {
+async fn create(provider: &Subject) {
     let mutation = Mutation {
         machine_id: "m-1".to_owned(),
         token: FenceToken {
@@ -124,13 +46,13 @@ async fn settle() {
     }
 }
 
-fn state(provider: &Provider<Host, TestDisk, StoppedClock, TestSpawner>) -> MachineState {
+fn state(provider: &Subject) -> MachineState {
     provider.peek(&Default::default()).machines[0].state
 }
 
 #[tokio::test]
 async fn a_create_whose_reply_was_lost_is_followed_by_a_delete_of_its_domain() {
-    let host = Host::failing_create(HypervisorError::indefinite("reply lost"));
+    let host = TestHost::failing_create(HypervisorError::indefinite("reply lost"));
     let provider = start(host.clone(), TestDisk::default()).await;
     create(&provider).await;
     settle().await;
@@ -141,7 +63,7 @@ async fn a_create_whose_reply_was_lost_is_followed_by_a_delete_of_its_domain() {
 
 #[tokio::test]
 async fn a_create_that_changed_nothing_is_not_compensated() {
-    let host = Host::failing_create(HypervisorError::permanent("no such image"));
+    let host = TestHost::failing_create(HypervisorError::permanent("no such image"));
     let provider = start(host.clone(), TestDisk::default()).await;
     create(&provider).await;
     settle().await;
@@ -151,7 +73,7 @@ async fn a_create_that_changed_nothing_is_not_compensated() {
 
 #[tokio::test]
 async fn a_successful_create_is_not_compensated() {
-    let host = Host::default();
+    let host = TestHost::default();
     let provider = start(host.clone(), TestDisk::default()).await;
     create(&provider).await;
     settle().await;
@@ -163,7 +85,7 @@ async fn a_successful_create_is_not_compensated() {
 async fn a_restart_compensates_a_create_it_interrupted() {
     // The first process accepted the Create, the host made the domain, then the process
     // died before the completion was persisted.
-    let (host, store) = (Host::default(), TestDisk::default());
+    let (host, store) = (TestHost::default(), TestDisk::default());
     drop(start(host.clone(), store.clone()).await); // first boot seeds m-1
     let snapshot = store.durable();
     let (mut core, _) = Core::restore(ProviderConfig::default().policy, snapshot).expect("restore");
@@ -177,10 +99,7 @@ async fn a_restart_compensates_a_create_it_interrupted() {
         .changes
         .expect("accepted");
     store.apply(&changes);
-    host.domains
-        .lock()
-        .unwrap()
-        .insert(MachineId::new("m-1").unwrap());
+    host.add_domain("m-1");
 
     let second = start(host.clone(), store).await;
     settle().await;

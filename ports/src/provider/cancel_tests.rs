@@ -4,88 +4,22 @@
 //! deadline sweep, and a failed commit nobody waits for any more is taken back before the next
 //! decision is taken on top of it.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
-    FenceToken, HostRef, Kind, ListQuery, Machine, MachineState, MutateRequest, Mutation, Policy,
-    Timeouts,
+    FenceToken, Kind, ListQuery, Machine, MachineState, MutateRequest, Mutation, Policy, Timeouts,
 };
 use futures::FutureExt;
 
-use crate::testkit::doubles::{TestDisk, TestSpawner, TokioClock};
-use crate::testkit::speculative;
-use crate::{
-    BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig,
-};
+use crate::testkit::doubles::{TestDisk, TestHost, TestSpawner, TokioClock};
+use crate::{BootstrapBlob, Provider, ProviderConfig};
 
-/// A host that answers every call at once and records which kinds it was asked to do. Its
-/// inventory is m-1, and m-2 once `add_m2` was called.
-#[derive(Clone, Default)]
-struct Host {
-    calls: Arc<Mutex<Vec<Kind>>>,
-    m2: Arc<AtomicBool>,
-}
-
-impl Host {
-    fn add_m2(&self) {
-        self.m2.store(true, Ordering::SeqCst);
-    }
-
-    fn record(&self, kind: Kind) {
-        self.calls.lock().unwrap().push(kind);
-    }
-
-    fn calls(&self) -> Vec<Kind> {
-        self.calls.lock().unwrap().clone()
-    }
-}
-
-impl Hypervisor for Host {
-    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
-        let mut inventory = vec![speculative("m-1")];
-        if self.m2.load(Ordering::SeqCst) {
-            inventory.push(speculative("m-2"));
-        }
-        std::future::ready(Ok(inventory))
-    }
-
-    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
-        self.record(Kind::Create);
-        Ok(Created {
-            host: HostRef {
-                provider: "test".to_owned(),
-                reference: format!("zone-a/{}", request.machine.id),
-            },
-            resources: None,
-            allocatable: None,
-        })
-    }
-
-    async fn configure(&self, _: ConfigureRequest) -> Result<(), HypervisorError> {
-        self.record(Kind::Configure);
-        Ok(())
-    }
-
-    async fn drain(&self, _: DrainRequest) -> Result<(), HypervisorError> {
-        self.record(Kind::Drain);
-        Ok(())
-    }
-
-    async fn delete(&self, _: DeleteRequest) -> Result<(), HypervisorError> {
-        self.record(Kind::Delete);
-        Ok(())
-    }
-}
-
-type Subject = Provider<Host, TestDisk, TokioClock, TestSpawner>;
+type Subject = Provider<TestHost, TestDisk, TokioClock, TestSpawner>;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-async fn start(host: Host, disk: TestDisk, spawner: TestSpawner) -> Subject {
+async fn start(host: TestHost, disk: TestDisk, spawner: TestSpawner) -> Subject {
     let config = ProviderConfig {
         policy: Policy {
             timeouts: Timeouts::uniform(TIMEOUT),
@@ -129,7 +63,7 @@ async fn machine(provider: &Subject) -> Arc<Machine> {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_while_its_decision_is_committed_still_runs_its_transition() {
-    let host = Host::default();
+    let host = TestHost::default();
     let disk = TestDisk::slow();
     let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
     let steps = [
@@ -184,7 +118,7 @@ async fn a_call_dropped_while_its_decision_is_committed_still_runs_its_transitio
 
 #[tokio::test(start_paused = true)]
 async fn a_transition_whose_worker_never_runs_fails_at_its_deadline() {
-    let host = Host::default();
+    let host = TestHost::default();
     let spawner = TestSpawner::losing_transitions();
     let provider = start(host.clone(), TestDisk::slow(), spawner).await;
     let ack = provider
@@ -218,7 +152,7 @@ async fn a_transition_whose_worker_never_runs_fails_at_its_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_starts_after_its_deadline_does_not_touch_the_host() {
-    let host = Host::default();
+    let host = TestHost::default();
     let disk = TestDisk::slow();
     let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
     disk.set_open(false);
@@ -254,7 +188,7 @@ async fn a_worker_that_starts_after_its_deadline_does_not_touch_the_host() {
 /// that is not durable.
 #[tokio::test(start_paused = true)]
 async fn a_failed_commit_whose_caller_is_gone_is_taken_back_before_the_next_decision() {
-    let host = Host::default();
+    let host = TestHost::default();
     let disk = TestDisk::slow();
     let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
     disk.set_open(false);
@@ -266,7 +200,7 @@ async fn a_failed_commit_whose_caller_is_gone_is_taken_back_before_the_next_deci
     disk.set_failing(true);
     disk.set_open(true);
     wait(&provider, Duration::from_millis(10)).await;
-    host.add_m2();
+    host.add_slot("m-2");
     assert!(
         provider.reconcile().await.is_err(),
         "the disk still fails the reconcile's commit"
@@ -348,7 +282,7 @@ async fn sweep_span_in_a_process_of_its_own() {
     let subscriber = tracing_subscriber::registry().with(scopes.clone());
     let _default = tracing::subscriber::set_default(subscriber);
     let spawner = TestSpawner::losing_transitions();
-    let provider = start(Host::default(), TestDisk::slow(), spawner).await;
+    let provider = start(TestHost::default(), TestDisk::slow(), spawner).await;
     provider
         .mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default())
         .instrument(tracing::info_span!("rpc"))

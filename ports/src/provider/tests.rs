@@ -3,59 +3,22 @@
 //! afresh, and a transition's completion that could not be committed is committed once the
 //! store takes commits again.
 
-use std::future::Future;
-use std::sync::Arc;
-
 use bigfleet_libvirt_domain::{
-    FenceKey, FenceToken, HostRef, Kind, Machine, MachineId, MachineState, MutateRequest, Mutation,
+    FenceKey, FenceToken, Kind, MachineId, MachineState, MutateRequest, Mutation,
 };
 
-use crate::testkit::doubles::{StoppedClock, TestDisk, TestSpawner};
-use crate::testkit::speculative;
-use crate::{
-    BootstrapBlob, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig, ProviderError,
-};
+use crate::testkit::doubles::{StoppedClock, TestDisk, TestHost, TestSpawner};
+use crate::{BootstrapBlob, Provider, ProviderConfig, ProviderError};
 
-/// A host whose Create waits until the test opens its gate.
-#[derive(Clone, Default)]
-struct Host {
-    gate: Arc<tokio::sync::Notify>,
+/// The host of these tests: slots m-1 and m-2, each Create waiting until the test lets it
+/// through.
+fn gated_host() -> TestHost {
+    TestHost::default().with_slot("m-2").gated()
 }
 
-impl Hypervisor for Host {
-    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
-        std::future::ready(Ok(vec![speculative("m-1"), speculative("m-2")]))
-    }
+type Subject = Provider<TestHost, TestDisk, StoppedClock, TestSpawner>;
 
-    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
-        self.gate.notified().await;
-        Ok(Created {
-            host: HostRef {
-                provider: "test".to_owned(),
-                reference: format!("zone-a/{}", request.machine.id),
-            },
-            resources: None,
-            allocatable: None,
-        })
-    }
-
-    async fn configure(&self, _: ConfigureRequest) -> Result<(), HypervisorError> {
-        Ok(())
-    }
-
-    async fn drain(&self, _: DrainRequest) -> Result<(), HypervisorError> {
-        Ok(())
-    }
-
-    async fn delete(&self, _: DeleteRequest) -> Result<(), HypervisorError> {
-        Ok(())
-    }
-}
-
-type Subject = Provider<Host, TestDisk, StoppedClock, TestSpawner>;
-
-async fn start(host: Host, disk: TestDisk) -> Subject {
+async fn start(host: TestHost, disk: TestDisk) -> Subject {
     let config = ProviderConfig::default();
     let clock = StoppedClock::short_waits_only();
     Provider::start(
@@ -95,7 +58,7 @@ async fn run_tasks() {
 #[tokio::test]
 async fn a_failed_commit_is_taken_back_and_the_next_one_is_attempted_afresh() {
     let disk = TestDisk::default();
-    let provider = start(Host::default(), disk.clone()).await;
+    let provider = start(gated_host(), disk.clone()).await;
     disk.set_full(true);
     let refused = provider
         .mutate(create("m-1", 1), BootstrapBlob::default())
@@ -156,14 +119,14 @@ async fn a_failed_commit_is_taken_back_and_the_next_one_is_attempted_afresh() {
 #[tokio::test]
 async fn a_completion_that_could_not_be_committed_is_committed_once_there_is_room() {
     let disk = TestDisk::default();
-    let host = Host::default();
+    let host = gated_host();
     let provider = start(host.clone(), disk.clone()).await;
     provider
         .mutate(create("m-1", 1), BootstrapBlob::default())
         .await
         .expect("accepted");
     disk.set_full(true);
-    host.gate.notify_one();
+    host.release_create();
     run_tasks().await;
     // The Create finished, but its completion is not durable: reads show the durable state.
     assert_eq!(state(&provider, "m-1").await, MachineState::Creating);

@@ -1,25 +1,173 @@
-//! Test doubles of the ports for the crate's own unit tests, one per port where the tests'
-//! needs allow: a disk that can fill up, stall or fail ([`TestDisk`]), two clocks
-//! ([`StoppedClock`], [`TokioClock`]) and a spawner ([`TestSpawner`]). Each starts as the
-//! plainest double of its port (everything answers at once and succeeds); its builder
-//! methods turn on the behaviour a test needs.
+//! Test doubles of the four ports for the crate's own unit tests, one per port where the
+//! tests' needs allow: a scriptable host ([`TestHost`]), a disk that can fill up, stall or
+//! fail ([`TestDisk`]), two clocks ([`StoppedClock`], [`TokioClock`]) and a spawner
+//! ([`TestSpawner`]). Each starts as the plainest double of its port (everything answers
+//! at once and succeeds); its builder methods turn on the behaviour a test needs.
 //!
-//! They run on tokio (its `watch`, its timer and its spawn), which the crate has only as a
-//! dev-dependency, so they are compiled for the unit tests only, not under the `testkit`
-//! feature.
+//! They run on tokio (its `Notify` and `watch`, its timer and its spawn), which the crate
+//! has only as a dev-dependency, so they are compiled for the unit tests only, not under
+//! the `testkit` feature.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bigfleet_libvirt_domain::{ChangeSet, Snapshot, Timestamp};
-use tokio::sync::watch;
+use bigfleet_libvirt_domain::{ChangeSet, HostRef, Kind, Machine, MachineId, Snapshot, Timestamp};
+use tokio::sync::{Notify, watch};
 
-use crate::{Clock, Spawner, StateStore, StoreError};
+use crate::testkit::speculative;
+use crate::{
+    Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
+    HypervisorError, SideEffects, Spawner, StateStore, StoreError,
+};
 
 /// Locks a double's state; a test that panicked while holding it has failed already.
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().expect("a test double's lock is not poisoned")
+}
+
+/// A scriptable host. Clones share their state, so a test keeps one clone to script and
+/// inspect while the provider drives another.
+///
+/// - Inventory: `describe` answers a Speculative slot `m-1`, plus every slot added with
+///   [`TestHost::with_slot`] or [`TestHost::add_slot`].
+/// - Calls: every `create`, `configure`, `drain` and `delete` is recorded by kind on entry
+///   ([`TestHost::calls`], [`TestHost::delete_count`]).
+/// - Domains: a `create` leaves a domain for its machine unless its answer is an error that
+///   provably changed nothing (an indefinite error models a lost reply: the domain exists
+///   all the same); a `delete` removes it ([`TestHost::domain_count`],
+///   [`TestHost::add_domain`] for one a previous process left).
+/// - [`TestHost::failing_create`]: every `create` fails with that error.
+/// - [`TestHost::gated`]: every `create` waits until [`TestHost::release_create`] lets it
+///   through; otherwise every call answers at once.
+#[derive(Clone)]
+pub struct TestHost {
+    inventory: Arc<Mutex<Vec<Machine>>>,
+    calls: Arc<Mutex<Vec<Kind>>>,
+    domains: Arc<Mutex<BTreeSet<MachineId>>>,
+    create_answer: Option<HypervisorError>,
+    create_gate: Option<Arc<Notify>>,
+}
+
+impl Default for TestHost {
+    fn default() -> Self {
+        Self {
+            inventory: Arc::new(Mutex::new(vec![speculative("m-1")])),
+            calls: Arc::default(),
+            domains: Arc::default(),
+            create_answer: None,
+            create_gate: None,
+        }
+    }
+}
+
+impl TestHost {
+    /// A host whose every `create` fails with `error`.
+    pub fn failing_create(error: HypervisorError) -> Self {
+        Self {
+            create_answer: Some(error),
+            ..Self::default()
+        }
+    }
+
+    /// This host, its `create` calls waiting for [`TestHost::release_create`].
+    pub fn gated(self) -> Self {
+        Self {
+            create_gate: Some(Arc::default()),
+            ..self
+        }
+    }
+
+    /// This host, with a Speculative slot `id` in its inventory.
+    pub fn with_slot(self, id: &str) -> Self {
+        self.add_slot(id);
+        self
+    }
+
+    /// Adds a Speculative slot `id` to the inventory the next `describe` answers.
+    pub fn add_slot(&self, id: &str) {
+        locked(&self.inventory).push(speculative(id));
+    }
+
+    /// Lets one `create` through the gate: the one waiting, or else the next one.
+    pub fn release_create(&self) {
+        self.create_gate
+            .as_ref()
+            .expect("release_create is for a gated host")
+            .notify_one();
+    }
+
+    /// Records a domain for `id`, as if a create of an earlier process had made it.
+    pub fn add_domain(&self, id: &str) {
+        locked(&self.domains).insert(MachineId::new(id).expect("a non-empty machine id"));
+    }
+
+    /// The kinds of the calls made so far, in order.
+    pub fn calls(&self) -> Vec<Kind> {
+        locked(&self.calls).clone()
+    }
+
+    /// How many `delete` calls were made.
+    pub fn delete_count(&self) -> usize {
+        self.calls().iter().filter(|&&k| k == Kind::Delete).count()
+    }
+
+    /// How many domains the host holds.
+    pub fn domain_count(&self) -> usize {
+        locked(&self.domains).len()
+    }
+
+    fn record(&self, kind: Kind) {
+        locked(&self.calls).push(kind);
+    }
+}
+
+impl Hypervisor for TestHost {
+    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
+        std::future::ready(Ok(locked(&self.inventory).clone()))
+    }
+
+    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
+        self.record(Kind::Create);
+        if let Some(gate) = &self.create_gate {
+            gate.notified().await;
+        }
+        let error = self.create_answer.clone();
+        if error
+            .as_ref()
+            .is_none_or(|e| e.side_effects != SideEffects::None)
+        {
+            locked(&self.domains).insert(request.machine.id.clone());
+        }
+        match error {
+            Some(error) => Err(error),
+            None => Ok(Created {
+                host: HostRef {
+                    provider: "test".to_owned(),
+                    reference: format!("zone-a/{}", request.machine.id),
+                },
+                resources: None,
+                allocatable: None,
+            }),
+        }
+    }
+
+    async fn configure(&self, _: ConfigureRequest) -> Result<(), HypervisorError> {
+        self.record(Kind::Configure);
+        Ok(())
+    }
+
+    async fn drain(&self, _: DrainRequest) -> Result<(), HypervisorError> {
+        self.record(Kind::Drain);
+        Ok(())
+    }
+
+    async fn delete(&self, request: DeleteRequest) -> Result<(), HypervisorError> {
+        self.record(Kind::Delete);
+        locked(&self.domains).remove(&request.machine.id);
+        Ok(())
+    }
 }
 
 #[derive(Default)]
