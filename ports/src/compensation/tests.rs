@@ -3,148 +3,27 @@
 //! compensates interrupted Creates. Time is a clock whose timers fire at once, so backoff
 //! and deadlines cost nothing.
 
-use std::collections::BTreeSet;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
+use bigfleet_libvirt_domain::{Core, FenceToken, MachineState, MutateRequest, Mutation, Timestamp};
 
-use bigfleet_libvirt_domain::{
-    ChangeSet, Core, FenceToken, HostRef, Machine, MachineId, MachineState, MutateRequest,
-    Mutation, Snapshot, Timestamp,
-};
+use crate::testkit::doubles::{StoppedClock, TestDisk, TestHost, TestSpawner};
+use crate::{BootstrapBlob, HypervisorError, Provider, ProviderConfig};
 
-use crate::testkit::speculative;
-use crate::{
-    BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig, Spawner, StateStore, StoreError,
-};
+type Subject = Provider<TestHost, TestDisk, StoppedClock, TestSpawner>;
 
-/// A host that records domains by machine id; `create` answers as `create_answer` says.
-#[derive(Clone, Default)]
-struct Host {
-    domains: Arc<Mutex<BTreeSet<MachineId>>>,
-    deletes: Arc<Mutex<u32>>,
-    create_answer: Option<HypervisorError>,
-}
-
-impl Host {
-    fn failing_create(error: HypervisorError) -> Self {
-        Self {
-            create_answer: Some(error),
-            ..Self::default()
-        }
-    }
-
-    fn domain_count(&self) -> usize {
-        self.domains.lock().unwrap().len()
-    }
-
-    fn delete_count(&self) -> u32 {
-        *self.deletes.lock().unwrap()
-    }
-}
-
-impl Hypervisor for Host {
-    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
-        std::future::ready(Ok(vec![speculative("m-1")]))
-    }
-
-    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
-        let error = self.create_answer.clone();
-        // An indefinite error models a lost reply: the domain exists all the same.
-        if error
-            .as_ref()
-            .is_none_or(|e| e.side_effects != crate::SideEffects::None)
-        {
-            self.domains
-                .lock()
-                .unwrap()
-                .insert(request.machine.id.clone());
-        }
-        match error {
-            Some(error) => Err(error),
-            None => Ok(Created {
-                host: HostRef {
-                    provider: "test".to_owned(),
-                    reference: format!("zone-a/{}", request.machine.id),
-                },
-                resources: None,
-                allocatable: None,
-            }),
-        }
-    }
-
-    async fn configure(&self, _: ConfigureRequest) -> Result<(), HypervisorError> {
-        Ok(())
-    }
-
-    async fn drain(&self, _: DrainRequest) -> Result<(), HypervisorError> {
-        Ok(())
-    }
-
-    async fn delete(&self, request: DeleteRequest) -> Result<(), HypervisorError> {
-        *self.deletes.lock().unwrap() += 1;
-        self.domains.lock().unwrap().remove(&request.machine.id);
-        Ok(())
-    }
-}
-
-/// A store that applies every commit at once.
-#[derive(Clone, Default)]
-struct Store(Arc<Mutex<Snapshot>>);
-
-impl StateStore for Store {
-    fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
-        std::future::ready(Ok(self.0.lock().unwrap().clone()))
-    }
-
-    fn commit(
-        &self,
-        changes: ChangeSet,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        self.0.lock().unwrap().apply(&changes);
-        std::future::ready(Ok(()))
-    }
-}
-
-/// A clock stopped at t=1s whose timers fire at once.
-#[derive(Clone)]
-struct InstantClock;
-
-impl Clock for InstantClock {
-    fn now(&self) -> Timestamp {
-        Timestamp(1_000_000_000)
-    }
-
-    fn sleep_until(&self, _: Timestamp) -> impl Future<Output = ()> + Send + 'static {
-        std::future::ready(())
-    }
-}
-
-#[derive(Clone)]
-struct TokioSpawner;
-
-impl Spawner for TokioSpawner {
-    // The test's own Spawner adapter: the one place these tests may call tokio::spawn.
-    #[allow(clippy::disallowed_methods)]
-    fn spawn(&self, _: &'static str, task: impl Future<Output = ()> + Send + 'static) {
-        drop(tokio::task::spawn(task));
-    }
-}
-
-async fn start(host: Host, store: Store) -> Provider<Host, Store, InstantClock, TokioSpawner> {
+async fn start(host: TestHost, store: TestDisk) -> Subject {
     Provider::start(
         ProviderConfig::default(),
         host,
         store,
-        InstantClock,
-        TokioSpawner,
+        StoppedClock::instant(),
+        TestSpawner::default(),
         Vec::new(),
     )
     .await
     .expect("start")
 }
 
-async fn create(provider: &Provider<Host, Store, InstantClock, TokioSpawner>) {
+async fn create(provider: &Subject) {
     let mutation = Mutation {
         machine_id: "m-1".to_owned(),
         token: FenceToken {
@@ -167,14 +46,14 @@ async fn settle() {
     }
 }
 
-fn state(provider: &Provider<Host, Store, InstantClock, TokioSpawner>) -> MachineState {
+fn state(provider: &Subject) -> MachineState {
     provider.peek(&Default::default()).machines[0].state
 }
 
 #[tokio::test]
 async fn a_create_whose_reply_was_lost_is_followed_by_a_delete_of_its_domain() {
-    let host = Host::failing_create(HypervisorError::indefinite("reply lost"));
-    let provider = start(host.clone(), Store::default()).await;
+    let host = TestHost::failing_create(HypervisorError::indefinite("reply lost"));
+    let provider = start(host.clone(), TestDisk::default()).await;
     create(&provider).await;
     settle().await;
     assert_eq!(state(&provider), MachineState::Failed);
@@ -184,8 +63,8 @@ async fn a_create_whose_reply_was_lost_is_followed_by_a_delete_of_its_domain() {
 
 #[tokio::test]
 async fn a_create_that_changed_nothing_is_not_compensated() {
-    let host = Host::failing_create(HypervisorError::permanent("no such image"));
-    let provider = start(host.clone(), Store::default()).await;
+    let host = TestHost::failing_create(HypervisorError::permanent("no such image"));
+    let provider = start(host.clone(), TestDisk::default()).await;
     create(&provider).await;
     settle().await;
     assert_eq!(state(&provider), MachineState::Failed);
@@ -194,8 +73,8 @@ async fn a_create_that_changed_nothing_is_not_compensated() {
 
 #[tokio::test]
 async fn a_successful_create_is_not_compensated() {
-    let host = Host::default();
-    let provider = start(host.clone(), Store::default()).await;
+    let host = TestHost::default();
+    let provider = start(host.clone(), TestDisk::default()).await;
     create(&provider).await;
     settle().await;
     assert_eq!(state(&provider), MachineState::Idle);
@@ -206,9 +85,9 @@ async fn a_successful_create_is_not_compensated() {
 async fn a_restart_compensates_a_create_it_interrupted() {
     // The first process accepted the Create, the host made the domain, then the process
     // died before the completion was persisted.
-    let (host, store) = (Host::default(), Store::default());
+    let (host, store) = (TestHost::default(), TestDisk::default());
     drop(start(host.clone(), store.clone()).await); // first boot seeds m-1
-    let snapshot = store.0.lock().unwrap().clone();
+    let snapshot = store.durable();
     let (mut core, _) = Core::restore(ProviderConfig::default().policy, snapshot).expect("restore");
     let mutation = Mutation {
         machine_id: "m-1".to_owned(),
@@ -219,11 +98,8 @@ async fn a_restart_compensates_a_create_it_interrupted() {
         .mutate(mutation, Timestamp(1))
         .changes
         .expect("accepted");
-    store.0.lock().unwrap().apply(&changes);
-    host.domains
-        .lock()
-        .unwrap()
-        .insert(MachineId::new("m-1").unwrap());
+    store.apply(&changes);
+    host.add_domain("m-1");
 
     let second = start(host.clone(), store).await;
     settle().await;

@@ -4,183 +4,22 @@
 //! deadline sweep, and a failed commit nobody waits for any more is taken back before the next
 //! decision is taken on top of it.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
-    ChangeSet, FenceToken, HostRef, Kind, ListQuery, Machine, MachineState, MutateRequest,
-    Mutation, Policy, Snapshot, Timeouts, Timestamp,
+    FenceToken, Kind, ListQuery, Machine, MachineState, MutateRequest, Mutation, Policy, Timeouts,
 };
 use futures::FutureExt;
-use tokio::sync::watch;
 
-use crate::testkit::speculative;
-use crate::{
-    BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig, Spawner, StateStore, StoreError,
-};
+use crate::testkit::doubles::{TestDisk, TestHost, TestSpawner, TokioClock};
+use crate::{BootstrapBlob, Provider, ProviderConfig};
 
-/// A host that answers every call at once and records which kinds it was asked to do. Its
-/// inventory is m-1, and m-2 once `add_m2` was called.
-#[derive(Clone, Default)]
-struct Host {
-    calls: Arc<Mutex<Vec<Kind>>>,
-    m2: Arc<AtomicBool>,
-}
-
-impl Host {
-    fn add_m2(&self) {
-        self.m2.store(true, Ordering::SeqCst);
-    }
-
-    fn record(&self, kind: Kind) {
-        self.calls.lock().unwrap().push(kind);
-    }
-
-    fn calls(&self) -> Vec<Kind> {
-        self.calls.lock().unwrap().clone()
-    }
-}
-
-impl Hypervisor for Host {
-    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
-        let mut inventory = vec![speculative("m-1")];
-        if self.m2.load(Ordering::SeqCst) {
-            inventory.push(speculative("m-2"));
-        }
-        std::future::ready(Ok(inventory))
-    }
-
-    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
-        self.record(Kind::Create);
-        Ok(Created {
-            host: HostRef {
-                provider: "test".to_owned(),
-                reference: format!("zone-a/{}", request.machine.id),
-            },
-            resources: None,
-            allocatable: None,
-        })
-    }
-
-    async fn configure(&self, _: ConfigureRequest) -> Result<(), HypervisorError> {
-        self.record(Kind::Configure);
-        Ok(())
-    }
-
-    async fn drain(&self, _: DrainRequest) -> Result<(), HypervisorError> {
-        self.record(Kind::Drain);
-        Ok(())
-    }
-
-    async fn delete(&self, _: DeleteRequest) -> Result<(), HypervisorError> {
-        self.record(Kind::Delete);
-        Ok(())
-    }
-}
-
-/// A disk whose commits complete only while it is open (a closed disk is a slow fsync), and
-/// fail while it is failing.
-#[derive(Clone)]
-struct SlowDisk {
-    durable: Arc<Mutex<Snapshot>>,
-    open: watch::Sender<bool>,
-    failing: Arc<AtomicBool>,
-}
-
-impl SlowDisk {
-    fn new() -> Self {
-        Self {
-            durable: Arc::default(),
-            open: watch::Sender::new(true),
-            failing: Arc::default(),
-        }
-    }
-
-    fn set_open(&self, open: bool) {
-        self.open.send_replace(open);
-    }
-
-    fn set_failing(&self, failing: bool) {
-        self.failing.store(failing, Ordering::SeqCst);
-    }
-
-    fn revision(&self) -> i64 {
-        self.durable.lock().unwrap().revision
-    }
-}
-
-impl StateStore for SlowDisk {
-    fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
-        std::future::ready(Ok(self.durable.lock().unwrap().clone()))
-    }
-
-    fn commit(
-        &self,
-        changes: ChangeSet,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        let durable = Arc::clone(&self.durable);
-        let failing = Arc::clone(&self.failing);
-        let mut open = self.open.subscribe();
-        async move {
-            open.wait_for(|open| *open)
-                .await
-                .map_err(|_| StoreError::Io("disk gone".to_owned()))?;
-            if failing.load(Ordering::SeqCst) {
-                return Err(StoreError::Io("injected fsync failure".to_owned()));
-            }
-            durable.lock().unwrap().apply(&changes);
-            Ok(())
-        }
-    }
-
-    fn resume(&self) {}
-}
-
-/// The provider's clock on tokio's (paused) clock.
-#[derive(Clone)]
-struct TokioClock {
-    base: tokio::time::Instant,
-}
-
-impl Clock for TokioClock {
-    fn now(&self) -> Timestamp {
-        let elapsed = self.base.elapsed().as_nanos();
-        Timestamp(u64::try_from(elapsed).unwrap_or(u64::MAX))
-    }
-
-    // The test's own Clock adapter: the one place these tests may wait on tokio's timer.
-    #[allow(clippy::disallowed_methods)]
-    fn sleep_until(&self, deadline: Timestamp) -> impl Future<Output = ()> + Send + 'static {
-        tokio::time::sleep_until(self.base + Duration::from_nanos(deadline.0))
-    }
-}
-
-/// Spawns on tokio; when `lose_transitions` is set, every transition worker is dropped
-/// unstarted (a worker that never runs), while the provider's other tasks run.
-#[derive(Clone, Default)]
-struct TestSpawner {
-    lose_transitions: bool,
-}
-
-impl Spawner for TestSpawner {
-    // The test's own Spawner adapter: the one place these tests may call tokio::spawn.
-    #[allow(clippy::disallowed_methods)]
-    fn spawn(&self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
-        if self.lose_transitions && name == "transition" {
-            return;
-        }
-        drop(tokio::task::spawn(task));
-    }
-}
-
-type Subject = Provider<Host, SlowDisk, TokioClock, TestSpawner>;
+type Subject = Provider<TestHost, TestDisk, TokioClock, TestSpawner>;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-async fn start(host: Host, disk: SlowDisk, spawner: TestSpawner) -> Subject {
+async fn start(host: TestHost, disk: TestDisk, spawner: TestSpawner) -> Subject {
     let config = ProviderConfig {
         policy: Policy {
             timeouts: Timeouts::uniform(TIMEOUT),
@@ -188,9 +27,7 @@ async fn start(host: Host, disk: SlowDisk, spawner: TestSpawner) -> Subject {
         },
         ..ProviderConfig::default()
     };
-    let clock = TokioClock {
-        base: tokio::time::Instant::now(),
-    };
+    let clock = TokioClock::starting_now();
     Provider::start(config, host, disk, clock, spawner, Vec::new())
         .await
         .expect("start")
@@ -226,8 +63,8 @@ async fn machine(provider: &Subject) -> Arc<Machine> {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_while_its_decision_is_committed_still_runs_its_transition() {
-    let host = Host::default();
-    let disk = SlowDisk::new();
+    let host = TestHost::default();
+    let disk = TestDisk::slow();
     let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
     let steps = [
         (MutateRequest::Create, MachineState::Idle),
@@ -281,11 +118,9 @@ async fn a_call_dropped_while_its_decision_is_committed_still_runs_its_transitio
 
 #[tokio::test(start_paused = true)]
 async fn a_transition_whose_worker_never_runs_fails_at_its_deadline() {
-    let host = Host::default();
-    let spawner = TestSpawner {
-        lose_transitions: true,
-    };
-    let provider = start(host.clone(), SlowDisk::new(), spawner).await;
+    let host = TestHost::default();
+    let spawner = TestSpawner::losing_transitions();
+    let provider = start(host.clone(), TestDisk::slow(), spawner).await;
     let ack = provider
         .mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default())
         .await
@@ -317,8 +152,8 @@ async fn a_transition_whose_worker_never_runs_fails_at_its_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_starts_after_its_deadline_does_not_touch_the_host() {
-    let host = Host::default();
-    let disk = SlowDisk::new();
+    let host = TestHost::default();
+    let disk = TestDisk::slow();
     let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
     disk.set_open(false);
     let call = provider.mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default());
@@ -353,8 +188,8 @@ async fn a_worker_that_starts_after_its_deadline_does_not_touch_the_host() {
 /// that is not durable.
 #[tokio::test(start_paused = true)]
 async fn a_failed_commit_whose_caller_is_gone_is_taken_back_before_the_next_decision() {
-    let host = Host::default();
-    let disk = SlowDisk::new();
+    let host = TestHost::default();
+    let disk = TestDisk::slow();
     let provider = start(host.clone(), disk.clone(), TestSpawner::default()).await;
     disk.set_open(false);
     let call = provider.mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default());
@@ -365,7 +200,7 @@ async fn a_failed_commit_whose_caller_is_gone_is_taken_back_before_the_next_deci
     disk.set_failing(true);
     disk.set_open(true);
     wait(&provider, Duration::from_millis(10)).await;
-    host.add_m2();
+    host.add_slot("m-2");
     assert!(
         provider.reconcile().await.is_err(),
         "the disk still fails the reconcile's commit"
@@ -374,7 +209,7 @@ async fn a_failed_commit_whose_caller_is_gone_is_taken_back_before_the_next_deci
     let page = provider.list(&ListQuery::default()).await.expect("list");
     assert_eq!(
         page.revision,
-        disk.revision(),
+        disk.durable().revision,
         "a List answers only durable state"
     );
     assert_eq!(
@@ -446,10 +281,8 @@ async fn sweep_span_in_a_process_of_its_own() {
     let scopes = Scopes::default();
     let subscriber = tracing_subscriber::registry().with(scopes.clone());
     let _default = tracing::subscriber::set_default(subscriber);
-    let spawner = TestSpawner {
-        lose_transitions: true,
-    };
-    let provider = start(Host::default(), SlowDisk::new(), spawner).await;
+    let spawner = TestSpawner::losing_transitions();
+    let provider = start(TestHost::default(), TestDisk::slow(), spawner).await;
     provider
         .mutate(mutation(1, MutateRequest::Create), BootstrapBlob::default())
         .instrument(tracing::info_span!("rpc"))

@@ -3,158 +3,34 @@
 //! afresh, and a transition's completion that could not be committed is committed once the
 //! store takes commits again.
 
-use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
 use bigfleet_libvirt_domain::{
-    ChangeSet, FenceKey, FenceToken, HostRef, Kind, Machine, MachineId, MachineState,
-    MutateRequest, Mutation, Snapshot, Timestamp,
+    FenceKey, FenceToken, Kind, MachineId, MachineState, MutateRequest, Mutation,
 };
 
-use crate::testkit::speculative;
-use crate::{
-    BootstrapBlob, Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest,
-    Hypervisor, HypervisorError, Provider, ProviderConfig, ProviderError, Spawner, StateStore,
-    StoreError,
-};
+use crate::testkit::doubles::{StoppedClock, TestDisk, TestHost, TestSpawner};
+use crate::{BootstrapBlob, Provider, ProviderConfig, ProviderError};
 
-/// A host whose Create waits until the test opens its gate.
-#[derive(Clone, Default)]
-struct Host {
-    gate: Arc<tokio::sync::Notify>,
+/// The host of these tests: slots m-1 and m-2, each Create waiting until the test lets it
+/// through.
+fn gated_host() -> TestHost {
+    TestHost::default().with_slot("m-2").gated()
 }
 
-impl Hypervisor for Host {
-    fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send {
-        std::future::ready(Ok(vec![speculative("m-1"), speculative("m-2")]))
-    }
+type Subject = Provider<TestHost, TestDisk, StoppedClock, TestSpawner>;
 
-    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
-        self.gate.notified().await;
-        Ok(Created {
-            host: HostRef {
-                provider: "test".to_owned(),
-                reference: format!("zone-a/{}", request.machine.id),
-            },
-            resources: None,
-            allocatable: None,
-        })
-    }
-
-    async fn configure(&self, _: ConfigureRequest) -> Result<(), HypervisorError> {
-        Ok(())
-    }
-
-    async fn drain(&self, _: DrainRequest) -> Result<(), HypervisorError> {
-        Ok(())
-    }
-
-    async fn delete(&self, _: DeleteRequest) -> Result<(), HypervisorError> {
-        Ok(())
-    }
-}
-
-#[derive(Default)]
-struct DiskState {
-    durable: Snapshot,
-    full: bool,
-    refusing: bool,
-    attempts: u32,
-}
-
-/// A disk that can fill up: a commit on a full disk fails, and every later one is refused
-/// without being applied until `resume`, as the port's contract asks.
-#[derive(Clone, Default)]
-struct Disk(Arc<Mutex<DiskState>>);
-
-impl Disk {
-    fn set_full(&self, full: bool) {
-        self.0.lock().unwrap().full = full;
-    }
-
-    fn durable(&self) -> Snapshot {
-        self.0.lock().unwrap().durable.clone()
-    }
-
-    fn attempts(&self) -> u32 {
-        self.0.lock().unwrap().attempts
-    }
-}
-
-impl StateStore for Disk {
-    fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send {
-        std::future::ready(Ok(self.durable()))
-    }
-
-    fn commit(
-        &self,
-        changes: ChangeSet,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        let mut disk = self.0.lock().unwrap();
-        let result = if disk.refusing {
-            Err(StoreError::AfterFailure(
-                "an earlier commit failed".to_owned(),
-            ))
-        } else {
-            disk.attempts += 1;
-            if disk.full {
-                disk.refusing = true;
-                Err(StoreError::Io(
-                    "No space left on device (os error 28)".to_owned(),
-                ))
-            } else {
-                disk.durable.apply(&changes);
-                Ok(())
-            }
-        };
-        std::future::ready(result)
-    }
-
-    fn resume(&self) {
-        self.0.lock().unwrap().refusing = false;
-    }
-}
-
-/// A clock stopped at t=1s: short waits (retry backoff) end after one yield, long ones
-/// (transition deadlines) never do.
-#[derive(Clone)]
-struct StoppedClock;
-
-impl Clock for StoppedClock {
-    fn now(&self) -> Timestamp {
-        Timestamp(1_000_000_000)
-    }
-
-    fn sleep_until(&self, deadline: Timestamp) -> impl Future<Output = ()> + Send + 'static {
-        let long = deadline.saturating_since(self.now()) > Duration::from_secs(60);
-        async move {
-            if long {
-                std::future::pending::<()>().await;
-            }
-            tokio::task::yield_now().await;
-        }
-    }
-}
-
-#[derive(Clone)]
-struct TokioSpawner;
-
-impl Spawner for TokioSpawner {
-    // The test's own Spawner adapter: the one place these tests may call tokio::spawn.
-    #[allow(clippy::disallowed_methods)]
-    fn spawn(&self, _: &'static str, task: impl Future<Output = ()> + Send + 'static) {
-        drop(tokio::task::spawn(task));
-    }
-}
-
-type Subject = Provider<Host, Disk, StoppedClock, TokioSpawner>;
-
-async fn start(host: Host, disk: Disk) -> Subject {
+async fn start(host: TestHost, disk: TestDisk) -> Subject {
     let config = ProviderConfig::default();
-    Provider::start(config, host, disk, StoppedClock, TokioSpawner, Vec::new())
-        .await
-        .expect("start")
+    let clock = StoppedClock::short_waits_only();
+    Provider::start(
+        config,
+        host,
+        disk,
+        clock,
+        TestSpawner::default(),
+        Vec::new(),
+    )
+    .await
+    .expect("start")
 }
 
 fn create(id: &str, sequence: i64) -> Mutation {
@@ -181,8 +57,8 @@ async fn run_tasks() {
 
 #[tokio::test]
 async fn a_failed_commit_is_taken_back_and_the_next_one_is_attempted_afresh() {
-    let disk = Disk::default();
-    let provider = start(Host::default(), disk.clone()).await;
+    let disk = TestDisk::default();
+    let provider = start(gated_host(), disk.clone()).await;
     disk.set_full(true);
     let refused = provider
         .mutate(create("m-1", 1), BootstrapBlob::default())
@@ -242,15 +118,15 @@ async fn a_failed_commit_is_taken_back_and_the_next_one_is_attempted_afresh() {
 
 #[tokio::test]
 async fn a_completion_that_could_not_be_committed_is_committed_once_there_is_room() {
-    let disk = Disk::default();
-    let host = Host::default();
+    let disk = TestDisk::default();
+    let host = gated_host();
     let provider = start(host.clone(), disk.clone()).await;
     provider
         .mutate(create("m-1", 1), BootstrapBlob::default())
         .await
         .expect("accepted");
     disk.set_full(true);
-    host.gate.notify_one();
+    host.release_create();
     run_tasks().await;
     // The Create finished, but its completion is not durable: reads show the durable state.
     assert_eq!(state(&provider, "m-1").await, MachineState::Creating);

@@ -1,8 +1,11 @@
 //! Contract test suites every adapter runs (one suite, many adapters), behind the `testkit`
 //! feature: `store` for the `StateStore` port, `hypervisor` for the `Hypervisor` port.
 //! Each suite checks the MUSTs its port documents through the port itself, and panics
-//! naming the rule an implementation broke.
+//! naming the rule an implementation broke. `doubles` holds the test doubles of the ports
+//! that the crate's own unit tests share.
 
+#[cfg(test)]
+pub(crate) mod doubles;
 mod hypervisor;
 mod store;
 
