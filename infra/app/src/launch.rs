@@ -14,7 +14,7 @@ use bigfleet_libvirt_ports::ProviderConfig;
 use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsFiles;
 use bigfleet_libvirt_libvirt::golden;
-use bigfleet_libvirt_libvirt::{Budget, CapacityPolicy, GcPolicy, LibvirtOptions};
+use bigfleet_libvirt_libvirt::{Budget, CapacityPolicy, DomainConfig, GcPolicy};
 
 use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
 
@@ -106,9 +106,9 @@ pub struct Plan {
     pub reflection: bool,
     /// The instance-type catalog (`--instance-types`): vCPU and memory per type.
     pub catalog: InstanceCatalog,
-    pub fake: FakeSettings,
+    pub fake: FakePolicy,
     /// The libvirt backend's options, in the adapter's own type (ignored by the fake).
-    pub libvirt: LibvirtOptions,
+    pub libvirt: DomainConfig,
     pub tls: Option<TlsFiles>,
     /// Whether calls are checked against the client certificate's identity.
     pub client_identity: IdentityMode,
@@ -116,7 +116,7 @@ pub struct Plan {
 
 /// How the fake behaves (ignored by the real backend).
 #[derive(Clone, Debug)]
-pub struct FakeSettings {
+pub struct FakePolicy {
     pub fault_hooks: bool,
     pub delay_min: Duration,
     pub delay_max: Duration,
@@ -184,7 +184,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     let backend = select_backend(flags, &connections)?;
     let tls = check_tls(flags)?;
     let client_identity = check_client_identity(flags, tls.as_ref())?;
-    let mut libvirt = libvirt_options(flags)?;
+    let mut libvirt = domain_config(flags)?;
     devices::apply(flags, &catalog, &mut libvirt)?;
     if backend == Backend::Libvirt {
         golden_settings(flags, &mut libvirt)?;
@@ -219,7 +219,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         reflection: flags.reflection,
         tls,
         client_identity,
-        fake: FakeSettings {
+        fake: FakePolicy {
             fault_hooks: flags.fake_fault_hooks,
             delay_min: flags.fake_delay_min,
             delay_max: flags.fake_delay_max,
@@ -363,7 +363,7 @@ fn select_backend(flags: &Flags, connections: &[HostConnection]) -> Result<Backe
 
 /// The libvirt backend's options; the allocation ratios must be finite and positive, and
 /// the budgets `1 ≤ --agent-budget ≤ --host-budget`.
-fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
+fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
     for (name, value) in [
         ("--cpu-allocation-ratio", flags.cpu_allocation_ratio),
         ("--memory-allocation-ratio", flags.memory_allocation_ratio),
@@ -374,7 +374,7 @@ fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
             )));
         }
     }
-    Ok(LibvirtOptions {
+    Ok(DomainConfig {
         image: flags.image.clone(),
         image_source: None,
         storage_pool: flags.storage_pool.clone(),
@@ -402,7 +402,7 @@ fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
 /// `--image-source`: hashes the file and makes its content-addressed volume the base image.
 /// `--image` may be left empty; when set it must name that same volume, so two flags never
 /// disagree about which base the machines get.
-fn golden_settings(flags: &Flags, libvirt: &mut LibvirtOptions) -> Result<(), LaunchError> {
+fn golden_settings(flags: &Flags, libvirt: &mut DomainConfig) -> Result<(), LaunchError> {
     let Some(path) = &flags.image_source else {
         return Ok(());
     };

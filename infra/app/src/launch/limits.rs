@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use bigfleet_libvirt_observe::side_server::HttpLimits;
+use bigfleet_libvirt_observe::limits::HttpLimits;
 
 use super::{LaunchError, flag};
 use crate::NetLimits;
