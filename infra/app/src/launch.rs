@@ -1,5 +1,5 @@
-//! Turns the operator's flags (as plain values, already parsed by clap in the binary) into
-//! a validated launch plan, in the reference's start-up order so the same error wins:
+//! Turns the operator's flags (declared once in [`Flags`] and [`LimitFlags`], parsed by clap)
+//! into a validated launch plan, in the reference's start-up order so the same error wins:
 //! `--connect`, `--instance-types`, `--prices`, backend selection, offerings, then the rest.
 //! Every error names the flag to fix. The `offerings` dry run uses the same path.
 
@@ -23,62 +23,10 @@ use bigfleet_libvirt_domain::catalog::{
     self, CatalogError, InstanceCatalog, Inventory, InventoryConfig, Offering, PriceTable,
 };
 
+mod flags;
 mod limits;
+pub use flags::{Flags, optional_path, parse_duration};
 pub use limits::{LimitFlags, net_limits};
-
-/// Every flag, as typed values. Field names are the flag names.
-#[derive(Clone, Debug)]
-pub struct Flags {
-    pub addr: String,
-    pub provider: String,
-    pub libvirt_backend: String,
-    pub use_fake_backend: bool,
-    pub connect: String,
-    pub default_zone: String,
-    pub state: Option<PathBuf>,
-    pub image: String,
-    pub image_source: Option<PathBuf>,
-    pub storage_pool: String,
-    pub network: String,
-    pub nic: Vec<String>,
-    pub instance_nic: Vec<String>,
-    pub cpu: Option<String>,
-    pub instance_cpu: Vec<String>,
-    pub domain_type: String,
-    pub firmware: String,
-    pub guest_kernel: String,
-    pub guest_initrd: String,
-    pub guest_cmdline: String,
-    pub base_user_data: Option<PathBuf>,
-    pub capacity_type: String,
-    pub instance_types: Option<PathBuf>,
-    pub prices: String,
-    pub price_per_vcpu_hour: f64,
-    pub price_per_gib_hour: f64,
-    pub offerings: Option<PathBuf>,
-    pub seed_count: i64,
-    pub reconcile_interval: Duration,
-    pub metrics_addr: String,
-    pub reflection: bool,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub tls_ca: Option<PathBuf>,
-    /// `enforce` or `off`; `None` = enforce under mTLS.
-    pub client_identity: Option<String>,
-    pub fake_fault_hooks: bool,
-    pub transition_timeout: Option<Duration>,
-    pub fake_delay_min: Duration,
-    pub fake_delay_max: Duration,
-    pub fake_seed: u64,
-    pub host_reserve_cpu: u32,
-    pub host_reserve_memory_mib: u64,
-    pub cpu_allocation_ratio: f64,
-    pub memory_allocation_ratio: f64,
-    pub gc_orphans: bool,
-    pub orphan_grace: Duration,
-    pub host_budget: usize,
-    pub agent_budget: usize,
-}
 
 /// Which hypervisor the provider drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -446,7 +394,8 @@ fn check_client_identity(
     tls: Option<&TlsFiles>,
 ) -> Result<IdentityMode, LaunchError> {
     let mtls = tls.is_some_and(|files| files.client_ca.is_some());
-    let Some(raw) = &flags.client_identity else {
+    // The empty string (an unset environment variable in a chart) is unset too.
+    let Some(raw) = flags.client_identity.as_ref().filter(|raw| !raw.is_empty()) else {
         return Ok(if mtls {
             IdentityMode::Enforce
         } else {
