@@ -459,7 +459,10 @@ fn the_readme_flag_tables_name_exactly_the_serving_flags() {
     for args in [&["doctor"][..], &["state", "inspect"]] {
         own.extend(help_flags(args).difference(&serving).cloned());
     }
-    assert!(own.contains("--trial-domain") && own.contains("--machine"), "{own:?}");
+    assert!(
+        own.contains("--trial-domain") && own.contains("--machine"),
+        "{own:?}"
+    );
     let unmentioned: Vec<_> = own.iter().filter(|flag| !mentions(&readme, flag)).collect();
     assert!(
         unmentioned.is_empty(),

@@ -10,8 +10,8 @@
 //!   [`capacity_server`] (the generated gRPC server over the real handlers);
 //! - `serve` (feature `serve`): [`serve`] (both ports until shutdown; compiled out under
 //!   `--cfg madsim` and without the feature);
-//! - `launch` (feature `libvirt`): the operator's flags, as plain values, validated into a
-//!   [`launch::Plan`];
+//! - `launch` (feature `libvirt`): the operator's flags, declared once with clap's derive
+//!   ([`launch::Flags`], [`launch::LimitFlags`]), validated into a [`launch::Plan`];
 //! - `preflight` (feature `libvirt`): `doctor`'s run over every `--connect` host;
 //! - `inspect` (feature `redb`): the `state inspect` report;
 //! - `wiring` (features `libvirt` and `redb`): [`run`], a [`launch::Plan`] to a serving

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use super::{declared_dependencies, workspace_root};
+use super::{declared_dependencies, workspace_metadata, workspace_root};
 
 /// Libraries the simulator must never link, whatever path would bring them in.
 const KEPT_OUT_OF_THE_SIM: [&str; 3] = ["virt", "virt-sys", "redb"];
@@ -145,24 +145,7 @@ fn the_serving_check_names_what_it_finds() {
 /// Every workspace crate's normal dependency on tonic: (crate, default features on,
 /// features asked for).
 fn tonic_dependencies() -> Vec<(String, bool, Vec<String>)> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let output = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .current_dir(workspace_root())
-        .output()
-        .expect("run cargo metadata");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let metadata = workspace_metadata();
     let mut found = Vec::new();
     for package in metadata["packages"].as_array().unwrap() {
         for dep in package["dependencies"].as_array().unwrap() {
