@@ -71,7 +71,7 @@ fn commit() -> String {
 }
 
 #[derive(Debug, Default)]
-struct Options {
+struct RunnerFlags {
     seeds: Vec<u64>,
     single: bool,
     trace: bool,
@@ -112,10 +112,10 @@ fn parse_file(path: &str) -> Result<Vec<u64>, String> {
         .collect()
 }
 
-fn parse(args: &[String]) -> Result<Options, String> {
-    let mut options = Options {
+fn parse(args: &[String]) -> Result<RunnerFlags, String> {
+    let mut options = RunnerFlags {
         jobs: 1,
-        ..Options::default()
+        ..RunnerFlags::default()
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -262,7 +262,7 @@ fn run(seed: u64, trace: bool) -> Finished {
     }
 }
 
-fn sweep(options: &Options) -> ExitCode {
+fn sweep(options: &RunnerFlags) -> ExitCode {
     let started = wall_clock();
     let finished = run_all(options);
     let wall = started.elapsed();
@@ -315,7 +315,7 @@ fn sweep(options: &Options) -> ExitCode {
     }
 }
 
-fn print_finished(options: &Options, f: &Finished) {
+fn print_finished(options: &RunnerFlags, f: &Finished) {
     if options.single {
         println!("{}", header(&f.report));
         for line in f.report.trace.iter().flatten() {
@@ -334,7 +334,7 @@ fn print_finished(options: &Options, f: &Finished) {
     }
 }
 
-fn run_all(options: &Options) -> Vec<Finished> {
+fn run_all(options: &RunnerFlags) -> Vec<Finished> {
     let jobs = options.jobs.max(1);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let next = std::sync::atomic::AtomicUsize::new(0);

@@ -15,8 +15,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bigfleet_libvirt_app as app;
+use bigfleet_libvirt_app::Metrics;
 use bigfleet_libvirt_domain::{Policy, Timeouts};
-use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_ports::ProviderConfig;
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;

@@ -4,6 +4,7 @@
 //! combinations) and for every example offerings file in `deploy/examples/`; bad input exits
 //! non-zero with one line naming the flag to fix.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -18,6 +19,11 @@ fn repo_root() -> PathBuf {
 /// `BIGFLEET_LIBVIRT_*` variables of the test's environment, and fails the test if it has not
 /// exited within 30 s (a dry run must never start serving).
 fn run(args: &[&str]) -> Output {
+    run_with_env(args, &[])
+}
+
+/// [`run`], with `env` set on top.
+fn run_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(binary());
     command
         .arg("offerings")
@@ -32,6 +38,7 @@ fn run(args: &[&str]) -> Output {
             command.env_remove(name);
         }
     }
+    command.envs(env.iter().copied());
     let mut child = command.spawn().expect("spawn bigfleet-libvirt offerings");
     let start = Instant::now();
     while child.try_wait().expect("try_wait").is_none() {
@@ -50,7 +57,11 @@ fn run(args: &[&str]) -> Output {
 
 /// The JSON a successful dry run prints.
 fn dry_run(args: &[&str]) -> String {
-    let output = run(args);
+    succeeded(args, run(args))
+}
+
+/// The JSON of a dry run that must have succeeded.
+fn succeeded(args: &[&str], output: Output) -> String {
     let stdout = String::from_utf8(output.stdout).expect("UTF-8 stdout");
     assert!(
         output.status.success(),
@@ -399,4 +410,97 @@ fn bad_device_flags_are_refused_naming_the_flag_and_the_forms() {
         "--instance-cpu",
         "kvm.small:qemu64,+pcid",
     ]);
+}
+
+/// The long flags a `--help` text lists (its option lines, not their descriptions).
+fn help_flags(args: &[&str]) -> BTreeSet<String> {
+    let output = Command::new(binary())
+        .args(args)
+        .arg("--help")
+        .env_clear()
+        .output()
+        .expect("run --help");
+    assert!(output.status.success(), "{args:?} --help failed");
+    let help = String::from_utf8(output.stdout).expect("UTF-8 help");
+    help.lines()
+        .filter(|line| line.len() - line.trim_start().len() <= 6)
+        .filter_map(|line| line.split_whitespace().find(|word| word.starts_with("--")))
+        .map(|word| word.trim_end_matches(',').to_owned())
+        .filter(|flag| flag != "--help" && flag != "--version")
+        .collect()
+}
+
+/// Every serving flag has a row in the README's flag tables and every flag a row names
+/// exists: the flags are declared once (`infra/app/src/launch/flags.rs`), and the README
+/// must not drift from them. The subcommands' own flags are documented in their sections.
+#[test]
+fn the_readme_flag_tables_name_exactly_the_serving_flags() {
+    let serving = help_flags(&[]);
+    assert!(
+        serving.contains("--addr") && serving.contains("--host-budget"),
+        "{serving:?}"
+    );
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let documented: BTreeSet<String> = readme
+        .lines()
+        .filter(|line| line.starts_with("| `--"))
+        .filter_map(|line| line.split('|').nth(1))
+        .flat_map(|cell| cell.split('`').filter(|word| word.starts_with("--")))
+        .map(str::to_owned)
+        .collect();
+    let undocumented: Vec<_> = serving.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&serving).collect();
+    assert!(
+        undocumented.is_empty() && unknown.is_empty(),
+        "flags in --help without a README row: {undocumented:?}; README rows naming no flag \
+         of --help: {unknown:?}"
+    );
+    let mut own = BTreeSet::new();
+    for args in [&["doctor"][..], &["state", "inspect"]] {
+        own.extend(help_flags(args).difference(&serving).cloned());
+    }
+    assert!(
+        own.contains("--trial-domain") && own.contains("--machine"),
+        "{own:?}"
+    );
+    let unmentioned: Vec<_> = own.iter().filter(|flag| !mentions(&readme, flag)).collect();
+    assert!(
+        unmentioned.is_empty(),
+        "subcommand flags the README never names: {unmentioned:?}"
+    );
+}
+
+/// Whether `text` names `flag` as a whole word (`--machine`, not `--machine-id`).
+fn mentions(text: &str, flag: &str) -> bool {
+    text.match_indices(flag).any(|(at, _)| {
+        !text[at + flag.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-')
+    })
+}
+
+/// A path flag (or `--client-identity`) set to the empty string, as an empty variable in a
+/// chart sets it, is unset: the same plan as leaving it out.
+#[test]
+fn empty_path_and_identity_flags_are_unset() {
+    let empty = [
+        "--state=",
+        "--base-user-data=",
+        "--instance-types=",
+        "--offerings=",
+        "--tls-cert=",
+        "--tls-key=",
+        "--tls-ca=",
+        "--client-identity=",
+    ];
+    assert_eq!(dry_run(&empty), dry_run(&[]));
+}
+
+/// A flag's `BIGFLEET_LIBVIRT_<FLAG>` variable sets it as the flag does.
+#[test]
+fn a_flag_variable_sets_the_flag() {
+    let by_variable = succeeded(
+        &[],
+        run_with_env(&[], &[("BIGFLEET_LIBVIRT_SEED_COUNT", "8")]),
+    );
+    assert_eq!(by_variable, dry_run(&["--seed-count", "8"]));
+    assert_ne!(by_variable, dry_run(&[]));
 }

@@ -19,8 +19,9 @@ fn workspace_root() -> PathBuf {
     crate::harness::repo_root()
 }
 
-/// The normal (non-dev, non-build) dependencies each workspace crate declares.
-fn declared_dependencies() -> Vec<(String, BTreeSet<String>)> {
+/// `cargo metadata --no-deps` of the workspace, offline: every workspace crate and the
+/// dependencies it declares.
+fn workspace_metadata() -> serde_json::Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(cargo)
         .args([
@@ -38,7 +39,12 @@ fn declared_dependencies() -> Vec<(String, BTreeSet<String>)> {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON")
+}
+
+/// The normal (non-dev, non-build) dependencies each workspace crate declares.
+fn declared_dependencies() -> Vec<(String, BTreeSet<String>)> {
+    let metadata = workspace_metadata();
     metadata["packages"]
         .as_array()
         .unwrap()

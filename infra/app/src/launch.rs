@@ -1,5 +1,5 @@
-//! Turns the operator's flags (as plain values, already parsed by clap in the binary) into
-//! a validated launch plan, in the reference's start-up order so the same error wins:
+//! Turns the operator's flags (declared once in [`Flags`] and [`LimitFlags`], parsed by clap)
+//! into a validated launch plan, in the reference's start-up order so the same error wins:
 //! `--connect`, `--instance-types`, `--prices`, backend selection, offerings, then the rest.
 //! Every error names the flag to fix. The `offerings` dry run uses the same path.
 
@@ -14,7 +14,7 @@ use bigfleet_libvirt_ports::ProviderConfig;
 use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsFiles;
 use bigfleet_libvirt_libvirt::golden;
-use bigfleet_libvirt_libvirt::{Budget, CapacityPolicy, GcPolicy, LibvirtOptions};
+use bigfleet_libvirt_libvirt::{Budget, CapacityPolicy, DomainConfig, GcPolicy};
 
 use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
 
@@ -23,62 +23,10 @@ use bigfleet_libvirt_domain::catalog::{
     self, CatalogError, InstanceCatalog, Inventory, InventoryConfig, Offering, PriceTable,
 };
 
+mod flags;
 mod limits;
+pub use flags::{Flags, optional_path, parse_duration};
 pub use limits::{LimitFlags, net_limits};
-
-/// Every flag, as typed values. Field names are the flag names.
-#[derive(Clone, Debug)]
-pub struct Flags {
-    pub addr: String,
-    pub provider: String,
-    pub libvirt_backend: String,
-    pub use_fake_backend: bool,
-    pub connect: String,
-    pub default_zone: String,
-    pub state: Option<PathBuf>,
-    pub image: String,
-    pub image_source: Option<PathBuf>,
-    pub storage_pool: String,
-    pub network: String,
-    pub nic: Vec<String>,
-    pub instance_nic: Vec<String>,
-    pub cpu: Option<String>,
-    pub instance_cpu: Vec<String>,
-    pub domain_type: String,
-    pub firmware: String,
-    pub guest_kernel: String,
-    pub guest_initrd: String,
-    pub guest_cmdline: String,
-    pub base_user_data: Option<PathBuf>,
-    pub capacity_type: String,
-    pub instance_types: Option<PathBuf>,
-    pub prices: String,
-    pub price_per_vcpu_hour: f64,
-    pub price_per_gib_hour: f64,
-    pub offerings: Option<PathBuf>,
-    pub seed_count: i64,
-    pub reconcile_interval: Duration,
-    pub metrics_addr: String,
-    pub reflection: bool,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub tls_ca: Option<PathBuf>,
-    /// `enforce` or `off`; `None` = enforce under mTLS.
-    pub client_identity: Option<String>,
-    pub fake_fault_hooks: bool,
-    pub transition_timeout: Option<Duration>,
-    pub fake_delay_min: Duration,
-    pub fake_delay_max: Duration,
-    pub fake_seed: u64,
-    pub host_reserve_cpu: u32,
-    pub host_reserve_memory_mib: u64,
-    pub cpu_allocation_ratio: f64,
-    pub memory_allocation_ratio: f64,
-    pub gc_orphans: bool,
-    pub orphan_grace: Duration,
-    pub host_budget: usize,
-    pub agent_budget: usize,
-}
 
 /// Which hypervisor the provider drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,9 +54,9 @@ pub struct Plan {
     pub reflection: bool,
     /// The instance-type catalog (`--instance-types`): vCPU and memory per type.
     pub catalog: InstanceCatalog,
-    pub fake: FakeSettings,
+    pub fake: FakePolicy,
     /// The libvirt backend's options, in the adapter's own type (ignored by the fake).
-    pub libvirt: LibvirtOptions,
+    pub libvirt: DomainConfig,
     pub tls: Option<TlsFiles>,
     /// Whether calls are checked against the client certificate's identity.
     pub client_identity: IdentityMode,
@@ -116,7 +64,7 @@ pub struct Plan {
 
 /// How the fake behaves (ignored by the real backend).
 #[derive(Clone, Debug)]
-pub struct FakeSettings {
+pub struct FakePolicy {
     pub fault_hooks: bool,
     pub delay_min: Duration,
     pub delay_max: Duration,
@@ -184,7 +132,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     let backend = select_backend(flags, &connections)?;
     let tls = check_tls(flags)?;
     let client_identity = check_client_identity(flags, tls.as_ref())?;
-    let mut libvirt = libvirt_options(flags)?;
+    let mut libvirt = domain_config(flags)?;
     devices::apply(flags, &catalog, &mut libvirt)?;
     if backend == Backend::Libvirt {
         golden_settings(flags, &mut libvirt)?;
@@ -219,7 +167,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         reflection: flags.reflection,
         tls,
         client_identity,
-        fake: FakeSettings {
+        fake: FakePolicy {
             fault_hooks: flags.fake_fault_hooks,
             delay_min: flags.fake_delay_min,
             delay_max: flags.fake_delay_max,
@@ -363,7 +311,7 @@ fn select_backend(flags: &Flags, connections: &[HostConnection]) -> Result<Backe
 
 /// The libvirt backend's options; the allocation ratios must be finite and positive, and
 /// the budgets `1 ≤ --agent-budget ≤ --host-budget`.
-fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
+fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
     for (name, value) in [
         ("--cpu-allocation-ratio", flags.cpu_allocation_ratio),
         ("--memory-allocation-ratio", flags.memory_allocation_ratio),
@@ -374,7 +322,7 @@ fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
             )));
         }
     }
-    Ok(LibvirtOptions {
+    Ok(DomainConfig {
         image: flags.image.clone(),
         image_source: None,
         storage_pool: flags.storage_pool.clone(),
@@ -402,7 +350,7 @@ fn libvirt_options(flags: &Flags) -> Result<LibvirtOptions, LaunchError> {
 /// `--image-source`: hashes the file and makes its content-addressed volume the base image.
 /// `--image` may be left empty; when set it must name that same volume, so two flags never
 /// disagree about which base the machines get.
-fn golden_settings(flags: &Flags, libvirt: &mut LibvirtOptions) -> Result<(), LaunchError> {
+fn golden_settings(flags: &Flags, libvirt: &mut DomainConfig) -> Result<(), LaunchError> {
     let Some(path) = &flags.image_source else {
         return Ok(());
     };
@@ -446,7 +394,8 @@ fn check_client_identity(
     tls: Option<&TlsFiles>,
 ) -> Result<IdentityMode, LaunchError> {
     let mtls = tls.is_some_and(|files| files.client_ca.is_some());
-    let Some(raw) = &flags.client_identity else {
+    // The empty string (an unset environment variable in a chart) is unset too.
+    let Some(raw) = flags.client_identity.as_ref().filter(|raw| !raw.is_empty()) else {
         return Ok(if mtls {
             IdentityMode::Enforce
         } else {

@@ -17,7 +17,6 @@ use bigfleet_libvirt_domain::Timestamp;
 use bigfleet_libvirt_grpc::CapacityService;
 use bigfleet_libvirt_grpc::identity::{Identified, PeerConnection, PeerIdentity};
 use bigfleet_libvirt_observe::http::{self, Readiness};
-use bigfleet_libvirt_observe::metrics::{Metrics, OutcomeLabels, StateLabels};
 use bigfleet_libvirt_observe::side_server;
 use bigfleet_libvirt_ports::{Clock, Hypervisor, Provider, Spawner, StateStore};
 use bigfleet_libvirt_proto::v1alpha1::capacity_provider_server::CapacityProviderServer;
@@ -26,6 +25,7 @@ use tokio::net::TcpListener;
 use tokio_stream::StreamExt;
 use tracing::{info, warn};
 
+use crate::metrics::{Metrics, OutcomeLabels, ProviderMetrics, StateLabels};
 use crate::server::{Banner, ServeConfig, hosted, reconcile_every};
 
 /// Serves gRPC on `grpc` and, when given, HTTP on `http` until `shutdown` completes; then
@@ -145,7 +145,7 @@ fn start_grpc<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
 ) -> anyhow::Result<Running<Result<(), tonic::transport::Error>>> {
     // As `capacity_server`, plus the client-identity check (the simulation has no TLS).
     let service = hosted(
-        CapacityService::new(provider.clone(), metrics.clone())
+        CapacityService::new(provider.clone(), metrics.grpc.clone())
             .with_fault_hooks(config.fault_hooks)
             .with_client_identity(config.client_identity)
             .with_list_budget(config.limits.list_memory_budget_mib)
@@ -170,7 +170,7 @@ fn start_grpc<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         .add_optional_service(v1alpha);
     let (stop, stopped) = Running::<()>::channel();
     let acceptor = Acceptor::new(listener, "--addr", limits.grpc_max_connections)
-        .on_evict(metrics.eviction_counter("grpc"));
+        .on_evict(metrics.provider.eviction_counter("grpc"));
     let task = match &config.tls {
         Some(tls) => {
             background.spawn(tls.clone().watch(Duration::from_secs(2)));
@@ -234,21 +234,27 @@ fn start_http<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     provider: &Provider<H, S, C, E>,
     metrics: &Metrics,
     readiness: &Readiness,
-    limits: bigfleet_libvirt_observe::side_server::HttpLimits,
+    limits: bigfleet_libvirt_observe::limits::HttpLimits,
     listener: TcpListener,
 ) -> Running<()> {
     let hook_provider = provider.clone();
     // One scrape at a time brings the failure counter up to date, so none counts twice.
     let one_at_a_time = std::sync::Mutex::new(());
-    let on_scrape: http::ScrapeHook = Arc::new(move |m: &Metrics| {
+    let hook_metrics = metrics.provider.clone();
+    let on_scrape: http::ScrapeHook = Arc::new(move || {
         let _turn = one_at_a_time
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        refresh_gauges(&hook_provider, m);
+        refresh_gauges(&hook_provider, &hook_metrics);
     });
-    let app = http::router(metrics.clone(), readiness.clone(), on_scrape);
+    let app = http::router(
+        metrics.exposition.clone(),
+        metrics.timeline.clone(),
+        readiness.clone(),
+        on_scrape,
+    );
     let (stop, stopped) = Running::<()>::channel();
-    let on_evict = metrics.eviction_counter("metrics");
+    let on_evict = metrics.provider.eviction_counter("metrics");
     let task = tokio::spawn(side_server::serve(listener, app, limits, on_evict, stopped));
     Running { stop, task }
 }
@@ -350,7 +356,7 @@ async fn watch_store<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
 
 fn refresh_gauges<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     provider: &Provider<H, S, C, E>,
-    metrics: &Metrics,
+    metrics: &ProviderMetrics,
 ) {
     let store = provider.store_status();
     metrics
@@ -397,6 +403,7 @@ async fn reconcile_loop<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
             }
         };
         metrics
+            .provider
             .reconcile
             .get_or_create(&OutcomeLabels {
                 outcome: outcome.to_owned(),

@@ -15,13 +15,14 @@ use std::time::Duration;
 use bigfleet_libvirt_domain::{MachineState, ReconcileReport, Timestamp};
 use bigfleet_libvirt_grpc::CapacityService;
 use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
-use bigfleet_libvirt_observe::metrics::{KindLabels, Metrics, TransitionLabels};
 use bigfleet_libvirt_ports::{
     Clock, Hypervisor, Observer, Provider, ProviderConfig, ReconcileError, Spawner, StartError,
     StateStore, TransitionEvent,
 };
 use bigfleet_libvirt_proto::v1alpha1::capacity_provider_server::CapacityProviderServer;
 use tracing::warn;
+
+use crate::metrics::{KindLabels, Metrics, ProviderMetrics, TransitionLabels};
 
 /// How the servers run.
 #[derive(Clone, Debug)]
@@ -63,7 +64,7 @@ pub struct NetLimits {
     pub http2_keepalive_timeout: Duration,
     /// The HTTP side server's bounds (`--metrics-max-connections`,
     /// `--http-header-read-timeout`, `--http-idle-timeout`).
-    pub http: bigfleet_libvirt_observe::side_server::HttpLimits,
+    pub http: bigfleet_libvirt_observe::limits::HttpLimits,
     /// MiB of large List answers held for their readers at once
     /// (`--list-memory-budget-mib`; see `bigfleet_libvirt_grpc::list_budget`).
     pub list_memory_budget_mib: usize,
@@ -77,7 +78,7 @@ impl Default for NetLimits {
             handshake_timeout: Duration::from_secs(10),
             http2_keepalive_interval: Duration::from_secs(30),
             http2_keepalive_timeout: Duration::from_secs(10),
-            http: bigfleet_libvirt_observe::side_server::HttpLimits {
+            http: bigfleet_libvirt_observe::limits::HttpLimits {
                 max_connections: 64,
                 header_read_timeout: Duration::from_secs(10),
                 idle_timeout: Duration::from_secs(60),
@@ -148,10 +149,10 @@ pub async fn assemble<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         metrics,
         observers,
     } = parts;
-    let hypervisor = InstrumentedHypervisor::new(hypervisor, metrics.clone());
+    let hypervisor = InstrumentedHypervisor::new(hypervisor, metrics.api.clone());
     let metrics_timeline = metrics.timeline.clone();
     let counted: Observer = Arc::new(move |event: &TransitionEvent| {
-        record_transition(&metrics, event);
+        record_transition(&metrics.provider, event);
     });
     let timeline = crate::timeline::observer(clock.clone(), &metrics_timeline);
     let observers = [counted, timeline].into_iter().chain(observers).collect();
@@ -166,7 +167,7 @@ pub async fn assemble<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     Ok(provider)
 }
 
-fn record_transition(metrics: &Metrics, event: &TransitionEvent) {
+fn record_transition(metrics: &ProviderMetrics, event: &TransitionEvent) {
     let outcome = match &event.machine {
         Some(m) if m.state == MachineState::Failed => "failed",
         Some(_) => "success",
@@ -197,7 +198,7 @@ pub fn capacity_server<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     metrics: Metrics,
     fault_hooks: bool,
 ) -> CapacityProviderServer<CapacityService<H, S, C, E>> {
-    hosted(CapacityService::new(provider, metrics).with_fault_hooks(fault_hooks))
+    hosted(CapacityService::new(provider, metrics.grpc).with_fault_hooks(fault_hooks))
 }
 
 pub(crate) fn hosted<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
@@ -207,11 +208,12 @@ pub(crate) fn hosted<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
 }
 
 /// The simulation build has no tokio sockets, tonic-health, reflection, TLS or HTTP side
-/// server to run: it hosts [`capacity_server`] on madsim-tonic itself (`sim/`).
+/// server to run: it hosts [`capacity_server`] on madsim-tonic itself (`sim/`). A build
+/// without the `serve` feature links none of them either.
 ///
 /// # Errors
 /// Always.
-#[cfg(madsim)]
+#[cfg(not(all(feature = "serve", not(madsim))))]
 pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     _provider: Provider<H, S, C, E>,
     _metrics: Metrics,
@@ -220,7 +222,10 @@ pub async fn serve<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     _config: ServeConfig,
     _shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    anyhow::bail!("app::serve is compiled out of the simulation build (--cfg madsim)")
+    anyhow::bail!(
+        "app::serve is compiled out of this build: it needs the `serve` feature of \
+         bigfleet-libvirt-app and a build without --cfg madsim"
+    )
 }
 
 /// The background reconcile pass: one interval after start-up (as the reference does) and

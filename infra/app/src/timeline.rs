@@ -45,7 +45,7 @@ fn ended(timeline: &Timeline, event: &TransitionEvent) {
 
 /// The lines of one reconcile pass: each record it added (now tracked) or refreshed. Called
 /// by `serve`'s reconcile loop, which the simulation build does not have.
-#[cfg(not(madsim))]
+#[cfg(all(feature = "serve", not(madsim)))]
 pub(crate) fn reconciled(timeline: &Timeline, report: &bigfleet_libvirt_domain::ReconcileReport) {
     timeline.track(report.added.iter().map(|id| id.as_str()));
     for (ids, added) in [(&report.added, true), (&report.refreshed, false)] {
@@ -55,7 +55,7 @@ pub(crate) fn reconciled(timeline: &Timeline, report: &bigfleet_libvirt_domain::
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "serve", not(madsim)))]
 mod tests {
     use bigfleet_libvirt_domain::{MachineId, ReconcileReport, Timestamp};
 

@@ -11,11 +11,10 @@ use std::time::Duration;
 use anyhow::Context;
 use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsState;
-use bigfleet_libvirt_libvirt::{LaneMetrics, LibvirtConfig, LibvirtHypervisor};
+use bigfleet_libvirt_libvirt::{LibvirtConfig, LibvirtHypervisor};
 use bigfleet_libvirt_memory::MemoryStateStore;
 use bigfleet_libvirt_memory::fake::{FakeConfig, FakeHypervisor};
 use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
-use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_ports::{Hypervisor, Provider, Spawner, StateStore};
 use bigfleet_libvirt_redb::RedbStateStore;
 use bigfleet_libvirt_system::{SystemClock, TokioSpawner};
@@ -24,6 +23,7 @@ use tracing::warn;
 
 use crate::exit::Exit;
 use crate::launch::{Backend, Plan};
+use crate::metrics::Metrics;
 use crate::{Banner, NetLimits, Parts, ServeConfig};
 
 /// The provider as [`run`] builds it, for an [`OnStart`] hook.
@@ -99,11 +99,7 @@ async fn serve<S: StateStore, O: OnStart, F: Future<Output = ()> + Send>(
     mut launch: Launch<'_, O, F>,
     store: S,
 ) -> anyhow::Result<()> {
-    let lanes = LaneMetrics::default();
-    let metrics = match launch.plan.backend {
-        Backend::Fake => Metrics::new(),
-        Backend::Libvirt => Metrics::with(|registry| lanes.register(registry)),
-    };
+    let metrics = Metrics::new();
     match launch.plan.backend {
         Backend::Fake => {
             warn!(
@@ -118,11 +114,14 @@ async fn serve<S: StateStore, O: OnStart, F: Future<Output = ()> + Send>(
             run_servers(launch, provider, metrics).await
         }
         Backend::Libvirt => {
-            let mut config = libvirt_config(&mut launch.plan)?;
-            config.lane_metrics = lanes;
-            let libvirt =
-                LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone())
-                    .await;
+            let config = libvirt_config(&mut launch.plan)?;
+            let libvirt = LibvirtHypervisor::connect(
+                config,
+                SystemClock,
+                &TokioSpawner,
+                metrics.libvirt.clone(),
+            )
+            .await;
             TokioSpawner.spawn(
                 "libvirt-redial-on-sighup",
                 libvirt.clone().redial_on_sighup(),

@@ -125,8 +125,8 @@ async fn doctor(cli: &Cli, options: DoctorOptions) -> ExitCode {
 
 /// The plan serving would run, refused for the same reasons serving refuses it.
 fn doctor_plan(cli: &Cli) -> anyhow::Result<Plan> {
-    let plan = launch::resolve(&cli.flags())?;
-    launch::net_limits(&cli.limit_flags())?;
+    let plan = launch::resolve(&cli.flags)?;
+    launch::net_limits(&cli.limits)?;
     launch::check_client_programs(&plan, |program| which::which(program).is_ok())?;
     if let Some(tls) = plan.tls.clone() {
         TlsState::load(tls)?;
@@ -141,15 +141,18 @@ fn doctor_plan(cli: &Cli) -> anyhow::Result<Plan> {
 }
 
 /// `state inspect`: reads the file read-only and prints it; never serves, never writes.
-fn inspect_state(state: &str, machine: Option<&str>, output: Output) -> anyhow::Result<()> {
-    if state.is_empty() {
+fn inspect_state(
+    state: Option<&std::path::Path>,
+    machine: Option<&str>,
+    output: Output,
+) -> anyhow::Result<()> {
+    let Some(state) = state else {
         anyhow::bail!(
             "state inspect needs --state FILE (or BIGFLEET_LIBVIRT_STATE): the file to read"
         );
-    }
-    let inspected = store::inspect(std::path::Path::new(state))
-        .map_err(|e| anyhow::anyhow!("state inspect: {e}"))?;
-    let report = inspect::report(state, inspected, machine)?;
+    };
+    let inspected = store::inspect(state).map_err(|e| anyhow::anyhow!("state inspect: {e}"))?;
+    let report = inspect::report(&state.display().to_string(), inspected, machine)?;
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         Output::Table => print!("{}", inspect::table(&report)),
@@ -179,13 +182,13 @@ async fn run(cli: &Cli, exit: &app::Exit) -> anyhow::Result<()> {
         action: StateCommand::Inspect { machine, output },
     }) = &cli.command
     {
-        return inspect_state(&cli.state, machine.as_deref(), *output);
+        return inspect_state(cli.flags.state.as_deref(), machine.as_deref(), *output);
     }
     // Installed first, so a SIGTERM or SIGINT that arrives while the provider starts (or in
     // the instant after it announces itself) is a clean shutdown, not the default action.
     let shutdown = shutdown_signal()?;
-    let plan = launch::resolve(&cli.flags())?;
-    let limits = launch::net_limits(&cli.limit_flags())?;
+    let plan = launch::resolve(&cli.flags)?;
+    let limits = launch::net_limits(&cli.limits)?;
     if let Some(Command::Offerings) = cli.command {
         println!("{}", serde_json::to_string_pretty(&launch::dry_run(&plan))?);
         return Ok(());

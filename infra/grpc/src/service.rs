@@ -24,9 +24,9 @@ use tracing::{Instrument, Level, debug, error, info, info_span, warn};
 
 use crate::identity::PeerIdentity;
 use crate::list_budget::{DEFAULT_BUDGET_MIB, LARGE_ANSWER, ListBudget, StreamedList};
+use crate::metrics::{AuthzLabels, GrpcLabels, GrpcMetrics, MethodLabels};
 use crate::trace_context::{self, Received};
 use crate::{convert, status};
-use bigfleet_libvirt_observe::metrics::{AuthzLabels, GrpcLabels, MethodLabels, Metrics};
 use bigfleet_libvirt_observe::trace_context::adopt;
 use bigfleet_libvirt_system::Stopwatch;
 
@@ -43,7 +43,7 @@ const METHODS: [(&str, bool); 6] = [
 /// The tonic service.
 pub struct CapacityService<H, S, C, E> {
     provider: Provider<H, S, C, E>,
-    metrics: Metrics,
+    metrics: GrpcMetrics,
     fault_hooks: bool,
     identity: IdentityMode,
     list_budget: ListBudget,
@@ -56,7 +56,7 @@ pub const PANIC_HOOK_ID: &str = "conformance.fault/panic";
 
 impl<H, S, C, E> CapacityService<H, S, C, E> {
     /// Serves `provider`, recording into `metrics`.
-    pub fn new(provider: Provider<H, S, C, E>, metrics: Metrics) -> Self {
+    pub fn new(provider: Provider<H, S, C, E>, metrics: GrpcMetrics) -> Self {
         Self {
             provider,
             metrics,

@@ -29,10 +29,10 @@ use bigfleet_libvirt_domain::{
 };
 use bigfleet_libvirt_libvirt::devices::{Mac, Nic, NicSource};
 use bigfleet_libvirt_libvirt::fixture::Fixture;
+use bigfleet_libvirt_libvirt::metrics::LibvirtMetrics;
 use bigfleet_libvirt_libvirt::xml::{self, DomainSpec};
 use bigfleet_libvirt_libvirt::{CapacityPolicy, LibvirtConfig, LibvirtHypervisor, Tag};
 use bigfleet_libvirt_memory::MemoryStateStore;
-use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_ports::{BootstrapBlob, Observer, ProviderConfig, TransitionEvent};
 use bigfleet_libvirt_system::{Stopwatch, SystemClock, TokioSpawner};
 
@@ -153,9 +153,10 @@ async fn provider_side(uri: &str, slots: &[Machine]) -> Result<(f64, Vec<f64>), 
         cpu_ratio: 1.0,
         memory_ratio: 1.0,
     };
-    let metrics = Metrics::new();
-    let libvirt =
-        LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone()).await;
+    // The root is linked without its libvirt feature: the adapter's series stand alone.
+    let libvirt_metrics = LibvirtMetrics::unexposed();
+    let libvirt = LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, libvirt_metrics);
+    let libvirt = libvirt.await;
     let (done, mut finished) = tokio::sync::mpsc::unbounded_channel::<TransitionEvent>();
     let done = Mutex::new(done);
     let timer: Observer = Arc::new(move |event: &TransitionEvent| {
@@ -171,7 +172,7 @@ async fn provider_side(uri: &str, slots: &[Machine]) -> Result<(f64, Vec<f64>), 
         store: MemoryStateStore::new(),
         clock: SystemClock,
         spawner: TokioSpawner,
-        metrics,
+        metrics: app::Metrics::new(),
         observers: vec![timer],
     })
     .await?;

@@ -18,7 +18,7 @@ use bigfleet_libvirt_domain::{Machine, MachineState};
 use bigfleet_libvirt_ports::{DomainRef, HypervisorError};
 use tracing::warn;
 
-use super::Settings;
+use super::SequenceContext;
 use super::capacity::{Node, Shape};
 use super::domains::{is_active, read_tag};
 use super::error::context;
@@ -64,7 +64,7 @@ impl Scan {
 }
 
 /// Reads node info, every domain and the pool's volume names.
-pub(crate) fn scan(session: &Session, settings: &Settings) -> Result<Scan, HypervisorError> {
+pub(crate) fn scan(session: &Session, settings: &SequenceContext) -> Result<Scan, HypervisorError> {
     let conn = &session.conn;
     let info = conn
         .node_info()

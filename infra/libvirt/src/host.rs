@@ -32,7 +32,7 @@ use super::golden::{self, GoldenImage};
 use super::lane_metrics::LaneMetrics;
 use super::lanes::{Budget, Lane, Lanes};
 use super::volumes::BaseImage;
-use bigfleet_libvirt_observe::metrics::{HostLabels, Metrics};
+use crate::metrics::{HostLabels, LibvirtMetrics};
 
 /// How hosts are connected to and watched.
 #[derive(Clone, Debug)]
@@ -116,7 +116,7 @@ pub(crate) struct Host {
     slot: Mutex<Slot>,
     health: watch::Sender<Health>,
     wake: Arc<Notify>,
-    metrics: Metrics,
+    metrics: LibvirtMetrics,
     pub(crate) ledger: Mutex<Ledger>,
     /// Domain names whose create or delete sequence is running on a blocking thread.
     busy: Mutex<BTreeSet<String>>,
@@ -153,7 +153,7 @@ impl Host {
         policy: HostPolicy,
         budget: Budget,
         lane_metrics: LaneMetrics,
-        metrics: Metrics,
+        metrics: LibvirtMetrics,
         golden: Option<(Arc<GoldenImage>, String)>,
     ) -> Arc<Self> {
         let host = Self {

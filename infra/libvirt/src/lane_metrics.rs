@@ -91,14 +91,16 @@ impl LaneMetrics {
         );
     }
 
-    pub(crate) fn set_budget(&self, zone: &str, budget: usize) {
+    /// Sets `bigfleet_libvirt_host_budget` for `zone`.
+    pub fn set_budget(&self, zone: &str, budget: usize) {
         let labels = ZoneLabels {
             zone: zone.to_owned(),
         };
         self.budget.get_or_create(&labels).set(gauge_value(budget));
     }
 
-    pub(crate) fn set_lane(&self, zone: &str, lane: &str, depth: usize, in_flight: usize) {
+    /// Sets one lane's queue depth and calls in flight on `zone`.
+    pub fn set_lane(&self, zone: &str, lane: &str, depth: usize, in_flight: usize) {
         let labels = LaneLabels {
             zone: zone.to_owned(),
             lane: lane.to_owned(),
@@ -109,7 +111,8 @@ impl LaneMetrics {
             .set(gauge_value(in_flight));
     }
 
-    pub(crate) fn observe_wait(&self, zone: &str, lane: &str, seconds: f64) {
+    /// Records how long one call of `lane` on `zone` waited for a slot.
+    pub fn observe_wait(&self, zone: &str, lane: &str, seconds: f64) {
         let labels = LaneLabels {
             zone: zone.to_owned(),
             lane: lane.to_owned(),

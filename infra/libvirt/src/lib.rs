@@ -47,6 +47,7 @@ mod host;
 mod lane_metrics;
 pub mod lanes;
 mod lifecycle;
+pub mod metrics;
 mod orphans;
 mod ownership;
 mod probe;
@@ -82,9 +83,9 @@ pub use ownership::{NAMESPACE, Tag};
 pub use probe::{ProbeTarget, probe};
 pub use xml::{DirectKernel, DomainType, Firmware, Platform};
 
+use crate::metrics::LibvirtMetrics;
 use bigfleet_libvirt_config::HostConnection;
 use bigfleet_libvirt_domain::catalog::InstanceCatalog;
-use bigfleet_libvirt_observe::metrics::Metrics;
 use host::Host;
 use orphans::OrphanBook;
 
@@ -92,7 +93,7 @@ use orphans::OrphanBook;
 /// composition root's launch plan validated it, used here as is. A new libvirt flag is a
 /// field here (with its default), the clap flag in the binary, and its check in the plan.
 #[derive(Clone, Debug)]
-pub struct LibvirtOptions {
+pub struct DomainConfig {
     /// The golden base-image volume (`--image`), in the storage pool.
     pub image: String,
     /// `--image-source`: uploaded to every host that lacks it; `image` is its volume name.
@@ -123,7 +124,7 @@ pub struct LibvirtOptions {
     pub budget: Budget,
 }
 
-impl Default for LibvirtOptions {
+impl Default for DomainConfig {
     /// No image, storage pool and network `default`, default platform and policies.
     fn default() -> Self {
         Self {
@@ -144,7 +145,7 @@ impl Default for LibvirtOptions {
     }
 }
 
-impl LibvirtOptions {
+impl DomainConfig {
     /// The NIC sources of a domain of `instance_type`, in order.
     #[must_use]
     pub fn nic_sources(&self, instance_type: &str) -> Vec<NicSource> {
@@ -179,7 +180,7 @@ pub struct LibvirtConfig {
     /// The instance-type catalog (vCPU and memory per type).
     pub catalog: InstanceCatalog,
     /// The operator's libvirt flags.
-    pub options: LibvirtOptions,
+    pub options: DomainConfig,
     /// The cloud-init user-data (the `--base-user-data` file's bytes); `None` =
     /// `#cloud-config {}`.
     pub user_data: Option<Vec<u8>>,
@@ -193,9 +194,6 @@ pub struct LibvirtConfig {
     pub describe_timeout: Duration,
     /// Seed of the reconnect jitter.
     pub seed: u64,
-    /// Where the lanes record their series; the composition root registers it
-    /// ([`LaneMetrics::register`]) on the process's registry.
-    pub lane_metrics: LaneMetrics,
 }
 
 impl LibvirtConfig {
@@ -213,9 +211,9 @@ impl LibvirtConfig {
             connections,
             slots,
             catalog,
-            options: LibvirtOptions {
+            options: DomainConfig {
                 image: image.to_owned(),
-                ..LibvirtOptions::default()
+                ..DomainConfig::default()
             },
             user_data: None,
             hosts: HostPolicy::default(),
@@ -223,7 +221,6 @@ impl LibvirtConfig {
             startup_wait: Duration::from_secs(20),
             describe_timeout: Duration::from_secs(20),
             seed: 1,
-            lane_metrics: LaneMetrics::default(),
         }
     }
 }
@@ -245,22 +242,22 @@ fn mac_book(config: &LibvirtConfig) -> devices::MacBook {
 
 /// What the blocking sequences need, shared with their threads.
 #[derive(Debug)]
-pub(crate) struct Settings {
+pub(crate) struct SequenceContext {
     pub(crate) provider: String,
-    pub(crate) options: LibvirtOptions,
+    pub(crate) options: DomainConfig,
     pub(crate) user_data: Vec<u8>,
     /// The MAC address of every NIC of every configured slot.
     pub(crate) macs: devices::MacBook,
     /// Where the blocking create path records its define/start phase durations.
-    pub(crate) metrics: Metrics,
+    pub(crate) metrics: LibvirtMetrics,
 }
 
 pub(crate) struct Inner<C> {
     config: LibvirtConfig,
-    settings: Arc<Settings>,
+    settings: Arc<SequenceContext>,
     hosts: BTreeMap<String, Arc<Host>>,
     clock: C,
-    metrics: Metrics,
+    metrics: LibvirtMetrics,
     /// Machines the provider's records say run on a host: id → zone.
     known: Mutex<BTreeMap<String, String>>,
     /// Machine ids with a Delete in flight (the drift watch leaves them alone).
@@ -309,9 +306,9 @@ impl<C: Clock> LibvirtHypervisor<C> {
         config: LibvirtConfig,
         clock: C,
         spawner: &E,
-        metrics: Metrics,
+        metrics: LibvirtMetrics,
     ) -> Self {
-        let settings = Arc::new(Settings {
+        let settings = Arc::new(SequenceContext {
             provider: config.provider.clone(),
             options: config.options.clone(),
             user_data: config
@@ -335,7 +332,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
                     &c.uri,
                     config.hosts.clone(),
                     config.options.budget,
-                    config.lane_metrics.clone(),
+                    metrics.lanes.clone(),
                     metrics.clone(),
                     golden,
                 );

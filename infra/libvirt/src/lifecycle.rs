@@ -16,7 +16,7 @@ use bigfleet_libvirt_ports::HypervisorError;
 use tracing::warn;
 use virt::domain::Domain;
 
-use super::Settings;
+use super::SequenceContext;
 use super::capacity::Shape;
 use super::devices::Nic;
 use super::domains::{self, ensure_running, owned};
@@ -59,7 +59,7 @@ struct Made {
 }
 
 /// The NICs of `spec`'s domain: its instance type's sources, each with its derived MAC.
-fn nics(settings: &Settings, spec: &CreateSpec) -> Vec<Nic> {
+fn nics(settings: &SequenceContext, spec: &CreateSpec) -> Vec<Nic> {
     let sources = settings.options.nic_sources(&spec.instance_type);
     (sources.into_iter().enumerate())
         .map(|(index, source)| Nic {
@@ -73,7 +73,7 @@ fn nics(settings: &Settings, spec: &CreateSpec) -> Vec<Nic> {
 pub(crate) fn create(
     session: &Session,
     host: &Host,
-    settings: &Settings,
+    settings: &SequenceContext,
     spec: &CreateSpec,
 ) -> Result<(), HypervisorError> {
     let _alone = host.exclusive(&spec.name);
@@ -111,7 +111,7 @@ pub(crate) fn create(
 
 fn build(
     session: &Session,
-    settings: &Settings,
+    settings: &SequenceContext,
     spec: &CreateSpec,
     made: &mut Made,
 ) -> Result<(), HypervisorError> {
@@ -177,7 +177,7 @@ fn build(
 }
 
 /// Removes what `made` records; returns what could not be removed.
-fn rollback(session: &Session, settings: &Settings, name: &str, made: Made) -> Vec<String> {
+fn rollback(session: &Session, settings: &SequenceContext, name: &str, made: Made) -> Vec<String> {
     let mut leftovers = Vec::new();
     if let Some(domain) = made.domain {
         if let Err(e) = domains::remove(&domain, name) {
@@ -209,7 +209,7 @@ fn rollback(session: &Session, settings: &Settings, name: &str, made: Made) -> V
 pub(crate) fn delete(
     session: &Session,
     host: &Host,
-    settings: &Settings,
+    settings: &SequenceContext,
     name: &str,
     machine_id: &str,
 ) -> Result<(), HypervisorError> {
@@ -228,7 +228,7 @@ pub(crate) fn delete(
 /// Rewrites the ownership tag of a domain we own (after Configure or Drain).
 pub(crate) fn retag(
     session: &Session,
-    settings: &Settings,
+    settings: &SequenceContext,
     name: &str,
     machine_id: &str,
     cluster_id: &str,
@@ -242,7 +242,7 @@ pub(crate) fn retag(
 /// Looks the domain up, proves ownership and powers it on (Configure and Drain start here).
 pub(crate) fn power_on(
     session: &Session,
-    settings: &Settings,
+    settings: &SequenceContext,
     name: &str,
     machine_id: &str,
 ) -> Result<(), HypervisorError> {

@@ -29,8 +29,8 @@ use super::lifecycle::{self, CreateSpec};
 use super::orphans::Orphan;
 use super::watch::Busy;
 use super::{Inner, LibvirtHypervisor, volumes};
+use crate::metrics::DriftLabels;
 use bigfleet_libvirt_config::naming::domain_name;
-use bigfleet_libvirt_observe::metrics::DriftLabels;
 use bigfleet_libvirt_system::Stopwatch;
 
 fn prefixed(what: &str, error: HypervisorError) -> HypervisorError {

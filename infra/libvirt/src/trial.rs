@@ -34,7 +34,7 @@ use super::devices::CpuChoice;
 use super::error::{one_line, text};
 use super::ownership::escape;
 use super::xml::{self, DomainType, Platform};
-use crate::LibvirtOptions;
+use crate::DomainConfig;
 use crate::doctor::CpuTrial;
 
 /// The longest libvirt message a trial quotes.
@@ -66,7 +66,7 @@ pub struct TrialPlan {
 /// The distinct CPU choices the served `instance_types` would use, in first-use order.
 #[must_use]
 pub fn choices<'a>(
-    options: &LibvirtOptions,
+    options: &DomainConfig,
     instance_types: impl IntoIterator<Item = &'a str>,
 ) -> Vec<TrialCpu> {
     let mut out: Vec<TrialCpu> = Vec::new();

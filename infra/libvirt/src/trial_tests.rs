@@ -23,13 +23,13 @@ fn plan(choices: Vec<TrialCpu>) -> TrialPlan {
 
 #[test]
 fn choices_are_distinct_and_name_their_instance_types() {
-    let options = LibvirtOptions {
+    let options = DomainConfig {
         cpu: Some(cpu("host-model")),
         instance_cpu: BTreeMap::from([
             ("big".to_owned(), cpu("qemu64")),
             ("odd".to_owned(), cpu("host-model")),
         ]),
-        ..LibvirtOptions::default()
+        ..DomainConfig::default()
     };
     let found = choices(&options, ["small", "big", "odd", "small", "tiny"]);
     assert_eq!(
@@ -45,7 +45,7 @@ fn choices_are_distinct_and_name_their_instance_types() {
             },
         ]
     );
-    let defaults = choices(&LibvirtOptions::default(), ["small"]);
+    let defaults = choices(&DomainConfig::default(), ["small"]);
     assert_eq!(defaults[0].cpu, None);
     assert_eq!(
         shown(None, DomainType::Kvm),

@@ -34,8 +34,8 @@ use super::domains::is_active;
 use super::error::{context, nothing_done};
 use super::host::Session;
 use super::lanes::Lane;
+use crate::metrics::DriftLabels;
 use bigfleet_libvirt_config::naming::domain_name;
-use bigfleet_libvirt_observe::metrics::DriftLabels;
 
 /// What one poll saw of the domains it asked about.
 #[derive(Debug, Default, PartialEq, Eq)]

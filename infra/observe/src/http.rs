@@ -14,7 +14,8 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use crate::metrics::Metrics;
+use crate::metrics::Exposition;
+use crate::timeline::Timeline;
 
 /// Whether the provider is ready to take traffic. Clones share the flags.
 #[derive(Clone, Debug, Default)]
@@ -64,18 +65,25 @@ impl Readiness {
     }
 }
 
-/// Refreshes gauges that are computed at scrape time (machines by state).
-pub type ScrapeHook = Arc<dyn Fn(&Metrics) + Send + Sync>;
+/// Refreshes gauges that are computed at scrape time (machines by state), before each
+/// `/metrics` answer is rendered.
+pub type ScrapeHook = Arc<dyn Fn() + Send + Sync>;
 
 #[derive(Clone)]
 struct HttpState {
-    metrics: Metrics,
+    metrics: Exposition,
+    timeline: Timeline,
     readiness: Readiness,
     on_scrape: ScrapeHook,
 }
 
-/// The side server's routes.
-pub fn router(metrics: Metrics, readiness: Readiness, on_scrape: ScrapeHook) -> Router {
+/// The side server's routes: `/metrics` renders `metrics`, `/timeline` reads `timeline`.
+pub fn router(
+    metrics: Exposition,
+    timeline: Timeline,
+    readiness: Readiness,
+    on_scrape: ScrapeHook,
+) -> Router {
     Router::new()
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(healthz))
@@ -83,13 +91,14 @@ pub fn router(metrics: Metrics, readiness: Readiness, on_scrape: ScrapeHook) -> 
         .route("/timeline", get(timeline_page))
         .with_state(HttpState {
             metrics,
+            timeline,
             readiness,
             on_scrape,
         })
 }
 
 async fn metrics_page(State(state): State<HttpState>) -> impl IntoResponse {
-    (state.on_scrape)(&state.metrics);
+    (state.on_scrape)();
     state
         .metrics
         .ready
@@ -104,7 +113,7 @@ async fn timeline_page(
     State(state): State<HttpState>,
     Query(query): Query<crate::timeline::Query>,
 ) -> (StatusCode, [(header::HeaderName, &'static str); 1], String) {
-    let (status, body) = crate::timeline::answer(&state.metrics.timeline, &query);
+    let (status, body) = crate::timeline::answer(&state.timeline, &query);
     let content_type = if status == 200 {
         "application/json"
     } else {
@@ -151,9 +160,10 @@ mod tests {
     async fn the_ready_gauge_says_what_readyz_says() {
         let readiness = Readiness::default();
         let app = router(
-            Metrics::new(),
+            Exposition::seal(prometheus_client::registry::Registry::default()),
+            Timeline::default(),
             readiness.clone(),
-            Arc::new(|_: &Metrics| {}),
+            Arc::new(|| {}),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -15,20 +15,82 @@ use bigfleet_libvirt_ports::{
 };
 use tracing::{Instrument, debug_span};
 
-use crate::metrics::{ApiLabels, Metrics, OpLabels};
-use crate::timeline::{What, bounded, millis, phase_index};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{PREFIX, transition_histogram};
+use crate::timeline::{Timeline, What, bounded, millis, phase_index};
 use bigfleet_libvirt_system::Stopwatch;
+
+/// Labels of `bigfleet_libvirt_api_calls_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    /// Hypervisor operation (`CreateDomain`, `Configure`, …).
+    pub op: String,
+    /// `success` or `error`.
+    pub outcome: String,
+}
+
+/// A single `op` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// Hypervisor operation.
+    pub op: String,
+}
+
+/// The decorator's series, and the timeline its calls are recorded on.
+#[derive(Clone, Debug)]
+pub struct ApiMetrics {
+    /// Hypervisor calls by operation and outcome.
+    pub api_calls: Family<ApiLabels, Counter>,
+    /// Hypervisor call latency by operation.
+    pub api_duration: Family<OpLabels, Histogram>,
+    /// Every machine's recent events (each call on a machine is a phase there).
+    pub timeline: Timeline,
+}
+
+impl ApiMetrics {
+    /// Declares the decorator's series and registers them on `registry`.
+    pub fn register(registry: &mut Registry, timeline: Timeline) -> Self {
+        let metrics = Self {
+            api_calls: Family::default(),
+            api_duration: Family::new_with_constructor(transition_histogram as fn() -> _),
+            timeline,
+        };
+        registry.register(
+            format!("{PREFIX}_api_calls"),
+            "Hypervisor calls by operation and outcome",
+            metrics.api_calls.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_api_duration_seconds"),
+            "Hypervisor call latency",
+            metrics.api_duration.clone(),
+        );
+        metrics
+    }
+
+    /// The series on a registry of their own (tests and contract suites that read no
+    /// exposition).
+    #[must_use]
+    pub fn unexposed() -> Self {
+        Self::register(&mut Registry::default(), Timeline::default())
+    }
+}
 
 /// Wraps a hypervisor with spans and metrics.
 #[derive(Clone)]
 pub struct InstrumentedHypervisor<H> {
     inner: H,
-    metrics: Metrics,
+    metrics: ApiMetrics,
 }
 
 impl<H> InstrumentedHypervisor<H> {
     /// Wraps `inner`, recording into `metrics`.
-    pub fn new(inner: H, metrics: Metrics) -> Self {
+    pub fn new(inner: H, metrics: ApiMetrics) -> Self {
         Self { inner, metrics }
     }
 

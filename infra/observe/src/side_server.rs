@@ -31,16 +31,7 @@ use bigfleet_libvirt_system::accept::{Acceptor, Admitted, OnEvict, TrackRequests
 /// How long open connections may finish after shutdown before they are dropped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// The side server's per-client bounds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HttpLimits {
-    /// Connections open at once.
-    pub max_connections: usize,
-    /// How long a request head may take to arrive.
-    pub header_read_timeout: Duration,
-    /// How long a connection may move no byte.
-    pub idle_timeout: Duration,
-}
+pub use crate::limits::HttpLimits;
 
 /// Serves `router` on `listener` until `shutdown` completes, then lets open connections
 /// finish (up to 5 s). `on_evict` is called for each connection evicted at the cap.

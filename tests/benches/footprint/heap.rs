@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use bigfleet_libvirt_app::Metrics;
 use bigfleet_libvirt_app::{self as app, Banner, ServeConfig};
 use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_domain::catalog::{
@@ -15,7 +16,6 @@ use bigfleet_libvirt_domain::catalog::{
 use bigfleet_libvirt_domain::{Core, Machine, Policy};
 use bigfleet_libvirt_memory::MemoryStateStore;
 use bigfleet_libvirt_memory::fake::{FakeConfig, FakeHypervisor};
-use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_ports::{Hypervisor, ProviderConfig, StateStore};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_system::{SystemClock, TokioSpawner};

@@ -118,3 +118,42 @@ async fn metrics_follow_rpcs_fencing_hypervisor_calls_and_machines() {
         assert!(value.is_some_and(|v| v > 0.0), "{series} = {value:?}");
     }
 }
+
+/// Every `# HELP` and `# TYPE` line the binary's `/metrics` shows is one of the committed
+/// catalog (`infra/app/src/metrics_catalog.txt`, which the root's unit test renders in full):
+/// what the root wires is what the catalog names. A family only shows once it has a sample,
+/// so this is a subset check; the shared server's other tests add samples meanwhile.
+#[tokio::test]
+async fn every_exposed_series_is_in_the_catalog() {
+    let server = core();
+    let http = server.metrics_addr.expect("a metrics address");
+    let mut c = server.client().await;
+    let _ = list_all(&mut c).await;
+    let page = scrape_until(http, "the List counted", |p| {
+        p.count(REQUESTS, &[("method", "List"), ("code", "OK")]) >= 1.0
+    })
+    .await;
+    let catalog = include_str!("../../../infra/app/src/metrics_catalog.txt");
+    let unknown: Vec<&str> = page
+        .text
+        .lines()
+        .filter(|l| l.starts_with("# HELP ") || l.starts_with("# TYPE "))
+        .filter(|l| !catalog.lines().any(|known| known == *l))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "/metrics shows lines the catalog does not name: {unknown:#?}"
+    );
+    for series in [
+        "bigfleet_libvirt_grpc_requests",
+        "bigfleet_libvirt_ready",
+        "process_open_fds",
+    ] {
+        let help = format!("# HELP {series} ");
+        assert!(
+            page.text.contains(&help),
+            "{series} is exposed: {}",
+            page.text
+        );
+    }
+}

@@ -1,23 +1,30 @@
-//! The crate split's two promises, checked on the real dependency graph: the simulator's
+//! The crate split's promises, checked on the real dependency graph: the simulator's
 //! closure holds neither libvirt's bindings nor redb (so it builds without `libvirt-dev`,
-//! and a sim build cannot reach either by accident), each of those libraries is linked by
+//! and a sim build cannot reach either by accident), nor what only the real servers need
+//! (the OTLP exporter, axum, procfs), each of those libraries is linked by
 //! exactly one adapter crate, the one that owns it, and no adapter names another adapter
 //! (only the composition root wires them together).
 
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use super::{declared_dependencies, workspace_root};
+use super::{declared_dependencies, workspace_metadata, workspace_root};
 
 /// Libraries the simulator must never link, whatever path would bring them in.
 const KEPT_OUT_OF_THE_SIM: [&str; 3] = ["virt", "virt-sys", "redb"];
 
+/// What only the real servers link: the OTLP exporter, the HTTP side server's axum (also
+/// tonic's router), and procfs (the `process_*` series).
+const SERVING_ONLY: [&str; 3] = ["opentelemetry-otlp", "axum", "procfs"];
+
 /// The packages in `package`'s normal and build dependency closure (itself included), as
 /// `cargo tree` resolves them for a build of that package alone (its own feature set, as
-/// `scripts/sim.sh` builds it).
-fn closure(package: &str) -> BTreeSet<String> {
+/// `scripts/sim.sh` builds it), with `rustflags` as `RUSTFLAGS` (`--cfg madsim` for the
+/// simulation build's target-specific dependencies).
+fn closure(package: &str, rustflags: &str) -> BTreeSet<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(cargo)
+        .env("RUSTFLAGS", rustflags)
         .args([
             "tree",
             "--locked",
@@ -50,15 +57,21 @@ fn packages_in_tree(tree: &str) -> BTreeSet<String> {
 
 /// The libraries of [`KEPT_OUT_OF_THE_SIM`] found in `closure`.
 fn forbidden_in(closure: &BTreeSet<String>) -> Vec<&'static str> {
-    KEPT_OUT_OF_THE_SIM
-        .into_iter()
+    found_in(closure, &KEPT_OUT_OF_THE_SIM)
+}
+
+/// The `libraries` found in `closure`.
+fn found_in(closure: &BTreeSet<String>, libraries: &[&'static str]) -> Vec<&'static str> {
+    libraries
+        .iter()
+        .copied()
         .filter(|name| closure.contains(*name))
         .collect()
 }
 
 #[test]
 fn the_simulator_links_neither_libvirt_nor_redb() {
-    let sim = closure("bigfleet-libvirt-sim");
+    let sim = closure("bigfleet-libvirt-sim", "");
     assert!(
         sim.contains("bigfleet-libvirt-app"),
         "the simulator is expected to build through the composition root: {sim:?}"
@@ -87,6 +100,86 @@ fn the_closure_check_names_what_it_finds() {
         ))
         .is_empty()
     );
+}
+
+#[test]
+fn the_simulator_links_no_otlp_axum_or_procfs() {
+    let hint = "(see `cargo tree -p bigfleet-libvirt-sim -e normal,features -i <crate>` for the \
+                path that brings it in): depend on bigfleet-libvirt-observe without its \
+                features and on bigfleet-libvirt-app without `serve`, and turn on no tonic \
+                default or `router` feature outside the binary";
+    let plain = closure("bigfleet-libvirt-sim", "");
+    let found = found_in(&plain, &SERVING_ONLY);
+    assert!(
+        found.is_empty(),
+        "bigfleet-libvirt-sim's dependency closure contains {found:?} {hint}"
+    );
+    // As scripts/sim.sh builds it. madsim-tonic itself depends on tonic with tonic's default
+    // features, whose `router` brings axum into that build whatever this workspace asks
+    // for (`no_crate_asks_for_tonics_router` keeps the rest of the workspace from it); the
+    // OTLP exporter and procfs stay out there too.
+    let madsim = closure("bigfleet-libvirt-sim", "--cfg madsim");
+    assert!(
+        madsim.contains("madsim-tonic"),
+        "the --cfg madsim closure is expected to hold madsim-tonic: {madsim:?}"
+    );
+    let found = found_in(&madsim, &["opentelemetry-otlp", "procfs"]);
+    assert!(
+        found.is_empty(),
+        "bigfleet-libvirt-sim's --cfg madsim closure contains {found:?} {hint}"
+    );
+}
+
+#[test]
+fn the_serving_check_names_what_it_finds() {
+    let tree = "bigfleet-libvirt-sim v0.1.0\naxum v0.8.9\naxum-core v0.5.6\nprocfs v0.18.0\n\
+                opentelemetry-otlp v0.33.1\n";
+    assert_eq!(
+        found_in(&packages_in_tree(tree), &SERVING_ONLY),
+        ["opentelemetry-otlp", "axum", "procfs"]
+    );
+    let clean = "bigfleet-libvirt-sim v0.1.0\naxum-core v0.5.6\nprocfs-core v0.18.0\n";
+    assert!(found_in(&packages_in_tree(clean), &SERVING_ONLY).is_empty());
+}
+
+/// Every workspace crate's normal dependency on tonic: (crate, default features on,
+/// features asked for).
+fn tonic_dependencies() -> Vec<(String, bool, Vec<String>)> {
+    let metadata = workspace_metadata();
+    let mut found = Vec::new();
+    for package in metadata["packages"].as_array().unwrap() {
+        for dep in package["dependencies"].as_array().unwrap() {
+            if dep["name"] == "tonic" && dep["kind"].is_null() {
+                let features = dep["features"].as_array().unwrap().iter();
+                found.push((
+                    package["name"].as_str().unwrap().to_owned(),
+                    dep["uses_default_features"].as_bool().unwrap(),
+                    features.map(|f| f.as_str().unwrap().to_owned()).collect(),
+                ));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_crate_asks_for_tonics_router() {
+    let deps = tonic_dependencies();
+    assert!(
+        deps.iter()
+            .any(|(name, ..)| name == "bigfleet-libvirt-grpc"),
+        "the grpc crate is expected to depend on tonic: {deps:?}"
+    );
+    // The composition root turns `tonic/router` on in its `serve` feature, which the
+    // binary enables and the simulator does not.
+    for (name, defaults, features) in deps {
+        assert!(
+            !defaults && !features.iter().any(|f| f == "router"),
+            "{name} depends on tonic with default features {defaults} and {features:?}: \
+             tonic's defaults and `router` bring axum, which the simulator must not link; \
+             ask for `server` or `channel` (workspace tonic has default-features = false)"
+        );
+    }
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use bigfleet_libvirt_domain::catalog::InstanceCatalog;
 use bigfleet_libvirt_libvirt::{
-    CpuChoice, DirectKernel, DomainType, Firmware, LibvirtOptions, NicSource, Platform,
+    CpuChoice, DirectKernel, DomainConfig, DomainType, Firmware, NicSource, Platform,
 };
 
 use super::{Flags, LaunchError, flag};
@@ -16,7 +16,7 @@ use super::{Flags, LaunchError, flag};
 pub(super) fn apply(
     flags: &Flags,
     catalog: &InstanceCatalog,
-    libvirt: &mut LibvirtOptions,
+    libvirt: &mut DomainConfig,
 ) -> Result<(), LaunchError> {
     libvirt.nics = flags
         .nic

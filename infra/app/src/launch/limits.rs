@@ -3,22 +3,66 @@
 
 use std::time::Duration;
 
-use bigfleet_libvirt_observe::side_server::HttpLimits;
+use bigfleet_libvirt_observe::limits::HttpLimits;
 
-use super::{LaunchError, flag};
+use super::{LaunchError, flag, parse_duration};
 use crate::NetLimits;
 
 /// The per-client bounds, as typed values. Field names are the flag names.
-#[derive(Clone, Copy, Debug)]
+#[derive(clap::Args, Clone, Copy, Debug)]
 pub struct LimitFlags {
+    /// gRPC connections open at once on --addr; a new client past it evicts the oldest idle one.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
     pub max_connections: usize,
+    /// Concurrent HTTP/2 streams per gRPC connection; streams past it get REFUSED_STREAM.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_MAX_CONCURRENT_STREAMS",
+        default_value_t = 256
+    )]
     pub max_concurrent_streams: u32,
+    /// How long a new gRPC connection may take to finish TLS and send the HTTP/2 preface.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HANDSHAKE_TIMEOUT", default_value = "10s",
+          value_parser = parse_duration)]
     pub handshake_timeout: Duration,
+    /// HTTP/2 keepalive ping period on a quiet gRPC connection.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP2_KEEPALIVE_INTERVAL",
+          default_value = "30s", value_parser = parse_duration)]
     pub http2_keepalive_interval: Duration,
+    /// How long a keepalive ping may go unanswered before the gRPC connection is dropped.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP2_KEEPALIVE_TIMEOUT",
+          default_value = "10s", value_parser = parse_duration)]
     pub http2_keepalive_timeout: Duration,
+    /// Connections open at once on --metrics-addr; a new client past it evicts the oldest idle one.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_METRICS_MAX_CONNECTIONS",
+        default_value_t = 64
+    )]
     pub metrics_max_connections: usize,
+    /// How long a request head on --metrics-addr may take (from connect or the last response).
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP_HEADER_READ_TIMEOUT",
+          default_value = "10s", value_parser = parse_duration)]
     pub http_header_read_timeout: Duration,
+    /// How long a connection on --metrics-addr may move no byte before it is closed.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP_IDLE_TIMEOUT", default_value = "60s",
+          value_parser = parse_duration)]
     pub http_idle_timeout: Duration,
+    /// MiB of large List answers (over 1 MiB each) held for their readers at once; further
+    /// large Lists wait until earlier answers are sent. Size it within the pod's memory limit.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_LIST_MEMORY_BUDGET_MIB",
+        default_value_t = 64
+    )]
     pub list_memory_budget_mib: usize,
 }
 

@@ -7,12 +7,12 @@ use bigfleet_libvirt_ports::Hypervisor;
 use super::*;
 use crate::fixture;
 use crate::host::Health;
+use crate::metrics::HostLabels;
 use crate::volumes::overlay_name;
 use bigfleet_libvirt_config::naming::domain_name;
-use bigfleet_libvirt_observe::metrics::HostLabels;
 use bigfleet_libvirt_system::Stopwatch;
 
-fn health_gauge(metrics: &Metrics, zone: &str, state: &str) -> i64 {
+fn health_gauge(metrics: &LibvirtMetrics, zone: &str, state: &str) -> i64 {
     let labels = HostLabels {
         zone: zone.to_owned(),
         state: state.to_owned(),
@@ -99,7 +99,7 @@ async fn a_dead_host_never_blocks_or_hides_another() {
     ];
     let mut all = slots("libvirt", "good", "kvm.small", 2);
     all.extend(slots("libvirt", "dead", "kvm.small", 2));
-    let metrics = Metrics::new();
+    let metrics = LibvirtMetrics::unexposed();
     let started = Stopwatch::start();
     let config = config("libvirt", connections, all.clone(), "base.qcow2");
     let hv = LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone()).await;

@@ -6,10 +6,10 @@ use bigfleet_libvirt_domain::MachineState;
 use bigfleet_libvirt_ports::Hypervisor;
 
 use super::*;
+use crate::metrics::DriftLabels;
 use crate::ownership::Tag;
 use crate::xml::{self, DomainSpec};
 use bigfleet_libvirt_config::naming::domain_name;
-use bigfleet_libvirt_observe::metrics::DriftLabels;
 
 const SHARED: &str = "test:///default";
 const POOL: &str = "default-pool";
@@ -47,10 +47,16 @@ async fn shared(provider: &str, base: &str) -> LibvirtHypervisor<SystemClock> {
     // The default test host has 3 GiB: let memory overcommit so kvm.small fits.
     config.options.capacity.memory_ratio = 1000.0;
     config.options.capacity.cpu_ratio = 1000.0;
-    LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, Metrics::new()).await
+    LibvirtHypervisor::connect(
+        config,
+        SystemClock,
+        &TokioSpawner,
+        LibvirtMetrics::unexposed(),
+    )
+    .await
 }
 
-fn drift(metrics: &Metrics, kind: &str) -> i64 {
+fn drift(metrics: &LibvirtMetrics, kind: &str) -> i64 {
     let labels = DriftLabels {
         zone: ZONE.to_owned(),
         kind: kind.to_owned(),

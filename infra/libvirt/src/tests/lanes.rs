@@ -174,7 +174,7 @@ async fn the_budget_flag_bounds_calls_in_flight() {
         call.await.unwrap();
     }
     assert_eq!(gate.peak(), 6);
-    let text = rig.hv.inner.config.lane_metrics.render();
+    let text = rig.hv.inner.metrics.lanes.render();
     assert!(
         text.contains("bigfleet_libvirt_host_budget{zone=\"rack1\"} 6"),
         "{text}"

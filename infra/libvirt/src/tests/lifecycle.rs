@@ -203,7 +203,15 @@ async fn delete_removes_the_domain_and_its_volumes_but_never_the_base() {
 async fn create_and_delete_record_their_phase_durations() {
     let rig = rig().await;
     let phase_count = |rig: &Rig, phase: &str| {
-        let rendered = rig.metrics.render();
+        // The family rendered alone: clones share its samples.
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register(
+            "bigfleet_libvirt_phase_duration_seconds",
+            "phases",
+            rig.metrics.phases.clone(),
+        );
+        let mut rendered = String::new();
+        prometheus_client::encoding::text::encode(&mut rendered, &registry).unwrap();
         let needle = format!("bigfleet_libvirt_phase_duration_seconds_count{{phase=\"{phase}\"}} ");
         rendered
             .lines()

@@ -27,11 +27,11 @@ use super::fixture::Fixture;
 use super::host::{HostPolicy, Session};
 use super::lanes::Lane;
 use super::{LibvirtConfig, LibvirtHypervisor};
+use crate::metrics::LibvirtMetrics;
 use bigfleet_libvirt_config::HostConnection;
 use bigfleet_libvirt_domain::catalog::{
     InstanceCatalog, InventoryConfig, Offering, PriceTable, build_inventory,
 };
-use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_system::{SystemClock, TokioSpawner};
 
 /// The zone of single-host rigs.
@@ -100,7 +100,7 @@ pub(super) fn config(
 pub(super) struct Rig {
     pub(super) _dir: TempDir,
     pub(super) hv: LibvirtHypervisor<SystemClock>,
-    pub(super) metrics: Metrics,
+    pub(super) metrics: LibvirtMetrics,
     pub(super) slots: Vec<Machine>,
 }
 
@@ -118,7 +118,7 @@ pub(super) async fn rig_with(
     }];
     let mut config = config("libvirt", connections, slots.clone(), &fixture.base_volume);
     tune(&mut config);
-    let metrics = Metrics::new();
+    let metrics = LibvirtMetrics::unexposed();
     let hv = LibvirtHypervisor::connect(config, SystemClock, &TokioSpawner, metrics.clone()).await;
     Rig {
         _dir: dir,

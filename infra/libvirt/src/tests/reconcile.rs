@@ -5,13 +5,13 @@ use bigfleet_libvirt_domain::MachineState;
 use bigfleet_libvirt_ports::Hypervisor;
 
 use super::*;
+use crate::metrics::DriftLabels;
 use crate::ownership::Tag;
 use crate::volumes::overlay_name;
 use crate::xml::{self, DomainSpec};
 use bigfleet_libvirt_config::naming::domain_name;
-use bigfleet_libvirt_observe::metrics::DriftLabels;
 
-fn drift(metrics: &Metrics, kind: &str) -> i64 {
+fn drift(metrics: &LibvirtMetrics, kind: &str) -> i64 {
     let labels = DriftLabels {
         zone: ZONE.to_owned(),
         kind: kind.to_owned(),

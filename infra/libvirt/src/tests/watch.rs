@@ -7,8 +7,8 @@ use std::time::Duration;
 use bigfleet_libvirt_ports::Clock;
 
 use super::*;
+use crate::metrics::DriftLabels;
 use bigfleet_libvirt_config::naming::domain_name;
-use bigfleet_libvirt_observe::metrics::DriftLabels;
 use bigfleet_libvirt_system::Stopwatch;
 
 async fn pause(ms: u64) {
@@ -18,7 +18,7 @@ async fn pause(ms: u64) {
         .await;
 }
 
-fn drift(metrics: &Metrics, kind: &str) -> i64 {
+fn drift(metrics: &LibvirtMetrics, kind: &str) -> i64 {
     let labels = DriftLabels {
         zone: ZONE.to_owned(),
         kind: kind.to_owned(),
@@ -27,7 +27,7 @@ fn drift(metrics: &Metrics, kind: &str) -> i64 {
 }
 
 /// Waits (real time, generously) until the gauge of `kind` reads `want`.
-async fn until(metrics: &Metrics, kind: &str, want: i64) {
+async fn until(metrics: &LibvirtMetrics, kind: &str, want: i64) {
     let start = Stopwatch::start();
     while drift(metrics, kind) != want {
         assert!(start.seconds() < 30.0, "drift {kind} never became {want}");

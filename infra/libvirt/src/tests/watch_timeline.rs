@@ -11,7 +11,7 @@ use bigfleet_libvirt_system::Stopwatch;
 use super::*;
 use bigfleet_libvirt_config::naming::domain_name;
 
-fn drifts(metrics: &Metrics, id: &str) -> Vec<Drift> {
+fn drifts(metrics: &LibvirtMetrics, id: &str) -> Vec<Drift> {
     let events = metrics.timeline.events(id).expect("tracked");
     events
         .into_iter()
@@ -23,7 +23,7 @@ fn drifts(metrics: &Metrics, id: &str) -> Vec<Drift> {
 }
 
 /// Waits (real time, generously) until `id`'s drift events are `want`.
-async fn until(metrics: &Metrics, id: &str, want: &[Drift]) {
+async fn until(metrics: &LibvirtMetrics, id: &str, want: &[Drift]) {
     let start = Stopwatch::start();
     while drifts(metrics, id) != want {
         assert!(

@@ -15,8 +15,8 @@ use bigfleet_libvirt_ports::{
 use futures::FutureExt;
 
 use super::{CREATE_FAULT_LABEL, FakeConfig, FakeHypervisor};
+use bigfleet_libvirt_observe::instrumented::ApiMetrics;
 use bigfleet_libvirt_observe::instrumented::InstrumentedHypervisor;
-use bigfleet_libvirt_observe::metrics::Metrics;
 use bigfleet_libvirt_system::SystemClock;
 
 /// Four open slots, the last one labelled to fail Create (fault hooks are on).
@@ -58,7 +58,7 @@ async fn the_fake_passes_the_hypervisor_contract() {
 async fn the_instrumented_fake_passes_the_hypervisor_contract() {
     // As the binary wires it: the metrics and spans decorator must keep the contract.
     let fake = fake();
-    let wrapped = InstrumentedHypervisor::new(fake.clone(), Metrics::new());
+    let wrapped = InstrumentedHypervisor::new(fake.clone(), ApiMetrics::unexposed());
     hypervisor_contract(&wrapped, CAPS, &residue(&fake)).await;
 }
 
