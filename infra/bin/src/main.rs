@@ -45,13 +45,13 @@ fn main() -> ExitCode {
         trial_domain,
     }) = &cli.command
     {
-        let options = DoctorOptions {
+        let flags = DoctorFlags {
             output: *output,
             host_timeout: *host_timeout,
             allow_warnings: *allow_warnings,
             trial_domain: *trial_domain,
         };
-        let code = runtime.block_on(doctor(&cli, options));
+        let code = runtime.block_on(doctor(&cli, flags));
         // Join the runtime's threads before `exit` runs the C libraries' cleanup: a thread
         // still freeing its OpenSSL thread state while libcrypto tears down crashes the
         // process after the report is printed. A host that never answered keeps its
@@ -87,7 +87,7 @@ fn one_line(error: &anyhow::Error) -> String {
 
 /// The `doctor` subcommand's own flags.
 #[derive(Clone, Copy)]
-struct DoctorOptions {
+struct DoctorFlags {
     output: Output,
     host_timeout: Duration,
     allow_warnings: bool,
@@ -95,13 +95,13 @@ struct DoctorOptions {
 }
 
 /// `doctor`: the same configuration checks as serving, then every host probed and judged.
-async fn doctor(cli: &Cli, options: DoctorOptions) -> ExitCode {
-    let DoctorOptions {
+async fn doctor(cli: &Cli, flags: DoctorFlags) -> ExitCode {
+    let DoctorFlags {
         output,
         host_timeout,
         allow_warnings,
         trial_domain,
-    } = options;
+    } = flags;
     let report = match doctor_plan(cli) {
         Ok(plan) => preflight::run(&plan, &SystemClock, host_timeout, trial_domain).await,
         Err(e) => doctor::Report::refused_configuration(&one_line(&e)),
