@@ -235,3 +235,51 @@ fn adapters_use_only_the_shared_crates_below_them() {
         );
     }
 }
+
+/// clap stays at the edge (docs/design.md §2.3): the binary declares it, and the composition
+/// root only as an optional dependency of the `libvirt` feature that brings `launch`, where
+/// the flags are declared once. No other crate declares it, and the simulator never links it.
+#[test]
+fn clap_is_declared_only_by_the_binary_and_the_roots_launch() {
+    let metadata = workspace_metadata();
+    let mut declared = Vec::new();
+    for package in metadata["packages"].as_array().unwrap() {
+        for dep in package["dependencies"].as_array().unwrap() {
+            if dep["name"] == "clap" && dep["kind"].is_null() {
+                declared.push((
+                    package["name"].as_str().unwrap().to_owned(),
+                    dep["optional"].as_bool().unwrap(),
+                ));
+            }
+        }
+    }
+    declared.sort();
+    assert_eq!(
+        declared,
+        [
+            ("bigfleet-libvirt".to_owned(), false),
+            ("bigfleet-libvirt-app".to_owned(), true),
+        ],
+        "clap belongs to the binary and, optionally, to app's `launch` (infra/app/src/launch/flags.rs)"
+    );
+    let app = &metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|package| package["name"] == "bigfleet-libvirt-app")
+        .unwrap()["features"];
+    assert!(
+        app["libvirt"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|feature| feature == "dep:clap"),
+        "app's clap must come with the `libvirt` feature (the one that compiles `launch`): {app}"
+    );
+    let sim = closure("bigfleet-libvirt-sim", "");
+    assert!(
+        !sim.contains("clap"),
+        "bigfleet-libvirt-sim's dependency closure contains clap: depend on bigfleet-libvirt-app \
+         without the `libvirt` feature"
+    );
+}
