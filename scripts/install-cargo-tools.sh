@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Installs the cargo tools of the supply-chain checks into a per-user cache outside the
-# repository (~/.cache/bigfleet-libvirt/cargo-tools/bin), built from crates.io with
-# `cargo install --locked` at pinned versions, so every clone on the machine (CI's among
+# Installs the cargo tools of the supply-chain checks and the SBOM into a per-user cache
+# outside the repository (~/.cache/bigfleet-libvirt/cargo-tools/bin), built from crates.io
+# with `cargo install --locked` at pinned versions, so every clone on the machine (CI's among
 # them) shares one build:
 #
-#   cargo-audit      Cargo.lock against the RustSec advisory database (.ci/run, offline)
-#   cargo-deny       licences, bans and sources (deny.toml; .ci/run)
-#   cargo-cyclonedx  the CycloneDX SBOM of the binary's crates (deploy/sbom.sh)
+#   cargo-deny       advisories (offline, against a RustSec snapshot), licences, bans and
+#                    sources of Cargo.lock (deny.toml; scripts/supply-chain.sh, run by .ci/run)
+#   cargo-cyclonedx  the CycloneDX SBOM of the binary's crates (deploy/sbom.sh: the image
+#                    build, and the SBOM test in tests/tests/image.rs)
 #
 # A tool already installed at its pinned version is left alone, so only a fresh machine pays
-# the build (each tool is compiled from source: several minutes on 2 cores). Exits non-zero,
-# naming the tool and the registry, when an install fails.
+# the build. Each tool is compiled from source, without link-time optimisation: cargo-deny's
+# own release profile asks for fat LTO with one codegen unit, a single-threaded optimisation
+# of the whole program at the end of the build that makes the tool a little faster and the
+# build longer (CARGO_PROFILE_RELEASE_* below override the crates' own profiles, as cargo's
+# environment does; the code and the dependency versions are the same). Exits non-zero, naming the tool and the registry,
+# when an install fails.
 #
-#   scripts/install-cargo-tools.sh            all three
+#   scripts/install-cargo-tools.sh            both
 #   scripts/install-cargo-tools.sh NAME...    only those (e.g. cargo-cyclonedx)
 #
 # Environment: BIGFLEET_CARGO_TOOLS_DIR overrides the directory (default
@@ -21,7 +26,6 @@ set -euo pipefail
 
 # name version: bump a version here and the next run reinstalls that tool.
 pins=(
-    "cargo-audit 0.22.2"
     "cargo-deny 0.20.2"
     "cargo-cyclonedx 0.5.9"
 )
@@ -44,6 +48,10 @@ if command -v flock >/dev/null 2>&1; then
 fi
 
 wanted=("$@")
+pinned_names=" ${pins[*]%% *} "
+for w in "${wanted[@]}"; do
+    [[ $pinned_names == *" $w "* ]] || die "unknown tool '$w': the pinned ones are${pinned_names% }"
+done
 selected() { # name
     ((${#wanted[@]} == 0)) && return 0
     local w
@@ -51,7 +59,7 @@ selected() { # name
     return 1
 }
 
-# The version a tool binary reports, e.g. "cargo-audit-audit 0.22.2" -> 0.22.2. Each of these
+# The version a tool binary reports, e.g. "cargo-deny 0.20.2" -> 0.20.2. Each of these
 # tools is a cargo subcommand, so it takes its subcommand name as its first argument.
 installed_version() { # name
     local bin="$cargo_root/bin/$1" sub=${1#cargo-}
@@ -69,7 +77,8 @@ for pin in "${pins[@]}"; do
     fi
     say "$name: building $version from crates.io (cargo install --locked; takes minutes on a fresh machine)"
     start=$SECONDS
-    if ! cargo install --locked --quiet --root "$cargo_root" "$name@$version"; then
+    if ! CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+        cargo install --locked --quiet --root "$cargo_root" "$name@$version"; then
         die "cargo install --locked $name@$version failed: crates.io is unreachable, or the build failed (see above)"
     fi
     have=$(installed_version "$name")

@@ -17,7 +17,9 @@ use crate::shared::SharedMap;
 /// A string-to-string map with deterministic iteration order (labels, resources, metadata).
 pub type StringMap = BTreeMap<String, String>;
 
-/// A point in time, in nanoseconds since the Unix epoch. Only the `Clock` port makes these.
+/// A point on the provider's clock, in nanoseconds on the Unix-epoch scale. Only the `Clock`
+/// port makes these: monotonic within one process and never persisted, so it reads as a date
+/// but is not the wall clock (see `ports::Clock`).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]

@@ -130,15 +130,30 @@ type DeadlineEntry = (Timestamp, MachineId, Kind);
 
 /// A decision whose change set the store has not yet confirmed, and what takes it back.
 struct Pending {
+    /// Its place in the commit order: one more than the change set enqueued before it.
+    seq: u64,
     barrier: Barrier,
     savepoint: Savepoint,
+    /// The machines whose records its change set writes.
+    machines: Vec<MachineId>,
 }
 
-/// The decision core and the durability barrier of its newest decision, guarded together
-/// so that whoever observes the core also learns what must be durable first.
+/// The decision core and the durability barriers of what it holds, guarded together so that
+/// whoever observes the core also learns what must be durable first.
 struct Guarded {
     core: Core,
+    /// The barrier of the newest decision: what an answer that may reflect anything the core
+    /// holds (a mutating call's) waits for.
     last_commit: Barrier,
+    /// The place in the commit order ([`Pending::seq`]) the next change set gets.
+    next_seq: u64,
+    /// For each machine whose newest record is not yet durable, the pending change set that
+    /// writes it: a Get of that machine waits for that one only.
+    machine_commits: BTreeMap<MachineId, u64>,
+    /// The newest pending change set that moved the revision (every change set with a record
+    /// does, and no other): a List, whose records and revision that decision bounds, waits
+    /// for it.
+    revision_commit: Option<u64>,
     /// Where the last capped List stopped, so consecutive (and concurrent) capped picks
     /// spread over the inventory instead of all returning its first records. In memory only.
     rotation: ListRotation,
@@ -150,6 +165,28 @@ struct Guarded {
     /// commit took back is harmless: the sweep only fails what the core still has in flight
     /// past its deadline.
     deadlines: BTreeMap<DeadlineEntry, tracing::Span>,
+}
+
+impl Guarded {
+    /// The barrier of the pending change set `seq`, or `None` once it is durable (or was
+    /// taken back, which leaves nothing of it in the core).
+    fn pending_barrier(&self, seq: u64) -> Option<Barrier> {
+        let first = self.pending.front()?.seq;
+        let index = usize::try_from(seq.checked_sub(first)?).ok()?;
+        self.pending.get(index).map(|p| p.barrier.clone())
+    }
+
+    /// Forgets what readers waited for on a change set that became durable.
+    fn confirmed(&mut self, done: &Pending) {
+        for id in &done.machines {
+            if self.machine_commits.get(id) == Some(&done.seq) {
+                self.machine_commits.remove(id);
+            }
+        }
+        if self.revision_commit == Some(done.seq) {
+            self.revision_commit = None;
+        }
+    }
 }
 
 /// Whether the state store is taking commits, for readiness, health and metrics.
@@ -304,3 +341,6 @@ mod tests;
 
 #[cfg(test)]
 mod cancel_tests;
+
+#[cfg(test)]
+mod read_tests;

@@ -1,23 +1,58 @@
 #!/usr/bin/env bash
-# The real-QEMU tier: `ci`, every step in order with timings, then the tests and the
-# real-libvirt benchmark (scripts/bench/real-libvirt.sh), always stopping.
-# Sourced by scripts/qemu-tier/run.sh (not run on its own), after common.sh.
+# The real-QEMU tier: `ci`, every step in order with timings, then the tests (one cargo test
+# run per group) and the real-libvirt benchmark (scripts/bench/real-libvirt.sh), always
+# stopping. Sourced by scripts/qemu-tier/run.sh (not run on its own), after common.sh.
 # shellcheck disable=SC2154 # the lowercase settings (tier_dir, pool, ...) are set in common.sh
 
-# Runs one step and prints how long it took.
-timed() {
-    local name=$1 started=$SECONDS
-    shift
-    "$@"
-    echo "qemu tier: $name: $((SECONDS - started))s"
+# The test groups, one `cargo test` run each (in this order, so each group's time shows);
+# every group runs even when an earlier one failed.
+test_groups=(qemu_e2e qemu_faults qemu_image qemu_lanes qemu_remote)
+
+# Prints how long a step took and how it ended ("ok", "failed (exit status N)"), and appends
+# "tier: NAME<TAB>SECONDS<TAB>OUTCOME" to $BIGFLEET_PHASE_LOG when that is set (scripts/test.sh
+# sets it and prints the lines in its phase table).
+record_step() { # name seconds outcome
+    echo "qemu tier: $1: $2s ($3)"
+    if [[ -n ${BIGFLEET_PHASE_LOG:-} ]]; then
+        printf 'tier: %s\t%s\t%s\n' "$1" "$2" "$3" >>"$BIGFLEET_PHASE_LOG"
+    fi
 }
 
-# The EXIT trap of ci: stop the tier, keep the exit status.
+# Runs one step. A failing step ends ci (set -e) through its EXIT trap, which records the
+# step as failed: step_name is the step that is running, if any.
+step_name="" step_started=0
+timed() {
+    step_name=$1 step_started=$SECONDS
+    shift
+    "$@"
+    record_step "$step_name" "$((SECONDS - step_started))" ok
+    step_name=""
+}
+
+# The EXIT trap of ci: record the step that failed, if one did, stop the tier, keep the exit
+# status.
 ci_cleanup() {
-    local status=$?
-    cmd_stop || say "stop failed"
+    local status=$? stop_started=$SECONDS stop_outcome=ok
+    if [[ -n $step_name ]]; then
+        record_step "$step_name" "$((SECONDS - step_started))" "failed (exit status $status)"
+        step_name=""
+    fi
+    cmd_stop || {
+        stop_outcome="failed (exit status $?)"
+        say "stop failed"
+    }
+    record_step stop "$((SECONDS - stop_started))" "$stop_outcome"
     echo "qemu tier: total: $((SECONDS - ci_started))s"
     exit "$status"
+}
+
+# Runs one command as a step whose failure does not end ci: records it, returns its status.
+counted() { # name command...
+    local name=$1 started=$SECONDS status=0
+    shift
+    "$@" || status=$?
+    record_step "$name" "$((SECONDS - started))" "$( ((status == 0)) && echo ok || echo "failed (exit status $status)")"
+    return "$status"
 }
 
 # Starts `prepare` detached, its output in $tier_dir/prepare.log and its pid in
@@ -55,31 +90,48 @@ wait_for_background_prepare() {
     tail -n 5 "$tier_dir/prepare.log" >&2 || true
 }
 
+# The tier's tests are integration tests of the binary's package: built once, then run one
+# group at a time.
+build_tests() {
+    (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration --no-run)
+}
+test_group() { # group
+    (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration -- \
+        --ignored --nocapture --test-threads=1 "$1::")
+}
+
 cmd_ci() {
     if skipped; then
+        if [[ -n ${BIGFLEET_PHASE_LOG:-} ]]; then
+            printf 'tier\t0\tskipped: %s\n' "$(skip_reason)" >>"$BIGFLEET_PHASE_LOG"
+        fi
         return 0
     fi
     timed wait-background-prepare wait_for_background_prepare
     lock
     ci_started=$SECONDS
     # Whatever happens from here on, the daemons are stopped and the mounts undone; the
-    # exit status is the first failure's (the test's, if everything before it worked).
+    # exit status is the first failure's (the tests', if everything before them worked).
     trap ci_cleanup EXIT
     timed stop-leftovers cmd_stop
     timed prepare cmd_prepare
     timed start cmd_start
     eval "$(cmd_env)"
-    local test_started=$SECONDS status=0
-    # The tests drive the real binary; cargo test builds it (the tests are its package's).
-    (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration -- \
-            --ignored --nocapture --test-threads=1 qemu_e2e:: qemu_faults:: qemu_remote:: \
-            qemu_lanes:: qemu_image::) || status=$?
-    echo "qemu tier: test: $((SECONDS - test_started))s (exit status $status)"
+    # The tests drive the real binary; cargo builds it with them (the tests are its
+    # package's), once, before the groups run.
+    timed build-tests build_tests
+    local status=0 failed group
+    for group in "${test_groups[@]}"; do
+        counted "test $group" test_group "$group" || {
+            failed=$?
+            ((status != 0)) || status=$failed
+        }
+    done
     # Then the real-libvirt benchmark on the same daemons: numbers only, it fails only when a
     # call errors (the exit status is still the tests' when they failed first).
-    local bench_started=$SECONDS bench_status=0
-    "$repo/scripts/bench/real-libvirt.sh" || bench_status=$?
-    echo "qemu tier: bench: $((SECONDS - bench_started))s (exit status $bench_status)"
-    ((status != 0)) || status=$bench_status
+    counted bench "$repo/scripts/bench/real-libvirt.sh" || {
+        failed=$?
+        ((status != 0)) || status=$failed
+    }
     exit "$status"
 }

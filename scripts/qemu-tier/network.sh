@@ -38,14 +38,17 @@ remove_netns() {
 
 # The zone's libvirt network `default` (defined once, started when inactive), and the
 # user libvirt runs its dnsmasq as. The subnet is libvirt's usual one: it lives only in
-# the namespace.
+# the namespace. dnsmasq runs with no-ping: before it offers an address it would otherwise
+# ping it and wait up to 3 s for an answer, at every boot (each fresh overlay is a new DHCP
+# client), and the guest's cloud-init network stage, and so its agent, waits for the lease;
+# on this namespace's network only the tier's guests hold addresses, and dnsmasq leases them.
 ensure_network() {
     in_chroot sh -c 'getent group libvirt-dnsmasq >/dev/null || groupadd -r libvirt-dnsmasq
         getent passwd libvirt-dnsmasq >/dev/null \
             || useradd -r -g libvirt-dnsmasq -d /var/lib/libvirt/dnsmasq -s /usr/sbin/nologin libvirt-dnsmasq'
     if ! virsh_ net-info default >/dev/null 2>&1; then
         cat >"$R/etc/libvirt/default-network.xml" <<'XML'
-<network>
+<network xmlns:dnsmasq='http://libvirt.org/schemas/network/dnsmasq/1.0'>
   <name>default</name>
   <forward mode='nat'/>
   <bridge name='virbr0' stp='on' delay='0'/>
@@ -54,6 +57,9 @@ ensure_network() {
       <range start='192.168.122.2' end='192.168.122.254'/>
     </dhcp>
   </ip>
+  <dnsmasq:options>
+    <dnsmasq:option value='no-ping'/>
+  </dnsmasq:options>
 </network>
 XML
         virsh_ net-define /etc/libvirt/default-network.xml >/dev/null

@@ -29,7 +29,32 @@ impl Window {
     pub fn covers(&self, target: usize, at: Duration) -> bool {
         self.target == target && self.start <= at && at < self.end
     }
+
+    /// Whether the window concerns `target` at some time in `[from, to]`.
+    #[must_use]
+    pub fn overlaps(&self, target: usize, from: Duration, to: Duration) -> bool {
+        self.target == target && self.start <= to && from < self.end
+    }
+
+    /// When a host resuming from this stall does the work it would have done at `at`
+    /// (inside the window): after the end, in the same order, everything within
+    /// [`RESUME_SPREAD`]-th of the stall's length.
+    #[must_use]
+    pub fn resume_at(&self, at: Duration) -> Duration {
+        self.end + at.saturating_sub(self.start) / RESUME_SPREAD
+    }
+
+    /// When a host resuming from this stall has done all the work it held.
+    #[must_use]
+    pub fn resumed_by(&self) -> Duration {
+        self.resume_at(self.end)
+    }
 }
+
+/// A host resuming from a stall does what it held within this fraction of the stall's
+/// length after its end (a frozen process catching up, not a burst at one instant, so that
+/// the operations it held on one domain keep their order).
+pub const RESUME_SPREAD: u32 = 1000;
 
 /// Hypervisor call faults, drawn once per call.
 #[derive(Clone, Debug)]
@@ -48,6 +73,10 @@ pub struct HostFaults {
     pub service: (Duration, Duration),
     /// Hosts unreachable for a while (target = host index).
     pub outages: Vec<Window>,
+    /// Whole-host stalls (target = host index): the host takes every call and answers none
+    /// (a frozen libvirtd) for longer than the product's liveness window, then resumes and
+    /// completes every call it held. At most one per run, so one host at a time.
+    pub stalls: Vec<Window>,
 }
 
 /// libvirtd's limit on each host and the provider's budget against it (not faults: the
@@ -188,7 +217,7 @@ impl FaultPlan {
         let shards = usize::try_from(rng.between(2, 4)).expect("small");
         let fault_phase = secs(rng.between(60, 180));
         let transition_timeout = secs(rng.between(5, 30));
-        let host = HostFaults {
+        let mut host = HostFaults {
             error: rng.swarm_rate(HOST_RATES),
             spike: rng.swarm_rate(HOST_RATES),
             hang: rng.swarm_rate(HOST_RATES),
@@ -196,6 +225,8 @@ impl FaultPlan {
             partial_create: rng.swarm_rate(HOST_RATES),
             service: (ms(rng.between(5, 50)), ms(rng.between(100, 1500))),
             outages: windows(&mut rng, hosts, fault_phase, secs(30)),
+            // Drawn last (below), so adding this class left every other draw as it was.
+            stalls: Vec::new(),
         };
         let mut net = NetFaults {
             delay: (Duration::from_micros(200), ms(rng.between(1, 50))),
@@ -223,6 +254,7 @@ impl FaultPlan {
         net.cancel = rng.swarm_rate(CANCEL_RATES);
         // Drawn after everything else, so adding it left the earlier draws as they were.
         let libvirtd = Libvirtd::draw(&mut rng, hosts);
+        host.stalls = stall(&mut rng, hosts, fault_phase);
         Self {
             seed,
             hosts,
@@ -264,6 +296,31 @@ fn windows(rng: &mut SimRng, targets: usize, phase: Duration, longest: Duration)
         .collect();
     windows.sort_by_key(|w| (w.start, w.target));
     windows
+}
+
+/// The shortest and longest whole-host stall: past the product's liveness window (a probe
+/// every 5 s, 20 s without an answer marks the host unreachable) and past libvirt's client
+/// keepalive window (5 s × 3 misses) that once crashed the provider (issue 37).
+pub const STALL: (Duration, Duration) = (Duration::from_secs(25), Duration::from_secs(40));
+/// Fault-phase time left after a stall ends, so the workers still start transitions on the
+/// host that resumed before faults stop.
+const AFTER_STALL: Duration = Duration::from_secs(15);
+
+/// One whole-host stall in about half the runs, on one host, ending [`AFTER_STALL`] before
+/// the fault phase does.
+fn stall(rng: &mut SimRng, hosts: usize, phase: Duration) -> Vec<Window> {
+    if rng.chance(Ratio::new(1, 2)) {
+        return Vec::new();
+    }
+    let target = rng.index(hosts);
+    let length = rng.duration(STALL.0, STALL.1);
+    let latest = phase.saturating_sub(length + AFTER_STALL).max(secs(2));
+    let start = rng.duration(secs(2), latest);
+    vec![Window {
+        target,
+        start,
+        end: start + length,
+    }]
 }
 
 /// Up to `most` event times inside the fault phase (none in about a quarter of the runs).
@@ -309,6 +366,7 @@ impl fmt::Display for FaultPlan {
             h.error, h.spike, h.hang, h.lost_reply, h.partial_create, h.service.0, h.service.1
         )?;
         show_windows(f, "outages", &h.outages)?;
+        show_windows(f, "stalls", &h.stalls)?;
         let l = &self.libvirtd;
         write!(
             f,

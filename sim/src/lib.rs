@@ -15,15 +15,21 @@
 #[cfg(madsim)]
 pub mod checkers;
 #[cfg(madsim)]
+pub mod disk;
+#[cfg(madsim)]
 pub mod fakes;
 #[cfg(madsim)]
 pub mod faults;
 #[cfg(madsim)]
 pub mod history;
 #[cfg(madsim)]
+pub mod hosts;
+#[cfg(madsim)]
 pub mod net;
 #[cfg(madsim)]
 pub mod rng;
+#[cfg(madsim)]
+pub mod rpc;
 #[cfg(madsim)]
 pub mod runner;
 #[cfg(madsim)]
@@ -33,7 +39,11 @@ pub mod server;
 #[cfg(madsim)]
 pub mod spans;
 #[cfg(madsim)]
+pub mod time;
+#[cfg(madsim)]
 pub mod trace;
+#[cfg(madsim)]
+pub mod verdict;
 #[cfg(madsim)]
 pub mod workload;
 #[cfg(madsim)]

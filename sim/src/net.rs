@@ -23,39 +23,10 @@ use madsim_tonic::Status;
 use madsim_tonic::transport::Endpoint;
 use pb::capacity_provider_client::CapacityProviderClient;
 
-use crate::fakes::clock::elapsed;
+pub use crate::rpc::{Answer, Reply, Rpc};
+use crate::rpc::{CALLER_GAVE_UP, decode_list};
+use crate::time::elapsed;
 use crate::world::World;
-
-/// A call to the provider.
-#[derive(Clone, Debug)]
-pub enum Rpc {
-    /// `Create`.
-    Create(pb::CreateRequest),
-    /// `Configure`.
-    Configure(pb::ConfigureRequest),
-    /// `Drain`.
-    Drain(pb::DrainRequest),
-    /// `Delete`.
-    Delete(pb::DeleteRequest),
-    /// `Get`.
-    Get(pb::MachineRef),
-    /// `List`.
-    List(pb::ListFilter),
-}
-
-/// A successful answer.
-#[derive(Clone, Debug)]
-pub enum Answer {
-    /// A mutating call's acknowledgement.
-    Ack(pb::TransitionAck),
-    /// A Get.
-    Machine(pb::Machine),
-    /// A List.
-    List(pb::MachineList),
-}
-
-/// What the provider answered.
-pub type Reply = Result<Answer, Status>;
 
 /// The provider node's address.
 pub const PROVIDER_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
@@ -174,10 +145,7 @@ async fn exchange(rpc: Rpc) -> Result<Reply, Outcome> {
         Rpc::Get(r) => client.get(r).await.map(|m| Answer::Machine(m.into_inner())),
         // madsim-tonic hands over the server's `EncodedMachineList` itself; decode it as a
         // client decodes the bytes.
-        Rpc::List(r) => client
-            .list(r)
-            .await
-            .and_then(|l| crate::server::decode_list(l.get_ref())),
+        Rpc::List(r) => client.list(r).await.and_then(|l| decode_list(l.get_ref())),
     };
     match reply {
         Err(status) => match transport_failure(&status) {
@@ -199,12 +167,10 @@ async fn exchange(rpc: Rpc) -> Result<Reply, Outcome> {
 /// breaks afterwards ("connection reset": the provider died with the call in hand) leaves
 /// it indefinite.
 ///
-/// A call the caller gave up on (`server::CALLER_GAVE_UP`) is indefinite too: a real client
+/// A call the caller gave up on (`rpc::CALLER_GAVE_UP`) is indefinite too: a real client
 /// that cancels sees only its own deadline or reset, never the provider's answer.
 fn transport_failure(status: &Status) -> Option<Outcome> {
-    if status.code() == madsim_tonic::Code::Cancelled
-        && status.message() == crate::server::CALLER_GAVE_UP
-    {
+    if status.code() == madsim_tonic::Code::Cancelled && status.message() == CALLER_GAVE_UP {
         return Some(Outcome::Indefinite("caller gave up"));
     }
     if status.metadata().contains_key("content-type") {

@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use crate::checkers::Invariant;
 use crate::scenario::{self, RunReport};
+use crate::verdict::Invariant;
 
 /// Features of this build (the injected bugs it carries).
 fn features() -> Vec<&'static str> {
@@ -38,6 +38,10 @@ fn features() -> Vec<&'static str> {
         (
             "bug-detached-transition-span",
             cfg!(feature = "bug-detached-transition-span"),
+        ),
+        (
+            "bug-lanes-over-budget",
+            cfg!(feature = "bug-lanes-over-budget"),
         ),
     ];
     all.into_iter()
@@ -188,6 +192,7 @@ fn verdict(report: &RunReport, wall: Duration) -> String {
     };
     let mut line = format!(
         "seed={} {status} rpcs={} answered={} indefinite={} host_ops={} crashes={} \
+         stall_held={} judged_beside_stall={} judged_held={} judged_after_stall={} \
          simulated={:.1}s wall={:.3}s trace_lines={} sha256={}",
         report.seed,
         s.rpcs,
@@ -195,6 +200,10 @@ fn verdict(report: &RunReport, wall: Duration) -> String {
         s.indefinite,
         s.host_operations,
         s.crashes,
+        s.stall_held,
+        s.judged_beside_stall,
+        s.judged_held,
+        s.judged_after_stall,
         report.simulated.as_secs_f64(),
         wall.as_secs_f64(),
         report.trace_lines,
@@ -271,11 +280,13 @@ fn sweep(options: &RunnerFlags) -> ExitCode {
         .filter(|f| !f.report.violations.is_empty())
         .collect();
     let (mut rpcs, mut host_ops, mut simulated) = (0, 0, Duration::ZERO);
+    let mut stalls = StallTotals::default();
     let mut by_invariant: std::collections::BTreeMap<Invariant, Vec<u64>> = Default::default();
     for f in &finished {
         rpcs += f.report.stats.rpcs;
         host_ops += f.report.stats.host_operations;
         simulated += f.report.simulated;
+        stalls.add(&f.report);
         for invariant in f.report.violations.counts.keys() {
             by_invariant
                 .entry(*invariant)
@@ -296,6 +307,7 @@ fn sweep(options: &RunnerFlags) -> ExitCode {
         (rpcs + host_ops) as f64 / seconds,
         simulated.as_secs_f64() / seconds,
     );
+    println!("{stalls}");
     for (invariant, seeds) in &by_invariant {
         let shown: Vec<String> = seeds.iter().take(10).map(u64::to_string).collect();
         println!(
@@ -312,6 +324,54 @@ fn sweep(options: &RunnerFlags) -> ExitCode {
     match (options.expect_failure, failed.is_empty()) {
         (false, true) | (true, false) => ExitCode::SUCCESS,
         _ => ExitCode::FAILURE,
+    }
+}
+
+/// What a sweep's stalls did, so a sweep shows the serving check was not idle.
+#[derive(Default)]
+struct StallTotals {
+    seeds: usize,
+    held: u64,
+    judged_beside: u64,
+    judged_held: u64,
+    judged_after: u64,
+    seeds_judged_beside: usize,
+    seeds_judged_held: usize,
+    seeds_judged_after: usize,
+}
+
+impl StallTotals {
+    fn add(&mut self, report: &RunReport) {
+        if report.plan.host.stalls.is_empty() {
+            return;
+        }
+        let s = &report.stats;
+        self.seeds += 1;
+        self.held += s.stall_held;
+        self.judged_beside += s.judged_beside_stall;
+        self.judged_held += s.judged_held;
+        self.judged_after += s.judged_after_stall;
+        self.seeds_judged_beside += usize::from(s.judged_beside_stall > 0);
+        self.seeds_judged_held += usize::from(s.judged_held > 0);
+        self.seeds_judged_after += usize::from(s.judged_after_stall > 0);
+    }
+}
+
+impl std::fmt::Display for StallTotals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stalls: seeds={} calls_held={} judged_beside_stall={} (in {} seeds) \
+             judged_held={} (in {} seeds) judged_after_stall={} (in {} seeds)",
+            self.seeds,
+            self.held,
+            self.judged_beside,
+            self.seeds_judged_beside,
+            self.judged_held,
+            self.seeds_judged_held,
+            self.judged_after,
+            self.seeds_judged_after
+        )
     }
 }
 

@@ -2,6 +2,11 @@
 //! checks. [`run_seed`] wraps it in a madsim runtime seeded with the run's seed and a
 //! simulated-time limit, and turns a panic anywhere in the simulation into a report.
 //!
+//! The run owns what does not outlive a provider process or belongs to no node: the
+//! serving process (`server::Serving`), the watchers' views (`workload::Watchers`) and the
+//! checkers (`checkers::Checkers`), which read the world's history on their watches, at
+//! quiescence and at the end. This is the one file that runs the checkers.
+//!
 //! Nodes: one per host (host-side work runs there and survives provider crashes), one for
 //! the provider (its init task is `server::run_provider`, so `Handle::restart` starts a new
 //! process from the durable state), one per shard. The supervisor runs on the main node:
@@ -15,18 +20,20 @@ use std::time::Duration;
 use futures::channel::mpsc;
 use futures::{FutureExt, StreamExt};
 use madsim::runtime::{Handle, Runtime};
-use madsim::task::NodeId;
+use madsim::task::{JoinHandle, NodeId};
 use tracing_subscriber::layer::SubscriberExt as _;
 
-use crate::checkers::{self, Invariant, Violations, quiescence};
-use crate::fakes::clock::elapsed;
+use crate::checkers::{self, Checkers, quiescence};
 use crate::faults::FaultPlan;
+use crate::history::Event;
 use crate::net;
 use crate::rng::SimRng;
-use crate::server;
+use crate::server::{self, Serving};
 use crate::spans::SpanWatch;
+use crate::time::elapsed;
 use crate::trace::Trace;
-use crate::workload;
+use crate::verdict::{Invariant, Violations};
+use crate::workload::{self, Watchers};
 use crate::world::{Stats, World};
 
 /// A wall-clock-free backstop: a run that has not ended by then failed to converge.
@@ -69,15 +76,17 @@ pub fn run_seed(seed: u64, keep_trace: bool) -> RunReport {
 pub fn run_plan(plan: FaultPlan, keep_trace: bool) -> RunReport {
     let seed = plan.seed;
     let world = Arc::new(World::new(plan.clone(), keep_trace));
-    let driven = Arc::clone(&world);
+    let checkers = Arc::new(Checkers::new(Arc::clone(&world)));
+    let (driven, judging) = (Arc::clone(&world), Arc::clone(&checkers));
     // The span layer records on this run's thread only (each seed runs on a thread of its
     // own). The runtime is made under it too: madsim opens its node spans as it builds them.
     let spans = tracing_subscriber::registry().with(SpanWatch::new(Arc::clone(&world)));
     let outcome = tracing::subscriber::with_default(spans, || {
         let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
         runtime.set_time_limit(TIME_LIMIT);
-        let outcome =
-            std::panic::catch_unwind(AssertUnwindSafe(|| runtime.block_on(drive(driven))));
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            runtime.block_on(drive(driven, judging))
+        }));
         drop(runtime);
         outcome
     });
@@ -87,17 +96,17 @@ pub fn run_plan(plan: FaultPlan, keep_trace: bool) -> RunReport {
             let recorded = LAST_PANIC.with(|last| last.borrow_mut().take());
             let (at, message) =
                 recorded.unwrap_or_else(|| (Duration::ZERO, panic_message(panic.as_ref())));
-            world.violations().push(Invariant::Panic, at, message);
+            checkers.violations().push(Invariant::Panic, at, message);
             at
         }
     };
     // What happened since the checkers last read the history is checked before the verdict.
-    checkers::read_history(&world);
+    checkers.read_history();
     let mut trace: std::sync::MutexGuard<'_, Trace> = world.trace_log();
     RunReport {
         seed,
         plan,
-        violations: world.violations().clone(),
+        violations: checkers.violations().clone(),
         digest: trace.digest(),
         trace_lines: trace.len(),
         tail: trace.tail(),
@@ -111,7 +120,8 @@ pub fn run_plan(plan: FaultPlan, keep_trace: bool) -> RunReport {
 pub async fn current_seed() {
     let seed = Handle::current().seed();
     let world = Arc::new(World::new(FaultPlan::draw(seed), false));
-    drive(world).await;
+    let checkers = Arc::new(Checkers::new(Arc::clone(&world)));
+    drive(world, checkers).await;
 }
 
 std::thread_local! {
@@ -142,40 +152,36 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
 
-/// The whole run; returns the simulated time it took.
-async fn drive(world: Arc<World>) -> Duration {
+/// The whole run, judged by `checkers`; returns the simulated time it took.
+async fn drive(world: Arc<World>, checkers: Arc<Checkers>) -> Duration {
     let handle = Handle::current();
+    let serving = Serving::default();
+    let watchers = Arc::new(Watchers::new(world.plan.shards));
     for host in 0..world.plan.hosts {
         let node = handle.create_node().name(format!("host-{host}")).build();
         world.add_host_node(node);
     }
     let (requests, restart_requests) = mpsc::unbounded();
     world.set_supervisor(requests.clone());
-    let init = Arc::clone(&world);
+    let (init, published) = (Arc::clone(&world), serving.clone());
     let provider = handle
         .create_node()
         .name("provider")
         .ip(net::PROVIDER_IP)
-        .init(move || server::run_provider(Arc::clone(&init)))
+        .init(move || server::run_provider(Arc::clone(&init), published.clone()))
         .build();
-    let shards: Vec<_> = (0..world.plan.shards)
-        .map(|shard| {
-            let node = handle
-                .create_node()
-                .name(format!("shard-{shard}"))
-                .ip(net::shard_ip(shard))
-                .build();
-            node.spawn(workload::run_shard(Arc::clone(&world), shard))
-        })
-        .collect();
+    let shards = start_shards(&handle, &world, &watchers);
     drop(madsim::task::spawn(drift_prices(Arc::clone(&world))));
     drop(madsim::task::spawn(checkers::deadlines::watch(Arc::clone(
-        &world,
+        &checkers,
+    ))));
+    drop(madsim::task::spawn(checkers::serving::watch(Arc::clone(
+        &checkers,
     ))));
     drop(madsim::task::spawn(supervise(
         Arc::clone(&world),
         handle.clone(),
-        provider.id(),
+        (provider.id(), serving.clone()),
         restart_requests,
     )));
     madsim::time::sleep(world.plan.fault_phase).await;
@@ -185,13 +191,13 @@ async fn drive(world: Arc<World>) -> Duration {
     futures::select_biased! {
         _ = drained.fuse() => {}
         () = madsim::time::sleep(SHARD_DRAIN_BUDGET).fuse() => {
-            world.violation(Invariant::Convergence, "the shards did not finish their calls");
+            checkers.violation(Invariant::Convergence, "the shards did not finish their calls");
         }
     }
     let kills = world.stats().crashes;
     let _ = requests.unbounded_send("final restart".to_owned());
     let give_up = elapsed() + SHARD_DRAIN_BUDGET;
-    while (world.stats().crashes == kills || world.provider().is_none()) && elapsed() < give_up {
+    while (world.stats().crashes == kills || serving.get().is_none()) && elapsed() < give_up {
         madsim::time::sleep(Duration::from_millis(100)).await;
     }
     // The auditor calls the provider over the network too, from a node of its own.
@@ -200,20 +206,42 @@ async fn drive(world: Arc<World>) -> Duration {
         .name("auditor")
         .ip(net::AUDITOR_IP)
         .build();
-    let audit = Arc::clone(&world);
+    let audit = Arc::clone(&checkers);
     let _ = auditor
-        .spawn(async move { quiescence::run(&audit).await })
+        .spawn(async move { quiescence::run(&audit, &serving, &watchers).await })
         .await;
     world.trace(format!("end stats={:?}", *world.stats()));
     elapsed()
 }
 
-/// Kills the provider at the planned crash times (during the fault phase) and on request,
-/// restarting it after a seeded delay.
+/// A node for each shard, running it (`workload::run_shard`); their tasks.
+fn start_shards(
+    handle: &Handle,
+    world: &Arc<World>,
+    watchers: &Arc<Watchers>,
+) -> Vec<JoinHandle<()>> {
+    (0..world.plan.shards)
+        .map(|shard| {
+            let node = handle
+                .create_node()
+                .name(format!("shard-{shard}"))
+                .ip(net::shard_ip(shard))
+                .build();
+            node.spawn(workload::run_shard(
+                Arc::clone(world),
+                shard,
+                Arc::clone(watchers),
+            ))
+        })
+        .collect()
+}
+
+/// Kills the provider (its node, and the process `serving` publishes) at the planned crash
+/// times (during the fault phase) and on request, restarting it after a seeded delay.
 async fn supervise(
     world: Arc<World>,
     handle: Handle,
-    provider: NodeId,
+    (provider, serving): (NodeId, Serving),
     mut requests: mpsc::UnboundedReceiver<String>,
 ) {
     let mut rng = SimRng::stream(world.plan.seed, "supervisor");
@@ -243,7 +271,8 @@ async fn supervise(
         };
         world.stats().crashes += 1;
         handle.kill(provider);
-        world.set_provider(None);
+        serving.set(None);
+        world.record(Event::Killed);
         let (low, high) = world.plan.restart_delay;
         let down = rng.duration(low, high);
         world.trace(format!(

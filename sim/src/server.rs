@@ -9,14 +9,17 @@
 //! simulated network. `app::serve` itself is compiled out of this build: it runs tonic,
 //! health, reflection, TLS and axum on real sockets. The background reconcile pass is the
 //! binary's own (`app::reconcile_every`), on the simulated clock, tracing each outcome.
+//!
+//! Like the fakes, it only records what it saw in the history, for the checkers: the
+//! process starting, the records it holds once started, and every answer as it leaves.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bigfleet_libvirt_app as app;
 use bigfleet_libvirt_app::Metrics;
-use bigfleet_libvirt_domain::{Policy, Timeouts};
+use bigfleet_libvirt_domain::{ListQuery, Policy, Timeouts};
 use bigfleet_libvirt_ports::ProviderConfig;
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;
@@ -28,16 +31,39 @@ use madsim_tonic::transport::{NamedService, Server};
 use madsim_tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
-use crate::checkers;
 use crate::fakes::clock::{SimClock, SimSpawner};
 use crate::fakes::hypervisor::SimHypervisor;
 use crate::fakes::store::SimStateStore;
+use crate::history::Event;
 use crate::net::{Answer, PROVIDER_ADDR, Reply, Rpc};
+use crate::rpc::{CALLER_GAVE_UP, decode_list};
 use crate::spans;
 use crate::world::World;
 
 /// The provider under test, as the composition root builds it.
 pub type SimProvider = app::Assembled<SimHypervisor, SimStateStore, SimClock, SimSpawner>;
+
+/// The provider process that serves, if one does: published by [`run_provider`] once it
+/// started, withdrawn by the supervisor when it kills the process. The final checks look
+/// into it.
+#[derive(Clone, Default)]
+pub struct Serving(Arc<Mutex<Option<SimProvider>>>);
+
+impl Serving {
+    /// The serving process, if any.
+    #[must_use]
+    pub fn get(&self) -> Option<SimProvider> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Publishes (or withdraws) the serving process.
+    pub fn set(&self, provider: Option<SimProvider>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = provider;
+    }
+}
 
 /// The provider's configuration in the simulation.
 #[must_use]
@@ -51,11 +77,12 @@ pub fn config(world: &World) -> ProviderConfig {
     }
 }
 
-/// Runs one provider process until the simulator kills it.
-pub async fn run_provider(world: Arc<World>) {
+/// Runs one provider process until the simulator kills it; publishes it in `serving` once
+/// it started.
+pub async fn run_provider(world: Arc<World>, serving: Serving) {
     let incarnation = world.next_incarnation();
     world.trace(format!("provider #{incarnation} starting"));
-    let before = checkers::restart::before_start(&world);
+    world.record(Event::Starting);
     let metrics = Metrics::new();
     let started = app::assemble(app::Parts {
         config: config(&world),
@@ -76,9 +103,12 @@ pub async fn run_provider(world: Arc<World>) {
             return;
         }
     };
-    checkers::restart::after_start(&world, &provider, &before);
-    world.set_provider(Some(provider.clone()));
-    let service = app::capacity_server(provider.clone(), metrics, false);
+    let machines = provider.peek(&ListQuery::default()).machines;
+    world.record(Event::Started(machines));
+    serving.set(Some(provider.clone()));
+    // The binary's one constructor, with the settings of a host without TLS or the release
+    // layer streamed Lists need: no identity check, whole List answers.
+    let service = app::capacity_server(provider.clone(), &metrics, app::ServiceSettings::default());
     world.trace(format!("provider #{incarnation} serving"));
     drop(madsim::task::spawn(reconcile_loop(
         Arc::clone(&world),
@@ -95,7 +125,7 @@ pub async fn run_provider(world: Arc<World>) {
     panic!("provider #{incarnation} stopped serving: {served:?}");
 }
 
-/// The generated server with the online checks on every answer as it leaves the provider
+/// The generated server, recording every answer in the history as it leaves the provider
 /// (also those whose caller is gone or whose reply the network will drop).
 ///
 /// madsim-tonic hands messages over as values: a unary request stream holds the one
@@ -170,16 +200,11 @@ where
                 }
                 Err(status) => (Err(status.clone()), Err(status)),
             };
-            checkers::online::on_answer(&world, &rpc, &reply);
+            world.record(Event::Answered(rpc, reply));
             answer
         })
     }
 }
-
-/// The message of the status a call whose caller gave up ends with. No caller reads it (the
-/// shard's client turns it into an indefinite outcome, `net::exchange`); it only keeps the
-/// simulated exchange going where a real stream would simply be reset.
-pub const CALLER_GAVE_UP: &str = "the simulated caller gave up on this call";
 
 /// When the caller of a call gives up, if it does.
 #[derive(Clone, Copy, Debug)]
@@ -209,7 +234,7 @@ fn give_up(world: &World) -> Option<GiveUp> {
 }
 
 /// Records a call whose handler was dropped (as tonic drops it when the client resets the
-/// stream) and the status that ends it. The online checks see no answer: none left the
+/// stream) and the status that ends it. The history records no answer: none left the
 /// provider.
 fn caller_gone(world: &World, rpc: &Rpc, when: &str) -> Status {
     world.stats().cancelled += 1;
@@ -229,7 +254,7 @@ fn one(message: BoxMessage) -> BoxMessageStream {
     futures::stream::once(async move { Ok(message) }).boxed()
 }
 
-/// The request as the checkers see it.
+/// The request as the history records it.
 fn rpc_of(message: &BoxMessage) -> Rpc {
     if let Some(r) = message.downcast_ref::<pb::CreateRequest>() {
         Rpc::Create(r.clone())
@@ -248,7 +273,7 @@ fn rpc_of(message: &BoxMessage) -> Rpc {
     }
 }
 
-/// The answer as the checkers see it: for List, what a client decodes from the spliced
+/// The answer as the history records it: for List, what a client decodes from the spliced
 /// encodings (so the memo of each record's encoding is exercised here too).
 fn answer_of(message: &BoxMessage) -> Reply {
     if let Some(a) = message.downcast_ref::<pb::TransitionAck>() {
@@ -260,13 +285,6 @@ fn answer_of(message: &BoxMessage) -> Reply {
     } else {
         unreachable!("every CapacityProvider answer type is listed")
     }
-}
-
-/// Decodes a List answer as a client would decode it from the wire.
-pub fn decode_list(list: &EncodedMachineList) -> Reply {
-    list.to_list()
-        .map(Answer::List)
-        .map_err(|e| Status::internal(format!("List answer does not decode: {e}")))
 }
 
 /// The background reconcile pass, the same loop the binary runs (`app::reconcile_every`).

@@ -21,7 +21,7 @@ use tracing::{Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::history::Event;
+use crate::history::{Event, Fields, SpanSeen};
 use crate::world::World;
 
 /// The span the simulator opens around building a provider process (`server::run_provider`):
@@ -37,29 +37,6 @@ pub const TRANSITION: &str = "transition";
 pub const COMPENSATION: &str = "compensation";
 /// A hypervisor call's span (observe `InstrumentedHypervisor`).
 pub const HYPERVISOR: &str = "hypervisor";
-
-/// One span of interest as it was opened.
-#[derive(Clone, Debug)]
-pub struct SpanSeen {
-    /// `transition`, `compensation` or `hypervisor`.
-    pub name: &'static str,
-    /// Its `op` field (hypervisor spans) and `machine_id`, when it has them.
-    pub fields: Fields,
-    /// The transition it is or runs under (its nearest `transition` ancestor, itself
-    /// included), with that transition's nearest `rpc` ancestor.
-    pub transition: Option<(Fields, Option<Fields>)>,
-    /// Whether it runs under the simulator's [`START_SPAN`].
-    pub at_start: bool,
-}
-
-/// The fields of a span the checker compares.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Fields {
-    /// `machine_id`.
-    pub machine_id: Option<String>,
-    /// `kind` (a transition), `method` (an rpc) or `op` (a hypervisor call).
-    pub what: Option<String>,
-}
 
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {

@@ -1,7 +1,11 @@
-//! The shared world of one run: the fault plan, the things that outlive the provider
-//! process (hosts, disk), the simulated network's endpoint, the history the fakes append to
-//! and the checkers read, the checkers' ledger and the trace. Every lock here is held only for a synchronous step (never across an await), and
-//! madsim runs everything on one thread, so the locks only serve the type system.
+//! The shared world of one run: what outlives a provider process. The fault plan and the
+//! inventory, the hosts and their nodes, the disk, the history (what was seen to happen,
+//! for the checkers), the trace, the run's counters, and the streams and flags the network,
+//! the callers and the supervisor share. The provider process itself, the shards' state and
+//! the checkers' are not here: each is owned by whoever runs it (`scenario`), so nothing
+//! here knows about them. Every lock here is held only for a synchronous step (never
+//! across an await), and madsim runs everything on one thread, so the locks only serve the
+//! type system.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -12,16 +16,13 @@ use bigfleet_libvirt_domain::{CapacityType, Machine, MachineId, MachineState, St
 use futures::channel::mpsc::UnboundedSender;
 use madsim::runtime::NodeHandle;
 
-use crate::checkers::{Invariant, Ledger, Violations};
-use crate::fakes::clock::elapsed;
-use crate::fakes::hypervisor::Hosts;
-use crate::fakes::store::Disk;
+use crate::disk::Disk;
 use crate::faults::FaultPlan;
 use crate::history::{Event, History};
+use crate::hosts::Hosts;
 use crate::rng::SimRng;
-use crate::server::SimProvider;
+use crate::time::elapsed;
 use crate::trace::Trace;
-use crate::workload::WatcherView;
 
 /// The provider label of the simulated deployment.
 pub const PROVIDER_LABEL: &str = "sim";
@@ -41,6 +42,14 @@ pub struct Stats {
     pub crashes: u64,
     /// Calls whose caller gave up while the provider had them in hand.
     pub cancelled: u64,
+    /// Host calls a stall held (the host acted or answered only once it resumed).
+    pub stall_held: u64,
+    /// Lone calls `hosts-keep-serving` judged on another host while one was stalled.
+    pub judged_beside_stall: u64,
+    /// Lone calls `hosts-keep-serving` judged on a stalled host while it held them.
+    pub judged_held: u64,
+    /// Lone calls `hosts-keep-serving` judged on a stalled host after it resumed.
+    pub judged_after_stall: u64,
 }
 
 /// Locks, ignoring poisoning: a panicking run is reported, and its state is still readable.
@@ -62,13 +71,9 @@ pub struct World {
     disk: Mutex<Disk>,
     net_rng: Mutex<SimRng>,
     cancel_rng: Mutex<SimRng>,
-    provider: Mutex<Option<SimProvider>>,
     host_nodes: Mutex<Vec<NodeHandle>>,
     supervisor: Mutex<Option<UnboundedSender<String>>>,
-    ledger: Mutex<Ledger>,
-    violations: Mutex<Violations>,
     stats: Mutex<Stats>,
-    watchers: Mutex<Vec<WatcherView>>,
     calm: AtomicBool,
     incarnations: AtomicU64,
 }
@@ -87,13 +92,9 @@ impl World {
             disk: Mutex::new(Disk::default()),
             net_rng: Mutex::new(SimRng::stream(plan.seed, "network")),
             cancel_rng: Mutex::new(SimRng::stream(plan.seed, "cancel")),
-            provider: Mutex::new(None),
             host_nodes: Mutex::new(Vec::new()),
             supervisor: Mutex::new(None),
-            ledger: Mutex::new(Ledger::default()),
-            violations: Mutex::new(Violations::default()),
             stats: Mutex::new(Stats::default()),
-            watchers: Mutex::new(vec![WatcherView::default(); plan.shards]),
             calm: AtomicBool::new(false),
             incarnations: AtomicU64::new(0),
             plan,
@@ -110,33 +111,21 @@ impl World {
         lock(&self.trace)
     }
 
-    /// Appends what a fake saw happen to the history, at the current simulated time.
-    pub fn record(&self, event: Event) {
-        lock(&self.history).push(elapsed(), event);
+    /// Appends a trace line stamped `at` (a checker reading the history finds a violation
+    /// later, possibly after the runtime has stopped, so its line carries its event's time).
+    pub fn trace_at(&self, at: Duration, event: impl AsRef<str>) {
+        lock(&self.trace).record(at, event.as_ref());
+    }
+
+    /// Appends what was seen to happen to the history, at the current simulated time;
+    /// returns the event's number.
+    pub fn record(&self, event: Event) -> u64 {
+        lock(&self.history).push(elapsed(), event)
     }
 
     /// The history, for the checkers.
     pub fn history(&self) -> MutexGuard<'_, History> {
         lock(&self.history)
-    }
-
-    /// Records a broken invariant.
-    pub fn violation(&self, invariant: Invariant, detail: impl Into<String>) {
-        self.violation_at(invariant, elapsed(), detail);
-    }
-
-    /// Records an invariant broken at `at` (a checker reading the history finds it later,
-    /// possibly after the runtime has stopped, so the trace line carries `at` too).
-    pub fn violation_at(&self, invariant: Invariant, at: Duration, detail: impl Into<String>) {
-        let detail = detail.into();
-        let line = format!("VIOLATION {}: {detail}", invariant.name());
-        lock(&self.trace).record(at, &line);
-        lock(&self.violations).push(invariant, at, detail);
-    }
-
-    /// The violations so far.
-    pub fn violations(&self) -> MutexGuard<'_, Violations> {
-        lock(&self.violations)
     }
 
     /// The hosts' state.
@@ -159,30 +148,9 @@ impl World {
         lock(&self.cancel_rng)
     }
 
-    /// The checkers' model of what clients were told.
-    pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        lock(&self.ledger)
-    }
-
     /// The counters.
     pub fn stats(&self) -> MutexGuard<'_, Stats> {
         lock(&self.stats)
-    }
-
-    /// The watchers' delta-maintained views.
-    pub fn watchers(&self) -> MutexGuard<'_, Vec<WatcherView>> {
-        lock(&self.watchers)
-    }
-
-    /// The serving provider, for white-box checks.
-    #[must_use]
-    pub fn provider(&self) -> Option<SimProvider> {
-        lock(&self.provider).clone()
-    }
-
-    /// Publishes (or withdraws) the serving provider.
-    pub fn set_provider(&self, provider: Option<SimProvider>) {
-        *lock(&self.provider) = provider;
     }
 
     /// Registers the node of the next host.
@@ -234,6 +202,20 @@ impl World {
     #[must_use]
     pub fn host_unreachable(&self, host: usize, at: Duration) -> bool {
         self.plan.host.outages.iter().any(|w| w.covers(host, at))
+    }
+
+    /// When host `host` does what it would do at `at`: at `at`, unless a stall of the host
+    /// covers `at` (and faults have not stopped). Then it is frozen, and does it once it
+    /// resumes, in the order it would have been done (`Window::resume_at`).
+    #[must_use]
+    pub fn after_stall(&self, host: usize, at: Duration) -> Duration {
+        if self.calm() {
+            return at;
+        }
+        match self.plan.host.stalls.iter().find(|w| w.covers(host, at)) {
+            Some(w) => w.resume_at(at),
+            None => at,
+        }
     }
 }
 

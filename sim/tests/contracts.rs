@@ -20,9 +20,11 @@ use bigfleet_libvirt_ports::testkit::{
     DiskFaults, HypervisorCaps, Residue, failed_create_contract, hypervisor_contract,
     state_store_concurrency_contract, state_store_contract, state_store_failure_contract,
 };
-use bigfleet_libvirt_sim::fakes::hypervisor::{SimHypervisor, zone_index};
+use bigfleet_libvirt_sim::checkers::Checkers;
+use bigfleet_libvirt_sim::fakes::hypervisor::SimHypervisor;
 use bigfleet_libvirt_sim::fakes::store::SimStateStore;
 use bigfleet_libvirt_sim::faults::FaultPlan;
+use bigfleet_libvirt_sim::hosts::zone_index;
 use bigfleet_libvirt_sim::rng::Ratio;
 use bigfleet_libvirt_sim::world::World;
 use futures::FutureExt;
@@ -65,9 +67,15 @@ fn the_simulated_hosts_pass_the_hypervisor_contract() {
         world.set_calm();
         let hv = SimHypervisor::new(Arc::clone(&world));
         hypervisor_contract(&hv, HypervisorCaps { bootstrap: true }, &residue(&world)).await;
+        // The hosts recorded every effect and call; the checkers judge them.
+        let checkers = Checkers::new(Arc::clone(&world));
+        checkers.read_history();
+        let violations = checkers.violations();
         assert!(
-            world.violations().is_empty(),
-            "no domain was duplicated on the hosts"
+            violations.is_empty(),
+            "the hosts kept one domain per machine and the budget, and answered lone calls \
+             in time: {:#?}",
+            violations.first
         );
     });
 }
@@ -78,6 +86,7 @@ fn a_refused_simulated_create_leaves_nothing_behind() {
         let mut plan = FaultPlan::draw(6);
         plan.host.error = Ratio::new(1, 1);
         plan.host.outages.clear();
+        plan.host.stalls.clear();
         let world = world_with_hosts(plan);
         let hv = SimHypervisor::new(Arc::clone(&world));
         let slot = world.inventory[0].clone();

@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use bigfleet_libvirt_ports::lanes::Budget;
-use bigfleet_libvirt_sim::checkers::Invariant;
 use bigfleet_libvirt_sim::faults::{FaultPlan, Window};
 use bigfleet_libvirt_sim::rng::Ratio;
 use bigfleet_libvirt_sim::scenario::{RunReport, run_plan, run_seed};
+use bigfleet_libvirt_sim::verdict::Invariant;
 
 /// Runs on a fresh thread, as the runner does (madsim seeds std's HashMap keys per thread).
 fn on_own_thread(run: impl FnOnce() -> RunReport + Send + 'static) -> RunReport {
@@ -78,6 +78,7 @@ fn quiet_plan(seed: u64) -> FaultPlan {
     }
     host.partial_create = Ratio::NEVER;
     host.outages.clear();
+    host.stalls.clear();
     plan.net.drop_request = Ratio::NEVER;
     plan.net.drop_reply = Ratio::NEVER;
     plan.net.partitions.clear();
@@ -201,6 +202,33 @@ fn outages_and_partitions_heal() {
     // Only the partitions make calls indefinite in this plan (whether the lost ones are
     // traced mutations or untraced Gets and Lists depends on the schedule).
     assert!(report.stats.indefinite > 0, "partitioned calls were lost");
+}
+
+/// Goal: a host that stops answering for longer than the product's liveness window holds
+/// up no other host, and serves again once it resumes (`hosts-keep-serving`), with every
+/// other invariant intact when the calls it held all complete at once (issue 37). Method:
+/// no other fault, busy shards, a 35 s stall of host 0 early in the fault phase.
+#[test]
+fn a_stalled_host_holds_up_no_other_and_serves_again() {
+    let mut plan = quiet_plan(17);
+    plan.workers = 3;
+    plan.fault_phase = Duration::from_secs(120);
+    plan.host.stalls = vec![Window {
+        target: 0,
+        start: Duration::from_secs(20),
+        end: Duration::from_secs(55),
+    }];
+    let report = on_own_thread(move || run_plan(plan, true));
+    assert_clean(&report);
+    assert!(
+        traced(&report, "held by a stall until 55."),
+        "the stall held calls"
+    );
+    let s = report.stats;
+    assert!(s.stall_held > 0, "{s:?}");
+    assert!(s.judged_beside_stall > 0, "other hosts were judged: {s:?}");
+    assert!(s.judged_held > 0, "a call host 0 held was judged: {s:?}");
+    assert!(s.judged_after_stall > 0, "host 0 was judged after: {s:?}");
 }
 
 /// Goal: the `host-budget` invariant sees a provider that keeps more in flight on a host

@@ -14,6 +14,7 @@
 // time, spawning and hash collections (clippy.toml) do not apply to them.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
+use crate::results::say;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -27,6 +28,8 @@ use tonic::transport::Channel;
 
 #[path = "common/flags.rs"]
 mod flags;
+#[path = "common/results.rs"]
+mod results;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -247,6 +250,29 @@ async fn restart_to_ready(
     Ok((elapsed, listed))
 }
 
+/// The disk, the load and the raw fsync rate the run starts with, and the table's header.
+fn print_preamble(dir: &Path, fsync_rate: f64) {
+    say!("disk: {}", dir.display());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    say!(
+        "load average at start: {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    say!("raw single-fsync rate (4 KiB write + fdatasync): {fsync_rate:.0} ops/s\n");
+    say!(
+        "{:<12} {:>6} {:>12} {:>12} {:>12} {:>14}",
+        "store",
+        "conc",
+        "calls/s",
+        "p50 ack",
+        "p99 ack",
+        "× raw fsync"
+    );
+}
+
 async fn bench() -> Result<(), BoxError> {
     let base = std::env::var_os("BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
     let dir = tempfile::tempdir_in(base)?;
@@ -257,20 +283,7 @@ async fn bench() -> Result<(), BoxError> {
         Duration::from_secs(2)
     };
     let fsync_rate = raw_fsync_rate(dir.path(), fsync_window)?;
-    println!("disk: {}", dir.path().display());
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
-        "load average at start: {}",
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    println!("raw single-fsync rate (4 KiB write + fdatasync): {fsync_rate:.0} ops/s\n");
-    println!(
-        "{:<12} {:>6} {:>12} {:>12} {:>12} {:>14}",
-        "store", "conc", "calls/s", "p50 ack", "p99 ack", "× raw fsync"
-    );
+    print_preamble(dir.path(), fsync_rate);
     let mut durable_at_64 = 0.0;
     let mut memory_at_64 = 0.0;
     for concurrency in [1usize, 16, 64] {
@@ -282,7 +295,7 @@ async fn bench() -> Result<(), BoxError> {
         for durable in [false, true] {
             let load = run_load(dir.path(), durable, concurrency, calls).await?;
             let name = if durable { "redb --state" } else { "in-memory" };
-            println!(
+            say!(
                 "{:<12} {:>6} {:>12.0} {:>12} {:>12} {:>13.1}×",
                 name,
                 concurrency,
@@ -304,13 +317,13 @@ async fn bench() -> Result<(), BoxError> {
     } else {
         "MISS"
     };
-    println!(
+    say!(
         "\ngroup commit: durable throughput at concurrency 64 = {ratio:.1}× the raw fsync rate (target ≥ {GROUP_COMMIT_TARGET}×): {verdict}"
     );
     // No store can make the provider faster than it is with no disk at all: when the
     // in-memory run is itself below the target, the target is out of reach on this disk
     // and what is left to judge is how much of the in-memory rate durability keeps.
-    println!(
+    say!(
         "ceiling: in-memory throughput at concurrency 64 = {:.1}× the raw fsync rate; durable keeps {:.0}% of it",
         memory_at_64 / fsync_rate,
         100.0 * durable_at_64 / memory_at_64
@@ -322,7 +335,7 @@ async fn bench() -> Result<(), BoxError> {
     } else {
         "MISS"
     };
-    println!(
+    say!(
         "restart-to-ready with {machines} machines in the state file: {} (first List answered, {listed} machine) (target ≤ {:?}): {verdict}",
         fmt(restart),
         RESTART_TARGET
@@ -334,5 +347,12 @@ fn main() -> Result<(), BoxError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(bench())
+    runtime.block_on(bench())?;
+    let section = match std::env::var("SLOW_FSYNC_US") {
+        Ok(us) => {
+            format!("durability, every fsync delayed by {us} µs (scripts/bench/slow-fsync.sh)")
+        }
+        Err(_) => "durability".to_owned(),
+    };
+    results::write(&section)
 }

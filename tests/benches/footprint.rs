@@ -35,7 +35,10 @@
 mod heap;
 #[path = "footprint/process.rs"]
 mod process;
+#[path = "common/results.rs"]
+mod results;
 
+use crate::results::say;
 use std::alloc::System;
 
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
@@ -92,7 +95,7 @@ fn main() -> Result<(), BoxError> {
         .build()?;
     let sizes = sizes();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
+    say!(
         "footprint benchmark; load average at start: {}",
         load.split_whitespace()
             .take(3)
@@ -109,5 +112,5 @@ fn main() -> Result<(), BoxError> {
             runtime.block_on(heap::run(machines))?;
         }
     }
-    Ok(())
+    results::write("footprint")
 }

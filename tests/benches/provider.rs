@@ -38,9 +38,12 @@ mod delta;
 mod flags;
 #[path = "provider/list.rs"]
 mod list;
+#[path = "common/results.rs"]
+mod results;
 #[path = "provider/server.rs"]
 mod server;
 
+use crate::results::say;
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::{Duration, Instant};
@@ -339,8 +342,8 @@ async fn bench(sizes: Sizes) -> Result<(), BoxError> {
     running.shutdown().await?;
     echo_running.shutdown().await?;
 
-    println!();
-    println!(
+    say!();
+    say!(
         "bigfleet-libvirt provider benchmark{} — in-process provider (fake hypervisor, 0 latency, in-memory store), loopback gRPC, {} cores, load average {} at start / {} at end",
         if sizes.quick { " (BENCH_QUICK)" } else { "" },
         std::thread::available_parallelism().map_or(0, usize::from),
@@ -351,11 +354,11 @@ async fn bench(sizes: Sizes) -> Result<(), BoxError> {
     print_list_table(&list_rows, sizes.list_reps, &mut verdicts);
     print_delta(&delta, &mut verdicts);
 
-    println!();
-    println!("== Summary ==");
+    say!();
+    say!("== Summary ==");
     let width = verdicts.iter().map(|v| v.what.len()).max().unwrap_or(10);
     for v in &verdicts {
-        println!(
+        say!(
             "{:<width$}  {:>14}  target {:<14}  {}",
             v.what,
             v.measured,
@@ -364,7 +367,7 @@ async fn bench(sizes: Sizes) -> Result<(), BoxError> {
         );
     }
     let missed = verdicts.iter().filter(|v| !v.pass).count();
-    println!(
+    say!(
         "{} of {} targets met; total bench time {}",
         verdicts.len() - missed,
         verdicts.len(),
@@ -382,5 +385,6 @@ fn main() -> Result<(), BoxError> {
         .enable_all()
         .build()?;
     // Everything (clients, servers, transitions) runs on the runtime's worker threads.
-    runtime.block_on(async move { tokio::spawn(bench(sizes)).await? })
+    runtime.block_on(async move { tokio::spawn(bench(sizes)).await? })?;
+    results::write("provider")
 }

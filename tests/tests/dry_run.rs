@@ -311,6 +311,11 @@ fn bad_platform_flags_are_refused_naming_the_flag() {
         error.contains("--firmware") && error.contains("bios or efi"),
         "{error}"
     );
+    let error = refused(&["--use-fake-backend", "--seed-bus", "ide"]);
+    assert!(
+        error.contains("--seed-bus") && error.contains("virtio or sata"),
+        "{error}"
+    );
     let error = refused(&["--use-fake-backend", "--guest-initrd", "/guest/initrd.img"]);
     assert!(error.contains("--guest-kernel"), "{error}");
     let error = refused(&["--use-fake-backend", "--guest-cmdline", "console=ttyS0"]);
@@ -334,6 +339,8 @@ fn bad_platform_flags_are_refused_naming_the_flag() {
         "qemu",
         "--firmware",
         "efi",
+        "--seed-bus",
+        "sata",
         "--guest-kernel",
         "/guest/vmlinuz",
         "--guest-initrd",
@@ -430,11 +437,11 @@ fn help_flags(args: &[&str]) -> BTreeSet<String> {
         .collect()
 }
 
-/// Every serving flag has a row in the README's flag tables and every flag a row names
+/// Every serving flag has a row in the README's flag table and every flag a row names
 /// exists: the flags are declared once (`infra/app/src/launch/flags.rs`), and the README
-/// must not drift from them. The subcommands' own flags are documented in their sections.
+/// must not drift from them. The subcommands' own flags have rows of their own (`doctor --output`).
 #[test]
-fn the_readme_flag_tables_name_exactly_the_serving_flags() {
+fn the_readme_flag_table_names_exactly_the_serving_flags() {
     let serving = help_flags(&[]);
     assert!(
         serving.contains("--addr") && serving.contains("--host-budget"),
@@ -503,4 +510,162 @@ fn a_flag_variable_sets_the_flag() {
     );
     assert_eq!(by_variable, dry_run(&["--seed-count", "8"]));
     assert_ne!(by_variable, dry_run(&[]));
+}
+
+/// The binary's command line, compiled into the tests so they walk clap's own declaration of
+/// every flag (the binary reads its fields; the tests only its `Command`).
+#[allow(dead_code)]
+#[path = "../../infra/bin/src/cli.rs"]
+mod cli;
+
+/// The flags that read a variable of another name, and which: `--otlp-endpoint` reads
+/// OpenTelemetry's standard variable, which collectors' guides and the chart set.
+const OTHER_VARIABLES: &[(&str, &str)] = &[("otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT")];
+
+/// The variable `--<long>` must read: `BIGFLEET_LIBVIRT_<FLAG>` (upper case, dashes as
+/// underscores), unless [`OTHER_VARIABLES`] names another.
+fn variable_of(long: &str) -> String {
+    OTHER_VARIABLES
+        .iter()
+        .find(|(flag, _)| *flag == long)
+        .map_or_else(
+            || format!("BIGFLEET_LIBVIRT_{}", long.to_uppercase().replace('-', "_")),
+            |(_, variable)| (*variable).to_owned(),
+        )
+}
+
+/// Every flag of `command` and of its subcommands, at any depth, that reads no variable or
+/// another than [`variable_of`] says, as `<subcommands> --<flag>: ...`.
+fn flags_without_their_variable(command: &clap::Command, path: &str) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long() else {
+            continue;
+        };
+        if matches!(long, "help" | "version") {
+            continue;
+        }
+        let expected = variable_of(long);
+        let actual = arg.get_env().map(|v| v.to_string_lossy().into_owned());
+        if actual.as_deref() != Some(expected.as_str()) {
+            wrong.push(format!(
+                "{path}--{long}: reads {actual:?}, must read {expected}"
+            ));
+        }
+    }
+    for sub in command.get_subcommands() {
+        let path = format!("{path}{} ", sub.get_name());
+        wrong.extend(flags_without_their_variable(sub, &path));
+    }
+    wrong
+}
+
+/// Every flag of every subcommand reads its `BIGFLEET_LIBVIRT_<FLAG>` variable (the README
+/// promises it): walked from clap's declaration, so a new flag without one fails here.
+#[test]
+fn every_flag_of_every_subcommand_reads_its_variable() {
+    let command = <cli::Cli as clap::CommandFactory>::command();
+    let subcommands: Vec<&str> = command.get_subcommands().map(|s| s.get_name()).collect();
+    assert!(
+        subcommands.contains(&"doctor") && subcommands.contains(&"state"),
+        "{subcommands:?}"
+    );
+    let wrong = flags_without_their_variable(&command, "");
+    assert!(
+        wrong.is_empty(),
+        "flags without their variable (add env = \"BIGFLEET_LIBVIRT_<FLAG>\" to the flag's \
+         #[arg]):\n{}",
+        wrong.join("\n")
+    );
+    // The walk catches a flag without a variable, one with the wrong one, and both in a
+    // nested subcommand; a flag with its own passes.
+    let planted = clap::Command::new("p")
+        .arg(
+            clap::Arg::new("a")
+                .long("good-flag")
+                .env("BIGFLEET_LIBVIRT_GOOD_FLAG"),
+        )
+        .arg(clap::Arg::new("b").long("bare"))
+        .subcommand(
+            clap::Command::new("s").subcommand(
+                clap::Command::new("t")
+                    .arg(
+                        clap::Arg::new("c")
+                            .long("typo")
+                            .env("BIGFLEET_LIBVIRT_TYPO_"),
+                    )
+                    .arg(clap::Arg::new("d").long("also-bare")),
+            ),
+        );
+    assert_eq!(
+        flags_without_their_variable(&planted, ""),
+        [
+            "--bare: reads None, must read BIGFLEET_LIBVIRT_BARE",
+            "s t --typo: reads Some(\"BIGFLEET_LIBVIRT_TYPO_\"), must read BIGFLEET_LIBVIRT_TYPO",
+            "s t --also-bare: reads None, must read BIGFLEET_LIBVIRT_ALSO_BARE",
+        ]
+    );
+}
+
+/// A repeatable flag's variable takes several values, separated by `;` (a CPU choice has
+/// commas of its own): each is read, as each repeated flag is. The second value names an
+/// unknown instance type or a bad NIC, so the refusal proves it was read.
+#[test]
+fn a_repeatable_flag_variable_takes_several_values() {
+    let refused_by = |name: &str, value: &str| {
+        let output = run_with_env(&[], &[(name, value)]);
+        assert!(!output.status.success(), "{name}={value} was accepted");
+        String::from_utf8(output.stderr).expect("UTF-8 stderr")
+    };
+    let cpu = refused_by(
+        "BIGFLEET_LIBVIRT_INSTANCE_CPU",
+        "kvm.small:qemu64,+avx;kvm.huge:qemu64",
+    );
+    assert!(
+        cpu.contains("--instance-cpu") && cpu.contains("\"kvm.huge\""),
+        "{cpu}"
+    );
+    let nic = refused_by("BIGFLEET_LIBVIRT_NIC", "network=default;bridge");
+    assert!(nic.contains("--nic") && nic.contains("\"bridge\""), "{nic}");
+    let per_type = refused_by(
+        "BIGFLEET_LIBVIRT_INSTANCE_NIC",
+        "kvm.small:bridge=br0;kvm.huge:bridge=br1",
+    );
+    assert!(
+        per_type.contains("--instance-nic") && per_type.contains("\"kvm.huge\""),
+        "{per_type}"
+    );
+    let good = [
+        ("BIGFLEET_LIBVIRT_NIC", "network=default;bridge=br0"),
+        ("BIGFLEET_LIBVIRT_INSTANCE_NIC", "kvm.small:bridge=br0"),
+        (
+            "BIGFLEET_LIBVIRT_INSTANCE_CPU",
+            "kvm.small:qemu64,+avx;kvm.large:host-model",
+        ),
+    ];
+    assert_eq!(succeeded(&[], run_with_env(&[], &good)), dry_run(&[]));
+}
+
+/// A subcommand's own flags read their variables too: `BIGFLEET_LIBVIRT_OUTPUT=json` makes
+/// `doctor` print its (refused, there being no host) report as JSON.
+#[test]
+fn a_subcommand_flag_variable_sets_the_flag() {
+    let doctor = |output: Option<&str>| {
+        let mut command = Command::new(binary());
+        command.arg("doctor").current_dir(repo_root()).env_clear();
+        if let Some(output) = output {
+            command.env("BIGFLEET_LIBVIRT_OUTPUT", output);
+        }
+        let done = command.output().expect("run doctor");
+        assert_eq!(done.status.code(), Some(1), "a fake backend blocks doctor");
+        String::from_utf8(done.stdout).expect("UTF-8 report")
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&doctor(Some("json"))).expect("BIGFLEET_LIBVIRT_OUTPUT=json");
+    assert_eq!(json["checks"][0]["check"], "configuration", "{json}");
+    let table = doctor(None);
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&table).is_err() && table.contains("verdict"),
+        "{table}"
+    );
 }

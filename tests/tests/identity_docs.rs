@@ -1,5 +1,5 @@
-//! Issue 15 — what the docs and the chart promise about client identities: the README's
-//! openssl recipe, run as written, issues a certificate the provider enforces; the chart
+//! Issue 15 — what the docs and the chart promise about client identities: the operator
+//! guide's openssl recipe, run as written, issues a certificate the provider enforces; the chart
 //! passes `tls.clientIdentity` as `--client-identity` under mTLS only, refuses `off` without
 //! mTLS and unknown values, and the mTLS example overlay turns enforcement on.
 
@@ -18,12 +18,12 @@ fn repo_root() -> PathBuf {
     crate::harness::repo_root()
 }
 
-/// The first ```sh block after `heading` in the README.
-fn readme_block(heading: &str) -> String {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let after = readme
+/// The first ```sh block after `heading` in the operator guide.
+fn guide_block(heading: &str) -> String {
+    let guide = std::fs::read_to_string(repo_root().join("docs/operating.md")).unwrap();
+    let after = guide
         .split_once(heading)
-        .unwrap_or_else(|| panic!("README.md has no {heading:?}"))
+        .unwrap_or_else(|| panic!("docs/operating.md has no {heading:?}"))
         .1;
     let block = after
         .split_once("```sh\n")
@@ -37,12 +37,12 @@ fn read(dir: &Path, file: &str) -> String {
     std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
-/// The README's openssl commands, run in an empty directory, make a client CA and a
+/// The operator guide's (docs/operating.md) openssl commands, run in an empty directory, make a client CA and a
 /// `bigfleet://shard/shard-0` certificate; a provider trusting that CA lets the certificate
 /// mutate for shard-0 and refuses it for shard-1.
 #[tokio::test]
-async fn the_readme_openssl_recipe_issues_a_certificate_the_provider_enforces() {
-    let script = readme_block("### Issuing client certificates with openssl");
+async fn the_operator_guide_openssl_recipe_issues_a_certificate_the_provider_enforces() {
+    let script = guide_block("### Issuing client certificates with openssl");
     let dir = tempfile::tempdir().unwrap();
     let output = Command::new("bash")
         .args(["-euo", "pipefail", "-c", &script])
@@ -51,7 +51,7 @@ async fn the_readme_openssl_recipe_issues_a_certificate_the_provider_enforces() 
         .expect("run bash");
     assert!(
         output.status.success(),
-        "the README's openssl block failed (openssl comes from scripts/install-deps.sh):\n{}",
+        "the openssl block of docs/operating.md failed (openssl comes from scripts/install-deps.sh):\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     let server_ca = Ca::new("docs server CA");

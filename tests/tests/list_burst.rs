@@ -12,9 +12,8 @@
 use std::time::{Duration, Instant};
 
 use bigfleet_libvirt_proto::v1alpha1 as pb;
-use prost::Message;
-use prost::bytes::Bytes;
 
+use crate::harness::raw_list::{raw_list, read_slowly, rss_mib};
 use crate::harness::*;
 
 const MACHINES: usize = 100_000;
@@ -31,59 +30,13 @@ const SLACK_MIB: u64 = 48;
 /// How far above the baseline RSS may stay once the readers are gone.
 const BACK_NEAR_MIB: u64 = 24;
 
-fn rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kib / 1024
-}
-
 /// A full List over a raw HTTP/2 connection whose windows open `READ_RATE` bytes a second;
 /// returns how many bytes it read before `stop`.
 async fn slow_list(addr: std::net::SocketAddr, stop: Instant) -> usize {
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (h2, connection) = h2::client::Builder::new()
-        .initial_window_size(READ_RATE as u32)
-        .initial_connection_window_size(READ_RATE as u32)
-        .handshake::<_, Bytes>(tcp)
+    let (body, connection) = raw_list(addr, READ_RATE as u32).await;
+    read_slowly(body, connection, READ_RATE, Instant::now(), stop)
         .await
-        .expect("HTTP/2 handshake");
-    let connection = tokio::spawn(connection);
-    let mut h2 = h2.ready().await.expect("ready");
-    let request = ::http::Request::post(format!(
-        "http://{addr}/bigfleet.v1alpha1.CapacityProvider/List"
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .body(())
-    .unwrap();
-    let filter = pb::ListFilter::default().encode_to_vec();
-    let mut frame = vec![0u8];
-    frame.extend_from_slice(&u32::try_from(filter.len()).unwrap().to_be_bytes());
-    frame.extend_from_slice(&filter);
-    let (response, mut send) = h2.send_request(request, false).expect("send List");
-    send.send_data(Bytes::from(frame), true).expect("send body");
-    let mut body = response.await.expect("List answered").into_body();
-    let mut read = 0;
-    while Instant::now() < stop {
-        let chunk = tokio::select! {
-            chunk = body.data() => chunk,
-            () = tokio::time::sleep_until(stop.into()) => break,
-        };
-        let Some(chunk) = chunk else { break };
-        let chunk = chunk.expect("List body");
-        read += chunk.len();
-        tokio::time::sleep(Duration::from_secs_f64(
-            chunk.len() as f64 / READ_RATE as f64,
-        ))
-        .await;
-        let _ = body.flow_control().release_capacity(chunk.len());
-    }
-    connection.abort();
-    read
+        .0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

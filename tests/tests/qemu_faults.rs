@@ -25,8 +25,10 @@ use crate::qemu_zones::*;
 const HEALTH: &str = "bigfleet_libvirt_host_health";
 const DRIFT: &str = "bigfleet_libvirt_substrate_drift";
 
-/// libvirt keepalive: every 5 s, 3 misses (docs/libvirt.md §2.3).
-const KEEPALIVE_WINDOW: Duration = Duration::from_secs(15);
+/// The liveness probe's window: every 5 s, skipped once after an answered call, 20 s to
+/// answer (docs/libvirt.md §2.3). A killed daemon is usually seen far sooner, by the closed
+/// socket.
+const LIVENESS_WINDOW: Duration = Duration::from_secs(30);
 
 async fn walk_to_speculative(c: &mut Client, id: &str) -> [Duration; 3] {
     let start = Instant::now();
@@ -72,14 +74,14 @@ async fn host_loss() {
     let b0 = reach(&mut c, &b[0], S::Idle, BOOT).await;
     let b0_domain = domain_name(&b0);
 
-    // SIGKILL zone B's libvirtd: unreachable within the keepalive window.
+    // SIGKILL zone B's libvirtd: unreachable within the liveness window.
     tier.libvirtd(&tier.b, "kill");
     let detected = gauge_until(
         &server,
         HEALTH,
         &health(&tier.b, "unreachable"),
         1.0,
-        KEEPALIVE_WINDOW + Duration::from_secs(10),
+        LIVENESS_WINDOW + Duration::from_secs(10),
     )
     .await;
     assert_eq!(
@@ -130,7 +132,7 @@ async fn host_loss() {
 
     println!("host_loss timings:");
     println!(
-        "  zone B unreachable after SIGKILL   {detected:>9.2?} (keepalive window {KEEPALIVE_WINDOW:?})"
+        "  zone B unreachable after SIGKILL   {detected:>9.2?} (liveness window {LIVENESS_WINDOW:?})"
     );
     println!("  Create on B → Failed               {fail_fast:>9.2?}");
     println!(
@@ -140,14 +142,16 @@ async fn host_loss() {
     println!("  Create on B → Idle after reconnect {create_after:>9.2?}");
 }
 
-/// Restarts zone B's libvirtd once `ready` holds (polled every 5 ms), or after `within`.
-/// Waits until the provider reports zone B healthy again and returns how long it took: after
-/// a daemon restart the redial backoff is bounded by 60 s plus up to half of it in jitter.
+/// Waits until the provider reports zone B healthy again and returns how long it took
+/// (measured 2.5 s in `host_loss`, docs/testing.md). A redial waits at most the 60 s backoff cap, and
+/// a busy machine adds the daemon's own start-up and a probe of up to 20 s; the former 100 s
+/// left little beyond those, so the bound is five times the 60 s cap.
 async fn b_healthy_again(server: &Server, tier: &Tier) -> Duration {
     let healthy = health(&tier.b, "healthy");
-    gauge_until(server, HEALTH, &healthy, 1.0, Duration::from_secs(100)).await
+    gauge_until(server, HEALTH, &healthy, 1.0, Duration::from_secs(300)).await
 }
 
+/// Restarts zone B's libvirtd once `ready` holds (polled every 5 ms), or after `within`.
 async fn restart_when(tier: &Tier, within: Duration, ready: impl Fn() -> bool) -> bool {
     let start = Instant::now();
     let mut hit = false;

@@ -1,7 +1,8 @@
 //! Health first (issue 22): a port at its connection cap evicts its oldest idle connection
 //! for a new client, so `/healthz`, `/readyz` and `grpc.health.v1.Health/Check` keep
-//! answering while a port is flooded with slow or idle connections, and a connection
-//! serving a request is never the one evicted. Real binary, real loopback sockets, the
+//! answering while a port is flooded with slow or idle connections (never
+//! [`FAILURE_THRESHOLD`] probes failed in a row, as kubelet with the chart's probe settings
+//! would act on), and a connection serving a request is never the one evicted. Real binary, real loopback sockets, the
 //! default caps (`--metrics-max-connections` 64, `--max-connections` 1024).
 
 use std::net::SocketAddr;
@@ -18,8 +19,22 @@ use tonic_health::pb::health_client::HealthClient;
 use crate::harness::scrape::scrape;
 use crate::harness::{core, http_get};
 
-/// Every probe must answer within this, as kubelet's `timeoutSeconds: 1` would demand.
-const PROBE_DEADLINE: Duration = Duration::from_secs(1);
+/// A probe that gets no 200 within this has failed: the chart's `timeoutSeconds: 3` for
+/// kubelet's probes. With `stress-ng --cpu 2` beside the suite (issue 38, 9 runs) probes
+/// answered in at most 115 ms, or just over 1 s when the kernel dropped the connection's
+/// first SYN and the client sent it again a second later; and now and then a probe got no
+/// answer at all, whatever the deadline: the provider, starved of CPU, had not read the new
+/// connection's request head before enough flood connections arrived behind it to make it
+/// the oldest idle one, and evicted it. Kubelet tolerates single failures (below).
+const PROBE_DEADLINE: Duration = Duration::from_secs(3);
+/// How many probes in a row may fail before the test does: the chart's
+/// `failureThreshold: 3`, below which kubelet restarts or unreadies nothing. A port that
+/// does not evict fails every probe until the flood ends: many failures in a row.
+const FAILURE_THRESHOLD: usize = 3;
+/// The share of a loop's probes that may fail, failures in a row or not: one in ten, five
+/// times the worst seen with `stress-ng --cpu 2` beside the suite (2 of 110, issue 38). A
+/// port that does not evict fails all of them.
+const MAY_FAIL_ONE_IN: usize = 10;
 /// How often the probe loops ask.
 const PROBE_PERIOD: Duration = Duration::from_millis(100);
 /// How long the probes run under the flood: longer than the 10 s header-read timeout
@@ -34,13 +49,16 @@ const IDLE_GRPC: usize = 1_100;
 const EVICTED: &str = "bigfleet_libvirt_connections_evicted_total";
 
 /// What a probe loop saw: how many probes ran, the worst latency among those that
-/// answered, and a description of each that missed its deadline or answered wrong.
+/// answered, a description of each that failed (no 200 within its deadline), and the
+/// longest run of failures in a row.
 #[derive(Debug, Default)]
 struct Probes {
     name: &'static str,
     answered: usize,
     worst: Duration,
     misses: Vec<String>,
+    in_a_row: usize,
+    longest_run: usize,
 }
 
 impl Probes {
@@ -49,26 +67,54 @@ impl Probes {
             Ok(()) => {
                 self.answered += 1;
                 self.worst = self.worst.max(took);
+                self.in_a_row = 0;
             }
-            Err(e) => self.misses.push(format!("at {at:.1?}: {e}")),
+            Err(e) => {
+                self.misses.push(format!("at {at:.1?}: {e}"));
+                self.in_a_row += 1;
+                self.longest_run = self.longest_run.max(self.in_a_row);
+            }
         }
     }
 
-    /// Prints the worst latency and fails on any probe that missed its deadline.
+    /// Prints what the probes saw (the worst latency is a figure, not a bound) and fails
+    /// when [`FAILURE_THRESHOLD`] probes in a row failed, as kubelet would act on, or more
+    /// than one in [`MAY_FAIL_ONE_IN`] in all.
     fn check(&self) {
         let total = self.answered + self.misses.len();
         println!(
-            "{}: {total} probes, {} answered within {PROBE_DEADLINE:?}, worst latency {:.1?}",
-            self.name, self.answered, self.worst
+            "{}: {total} probes, {} answered within {PROBE_DEADLINE:?}, worst latency {:.1?}; \
+             {} failed, at most {} in a row; the first failures: {:?}",
+            self.name,
+            self.answered,
+            self.worst,
+            self.misses.len(),
+            self.longest_run,
+            &self.misses[..self.misses.len().min(5)]
         );
         assert!(total > 0, "{}: no probe ran", self.name);
         assert!(
-            self.misses.is_empty(),
-            "{}: {} of {total} probes did not answer 200 within their {PROBE_DEADLINE:?} \
-             deadline (worst latency of those that did: {:.1?}); the first misses:\n{}",
+            self.longest_run < FAILURE_THRESHOLD,
+            "{}: {} probes in a row did not answer 200 within their {PROBE_DEADLINE:?} \
+             deadline (kubelet acts on {FAILURE_THRESHOLD}); {} of {total} failed in all \
+             (worst latency of those that answered: {:.1?}); the first failures:\n{}",
             self.name,
+            self.longest_run,
             self.misses.len(),
             self.worst,
+            self.misses
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        assert!(
+            self.misses.len() * MAY_FAIL_ONE_IN <= total,
+            "{}: {} of {total} probes did not answer 200 within their {PROBE_DEADLINE:?} \
+             deadline, more than one in {MAY_FAIL_ONE_IN}; the first failures:\n{}",
+            self.name,
+            self.misses.len(),
             self.misses
                 .iter()
                 .take(5)
@@ -262,7 +308,7 @@ fn idle_http2(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_answers_within_a_second_under_400_slowloris_connections_on_the_metrics_port() {
+async fn health_keeps_answering_under_400_slowloris_connections_on_the_metrics_port() {
     ensure_descriptors(2 * SLOWLORIS as u64 + 256);
     let server = core();
     let metrics = server.metrics_addr.unwrap();
@@ -285,7 +331,7 @@ async fn health_answers_within_a_second_under_400_slowloris_connections_on_the_m
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpc_health_answers_within_a_second_under_1100_idle_connections_on_the_grpc_port() {
+async fn grpc_health_keeps_answering_under_1100_idle_connections_on_the_grpc_port() {
     ensure_descriptors(2 * IDLE_GRPC as u64 + 512);
     let server = core();
     let metrics = server.metrics_addr.unwrap();

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod deps;
+mod docs;
 mod length;
+mod libvirt_floors;
 mod root;
 mod shell;
 mod sim;

@@ -21,6 +21,18 @@ and the doctor hook Job checks exactly them.
 {{- end }}
 - {{ printf "--storage-pool=%s" .Values.libvirt.storagePool | quote }}
 - {{ printf "--network=%s" .Values.libvirt.network | quote }}
+{{- range .Values.libvirt.nics }}
+- {{ printf "--nic=%s" . | quote }}
+{{- end }}
+{{- with .Values.libvirt.cpu }}
+- {{ printf "--cpu=%s" . | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.libvirt.hostBudget) }}
+- {{ printf "--host-budget=%s" (toString .Values.libvirt.hostBudget) | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.libvirt.agentBudget) }}
+- {{ printf "--agent-budget=%s" (toString .Values.libvirt.agentBudget) | quote }}
+{{- end }}
 - {{ printf "--seed-count=%s" (toString .Values.seedCount) | quote }}
 - {{ printf "--price-per-vcpu-hour=%s" (toString .Values.pricing.perVCPUHour) | quote }}
 - {{ printf "--price-per-gib-hour=%s" (toString .Values.pricing.perGiBHour) | quote }}

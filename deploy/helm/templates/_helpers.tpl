@@ -112,4 +112,12 @@ repository:tag.
 {{- if and .Values.connect (not .Values.libvirt.image) (not $fake) }}
 {{- fail "connect names libvirt hosts, so libvirt.image (the golden base-image volume) is required" }}
 {{- end }}
+{{- if and .Values.libvirt.nics (ne (toString .Values.libvirt.network) "default") }}
+{{- fail (printf "libvirt.nics replaces libvirt.network's NIC: leave libvirt.network at default and list network=%s among libvirt.nics (the provider rejects --network with --nic)" (toString .Values.libvirt.network)) }}
+{{- end }}
+{{- $host := .Values.libvirt.hostBudget }}
+{{- $agent := .Values.libvirt.agentBudget }}
+{{- if and (not (kindIs "invalid" $host)) (not (kindIs "invalid" $agent)) (gt (int64 $agent) (int64 $host)) }}
+{{- fail (printf "libvirt.agentBudget (%v) must be at most libvirt.hostBudget (%v): the guest-agent calls are a share of the host's budget" $agent $host) }}
+{{- end }}
 {{- end }}

@@ -22,7 +22,7 @@ pub struct Report {
     /// The schema version of every table.
     pub schema_version: i64,
     /// False when the provider was stopped without closing the file (what is shown was
-    /// read from a repaired private copy; the file itself was not changed).
+    /// read through redb's repair done in memory; the file itself was not changed).
     pub closed_cleanly: bool,
     /// The List revision counter.
     pub revision: i64,
@@ -215,7 +215,8 @@ pub fn table(report: &Report) -> String {
     let closed = if report.closed_cleanly {
         "cleanly".to_owned()
     } else {
-        "NOT cleanly (the provider was killed): read from a repaired copy, the file is unchanged"
+        "NOT cleanly (the provider was killed): repaired in memory to read it, the file is \
+         unchanged"
             .to_owned()
     };
     let summary = vec![

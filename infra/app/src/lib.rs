@@ -5,16 +5,21 @@
 //! - `metrics`: [`Metrics`], the one registry each adapter registers its series on (created
 //!   here), and the series the root produces itself (transitions, machines, the state
 //!   store, connection evictions);
-//! - `server`: [`assemble`] (the adapter-level root: the hypervisor instrumented, the
-//!   provider started with its observers, the restored machines handed back) and
-//!   [`capacity_server`] (the generated gRPC server over the real handlers);
-//! - `serve` (feature `serve`): [`serve`] (both ports until shutdown; compiled out under
-//!   `--cfg madsim` and without the feature);
+//! - `assemble`: [`assemble`], the adapter-level root (the hypervisor instrumented, the
+//!   provider started with its observers, the restored machines handed back);
+//! - `service`: [`capacity_server`], the one way the gRPC service is built (the generated
+//!   server over the real handlers, as [`ServiceSettings`] say), for `serve` and the
+//!   simulator alike;
+//! - `serve` (feature `serve`): [`serve`] (both ports until shutdown); `serve_stub` stands in
+//!   for it under `--cfg madsim` and without the feature; `serve_config`: what it reads
+//!   ([`ServeConfig`], [`NetLimits`], [`Banner`]);
+//! - `reconcile`: [`reconcile_every`], the background reconcile loop of the binary and the
+//!   simulator;
 //! - `launch` (feature `libvirt`): the operator's flags, declared once with clap's derive
 //!   ([`launch::Flags`], [`launch::LimitFlags`]), validated into a [`launch::Plan`];
 //! - `preflight` (feature `libvirt`): `doctor`'s run over every `--connect` host;
 //! - `inspect` (feature `redb`): the `state inspect` report;
-//! - `wiring` (features `libvirt` and `redb`): [`run`], a [`launch::Plan`] to a serving
+//! - `run` (features `libvirt` and `redb`): [`run`], a [`launch::Plan`] to a serving
 //!   provider: store and backend chosen, the adapter configured, the provider built through
 //!   [`assemble`], both ports bound and served;
 //! - `exit` (feature `redb`): [`Exit`], what `run` leaves for a fast process exit (the
@@ -25,10 +30,15 @@
 //! reflection, the HTTP side server on axum, the `process_*` series through procfs); the
 //! simulator depends on this crate without any of them.
 
+mod assemble;
 pub mod metrics;
+mod reconcile;
 #[cfg(all(feature = "serve", not(madsim)))]
 mod serve;
-mod server;
+mod serve_config;
+#[cfg(not(all(feature = "serve", not(madsim))))]
+mod serve_stub;
+mod service;
 mod timeline;
 
 #[cfg(feature = "redb")]
@@ -40,17 +50,19 @@ pub mod launch;
 #[cfg(feature = "libvirt")]
 pub mod preflight;
 #[cfg(all(feature = "libvirt", feature = "redb"))]
-mod wiring;
+mod run;
 
+pub use assemble::{Assembled, Parts, assemble};
+pub use bigfleet_libvirt_grpc::ServiceSettings;
 #[cfg(feature = "redb")]
 pub use exit::Exit;
 pub use metrics::Metrics;
+pub use reconcile::reconcile_every;
+#[cfg(all(feature = "libvirt", feature = "redb"))]
+pub use run::{Launch, Listeners, OnStart, Running, run};
 #[cfg(all(feature = "serve", not(madsim)))]
 pub use serve::serve;
+pub use serve_config::{Banner, NetLimits, ServeConfig};
 #[cfg(not(all(feature = "serve", not(madsim))))]
-pub use server::serve;
-pub use server::{
-    Assembled, Banner, NetLimits, Parts, ServeConfig, assemble, capacity_server, reconcile_every,
-};
-#[cfg(all(feature = "libvirt", feature = "redb"))]
-pub use wiring::{Launch, Listeners, OnStart, Running, run};
+pub use serve_stub::serve;
+pub use service::capacity_server;

@@ -2,7 +2,8 @@
 //! capacity service with the client-identity check, the List budget and streamed Lists,
 //! health, reflection, TLS, request tracking for the connection cap), the HTTP side server,
 //! the background reconcile loop, and readiness and health kept in step with the state
-//! store. Compiled out under `--cfg madsim` (the simulator hosts `capacity_server` itself).
+//! store. Compiled out under `--cfg madsim` (the simulator hosts `capacity_server` itself;
+//! `serve_stub` stands in).
 
 // The servers here (tonic, axum) run only on the real tokio runtime, so their plumbing
 // tasks are spawned on it directly; provider work goes through the Spawner port.
@@ -26,7 +27,8 @@ use tokio_stream::StreamExt;
 use tracing::{info, warn};
 
 use crate::metrics::{Metrics, OutcomeLabels, ProviderMetrics, StateLabels};
-use crate::server::{Banner, ServeConfig, hosted, reconcile_every};
+use crate::serve_config::{Banner, ServeConfig};
+use crate::{ServiceSettings, capacity_server, reconcile_every};
 
 /// Serves gRPC on `grpc` and, when given, HTTP on `http` until `shutdown` completes; then
 /// flips readiness and gRPC health first, lets in-flight RPCs finish for the drain period,
@@ -143,14 +145,15 @@ fn start_grpc<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
     >,
     background: &mut tokio::task::JoinSet<()>,
 ) -> anyhow::Result<Running<Result<(), tonic::transport::Error>>> {
-    // As `capacity_server`, plus the client-identity check (the simulation has no TLS).
-    let service = hosted(
-        CapacityService::new(provider.clone(), metrics.grpc.clone())
-            .with_fault_hooks(config.fault_hooks)
-            .with_client_identity(config.client_identity)
-            .with_list_budget(config.limits.list_memory_budget_mib)
-            .with_streamed_lists(),
-    );
+    let settings = ServiceSettings {
+        fault_hooks: config.fault_hooks,
+        client_identity: config.client_identity,
+        list_budget_mib: config.limits.list_memory_budget_mib,
+        list_progress_timeout: config.limits.list_progress_timeout,
+        // The router below releases each streamed answer when it is sent.
+        streamed_lists: true,
+    };
+    let service = capacity_server(provider.clone(), metrics, settings);
     let limits = config.limits;
     let (v1, v1alpha) = reflection(config.reflection)?;
     let router = tonic::transport::Server::builder()
@@ -160,9 +163,9 @@ fn start_grpc<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>(
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_keepalive_interval(Some(limits.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
-        // A List answer's share of the memory budget lives as long as its body.
+        // Large List answers are streamed; what each holds lives as long as its body.
         .layer(tower::util::MapResponseLayer::new(
-            bigfleet_libvirt_grpc::list_budget::release_when_sent,
+            bigfleet_libvirt_grpc::list_stream::release_when_sent,
         ))
         .add_service(health_service)
         .add_service(service)

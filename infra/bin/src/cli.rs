@@ -44,17 +44,18 @@ pub enum Command {
     /// exit 0 when nothing blocks, 1 when something blocks, 2 for warnings only.
     Doctor {
         /// table for a person, json for tools.
-        #[arg(long, value_enum, default_value_t = Output::Table)]
+        #[arg(long, env = "BIGFLEET_LIBVIRT_OUTPUT", value_enum, default_value_t = Output::Table)]
         output: Output,
         /// How long one host may take to answer every check.
-        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        #[arg(long, env = "BIGFLEET_LIBVIRT_HOST_TIMEOUT", default_value = "30s",
+              value_parser = parse_duration)]
         host_timeout: Duration,
         /// Exit 0 instead of 2 when there are warnings but no blockers (for hook Jobs).
-        #[arg(long)]
+        #[arg(long, env = "BIGFLEET_LIBVIRT_ALLOW_WARNINGS")]
         allow_warnings: bool,
         /// Also start (paused) and destroy one throw-away domain per CPU choice on every
         /// host, to find a CPU mode QEMU aborts on; without it doctor changes nothing.
-        #[arg(long)]
+        #[arg(long, env = "BIGFLEET_LIBVIRT_TRIAL_DOMAIN")]
         trial_domain: bool,
     },
     /// Work with a --state file without serving it.
@@ -69,10 +70,10 @@ pub enum StateCommand {
     /// Print what the --state file holds (read-only; refused while a provider holds it).
     Inspect {
         /// Show only this machine's record, fence marks and operation ids.
-        #[arg(long)]
+        #[arg(long, env = "BIGFLEET_LIBVIRT_MACHINE")]
         machine: Option<String>,
         /// table for a person, json for tools.
-        #[arg(long, value_enum, default_value_t = Output::Table)]
+        #[arg(long, env = "BIGFLEET_LIBVIRT_OUTPUT", value_enum, default_value_t = Output::Table)]
         output: Output,
     },
 }

@@ -1,70 +1,218 @@
-//! The memory budget for List answers held for their readers, and the turn-taking of large
-//! List builds.
+//! The memory budget for large List answers held for their readers, and the turn-taking of
+//! large List builds.
 //!
-//! A full List of a large inventory is one message of many megabytes. tonic encodes it into
-//! one buffer, which lives until HTTP/2 has sent it: for as long as its reader takes to read
-//! it. Without a bound, readers that ask for full Lists and read slowly make the process hold
-//! one such buffer each, without limit. Here:
+//! A full List of a large inventory is one message of many megabytes (11.8 MB for 50,000
+//! machines in use). It is not copied: it is streamed to its reader from the machines' own
+//! encodings (`list_stream`), which the inventory memoises and shares (one reference-counted
+//! buffer per version of a record). So what a streamed answer really holds is small next to
+//! its size on the wire, and that is what it is charged:
 //!
-//! - a *large* answer (estimated above [`LARGE_ANSWER`] bytes) is built only when it is its
-//!   turn (one at a time, first come first served), off the async workers, so other calls
-//!   keep their threads;
-//! - before it is handed to tonic it takes its size from the budget (`--list-memory-budget-mib`),
-//!   waiting while the answers already held use it up; an answer larger than the whole budget
-//!   takes all of it. List never fails for the budget: it waits;
-//! - the share is given back when the answer's HTTP/2 body is dropped: once it has been sent,
-//!   or its stream reset, or its connection closed ([`release_when_sent`]).
+//! - the answer's own list of references to the encodings (16 bytes a machine) and its
+//!   revision;
+//! - the encodings nothing but Lists holds any more: versions of records that changed since
+//!   the answer was built, kept for the readers still reading it. A version held by several
+//!   answers is counted once ([`ListBudget::in_use`] measures all the answers held together);
+//! - for every stream, [`STREAM_WORKING`] bytes: the pieces being written and the ones
+//!   HTTP/2 holds until the reader takes them.
+//!
+//! Answers are shared: a List asking for what an answer still being streamed holds (the
+//! same query, no `max_results`, at the same head revision, so the very same bytes) joins
+//! it and is charged its stream's working bytes only. Readers of the same answer never
+//! wait for each other, however slowly each reads.
+//!
+//! A List that may be large (estimated above [`LARGE_ANSWER`] bytes) first reserves what it
+//! will hold (an estimate until its answer is built, then the measure), waiting while the
+//! Lists already held leave no room for it: first come, first served, measured again each
+//! time memory is given back. An answer larger than the whole budget is admitted when
+//! nothing else is held. List never fails for the budget. Then it waits for its turn to be
+//! built (one at a time, off the async workers, so other calls keep their threads).
+//!
+//! Memory is given back when a stream ends: sent, reset, its connection closed, or cut by
+//! the send-progress deadline (`list_stream`): a reader that takes nothing for
+//! `--list-progress-timeout` loses its stream, so a stopped reader cannot hold memory or
+//! the budget. The budget bounds what Lists hold when each is admitted; records changing
+//! afterwards can make a held answer grow (up to its size on the wire) until its readers
+//! finish or are cut, and the next admissions see it.
 //!
 //! Small answers (picks with `max_results`, deltas since a revision) are not counted: each is
 //! bounded by [`LARGE_ANSWER`], and their number by the connection and stream caps.
 
-use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll, ready};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use bigfleet_libvirt_proto::wire::{EncodedMachineList, Pieces};
-use http_body::Frame;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::codegen::Bytes;
+use bigfleet_libvirt_domain::ListQuery;
+use bigfleet_libvirt_proto::wire::EncodedMachineList;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// The size above which an answer is built in turn and counted against the budget.
 pub const LARGE_ANSWER: usize = 1 << 20;
 
-/// The default budget (`--list-memory-budget-mib`): with the chart's default memory limit
-/// of 256 MiB, 64 MiB of held answers leaves room for a 100,000-machine inventory's
-/// baseline.
+/// The default budget (`--list-memory-budget-mib`): with the chart's default memory limit,
+/// 64 MiB held for readers leaves room for a 50,000-machine inventory all in use.
 pub const DEFAULT_BUDGET_MIB: usize = 64;
+
+/// The most of an answer one frame of its stream carries (`list_stream`).
+pub const CHUNK: usize = 16 * 1024;
+
+/// What every stream of a large answer is charged besides the answer: the piece being
+/// written, the one HTTP/2 waits to send, and the one it is sending.
+pub const STREAM_WORKING: usize = 3 * CHUNK;
 
 /// What one machine's encoding is taken to weigh before any large List was built.
 const FIRST_GUESS_PER_MACHINE: usize = 256;
 
-/// The budget's unit: semaphore permits are KiB.
-const UNIT: usize = 1024;
+/// What building an answer holds per machine until it is measured: the page's reference
+/// to the record and the answer's reference to its encoding.
+const BUILD_PER_MACHINE: usize = 8 + 16;
 
 /// The List memory budget, shared by every List call of the process.
 #[derive(Clone, Debug)]
 pub struct ListBudget {
+    ledger: Arc<Ledger>,
     turn: Arc<Semaphore>,
-    held: Arc<Semaphore>,
-    units: usize,
-    /// Bytes per machine of the last large answer, for estimating the next one.
+    /// Bytes per machine on the wire of the last large answer, for estimating the next one.
     per_machine: Arc<AtomicUsize>,
 }
 
-/// A share of the budget, kept by an answer until its body is dropped.
-#[derive(Clone, Debug)]
-pub struct HeldAnswer(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+/// What the Lists hold, and who waits for room.
+#[derive(Debug)]
+struct Ledger {
+    limit: usize,
+    held: Mutex<Held>,
+    /// Admissions in arrival order: only the first waiter measures.
+    queue: Arc<Semaphore>,
+    /// Signalled whenever memory is given back.
+    freed: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    /// Reserved bytes: answers being built, and every stream's working bytes.
+    reserved: usize,
+    /// The answers being streamed (each shared by the streams reading it).
+    answers: Vec<Weak<Answer>>,
+}
+
+/// A List answer being streamed, shared by every stream that reads it.
+#[derive(Debug)]
+pub struct Answer {
+    list: Arc<EncodedMachineList>,
+    /// The query it answers and the revision it was taken at, when other Lists may join it.
+    shared_as: Option<(ListQuery, i64)>,
+    ledger: Weak<Ledger>,
+}
+
+impl Answer {
+    /// The answer's message.
+    #[must_use]
+    pub fn list(&self) -> &Arc<EncodedMachineList> {
+        &self.list
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if let Some(ledger) = self.ledger.upgrade() {
+            ledger.freed.notify_waiters();
+        }
+    }
+}
+
+/// Bytes reserved in the budget, given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    ledger: Arc<Ledger>,
+    bytes: usize,
+}
+
+impl Reservation {
+    /// Gives back all but `bytes` of the reservation (once the answer is built and measured
+    /// with the others, only the stream's working bytes stay reserved).
+    pub fn shrink_to(&mut self, bytes: usize) {
+        if bytes < self.bytes {
+            self.ledger.lock().reserved -= self.bytes - bytes;
+            self.bytes = bytes;
+            self.ledger.freed.notify_waiters();
+        }
+    }
+
+    /// The bytes reserved.
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.ledger.lock().reserved -= self.bytes;
+        self.ledger.freed.notify_waiters();
+    }
+}
+
+impl Ledger {
+    fn lock(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Held {
+    /// The answers still streamed (forgetting the finished ones).
+    fn live(&mut self) -> Vec<Arc<Answer>> {
+        self.answers.retain(|a| a.strong_count() > 0);
+        self.answers.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+/// Bytes the `answers` hold that nothing else does: each answer's references and
+/// revision, and every encoding held by these answers alone (counted once however many
+/// of them hold it). An encoding the inventory still holds (the current version of its
+/// record) is not counted: it is there with or without the Lists.
+#[must_use]
+pub fn held_by(answers: &[Arc<Answer>]) -> usize {
+    let mut total = 0;
+    // Encodings held more than once, all holders perhaps answers: (address, length, holders).
+    let mut shared: Vec<(usize, usize, usize)> = Vec::new();
+    for answer in answers {
+        let list = &answer.list;
+        total += size_of::<Answer>()
+            + size_of::<EncodedMachineList>()
+            + list.machines.capacity() * size_of::<Arc<[u8]>>()
+            + list.revision.capacity();
+        for machine in &list.machines {
+            match Arc::strong_count(machine) {
+                1 => total += machine.len(),
+                holders if holders <= answers.len() => {
+                    let address = Arc::as_ptr(machine).cast::<u8>().addr();
+                    shared.push((address, machine.len(), holders));
+                }
+                // More holders than answers: the inventory holds it too.
+                _ => {}
+            }
+        }
+    }
+    shared.sort_unstable();
+    for holders in shared.chunk_by(|a, b| a.0 == b.0) {
+        let (_, len, count) = holders[0];
+        if holders.len() >= count {
+            total += len;
+        }
+    }
+    total
+}
 
 impl ListBudget {
     /// A budget of `mib` MiB (at least 1).
     #[must_use]
     pub fn new(mib: usize) -> Self {
-        let units = mib.max(1).saturating_mul(1024);
         Self {
+            ledger: Arc::new(Ledger {
+                limit: mib.max(1).saturating_mul(1 << 20),
+                held: Mutex::new(Held::default()),
+                queue: Arc::new(Semaphore::new(1)),
+                freed: Notify::new(),
+            }),
             turn: Arc::new(Semaphore::new(1)),
-            held: Arc::new(Semaphore::new(units)),
-            units,
             per_machine: Arc::new(AtomicUsize::new(FIRST_GUESS_PER_MACHINE)),
         }
     }
@@ -72,13 +220,22 @@ impl ListBudget {
     /// The budget in bytes.
     #[must_use]
     pub fn bytes(&self) -> usize {
-        self.units.saturating_mul(UNIT)
+        self.ledger.limit
     }
 
     /// Whether an answer of at most `machines` machines may be large.
     #[must_use]
     pub fn may_be_large(&self, machines: usize) -> bool {
         machines.saturating_mul(self.per_machine.load(Ordering::Relaxed)) > LARGE_ANSWER
+    }
+
+    /// What building an answer of at most `machines` machines and streaming it holds until
+    /// the answer is measured.
+    #[must_use]
+    pub fn estimate(machines: usize) -> usize {
+        machines
+            .saturating_mul(BUILD_PER_MACHINE)
+            .saturating_add(STREAM_WORKING)
     }
 
     /// Waits for this large List's turn to be built; the turn ends when the guard drops.
@@ -89,20 +246,76 @@ impl ListBudget {
             .expect("the List turn semaphore is never closed")
     }
 
-    /// Waits until an answer of `bytes` over `machines` machines fits in the budget and
-    /// takes its share (`None` for an answer too small to count).
-    pub async fn hold(&self, bytes: usize, machines: usize) -> Option<HeldAnswer> {
-        self.observe(bytes, machines);
-        if bytes <= LARGE_ANSWER {
+    /// Waits until `bytes` more fit in the budget beside what the Lists hold now (or
+    /// nothing is held), first come first served, and reserves them.
+    pub async fn reserve(&self, bytes: usize) -> Reservation {
+        let ledger = &self.ledger;
+        let _first = Arc::clone(&ledger.queue)
+            .acquire_owned()
+            .await
+            .expect("the List admission queue is never closed");
+        loop {
+            let freed = ledger.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut held = ledger.lock();
+                let answers = held.live();
+                let in_use = held.reserved + held_by(&answers);
+                if in_use == 0 || in_use.saturating_add(bytes) <= ledger.limit {
+                    held.reserved += bytes;
+                    return Reservation {
+                        ledger: Arc::clone(ledger),
+                        bytes,
+                    };
+                }
+            }
+            freed.await;
+        }
+    }
+
+    /// Whether an answer to `query` is being streamed (at any revision): a List asking the
+    /// same may join it if it is still at the head revision.
+    #[must_use]
+    pub fn sharing(&self, query: &ListQuery) -> bool {
+        query.max_results.is_none()
+            && self
+                .ledger
+                .lock()
+                .live()
+                .iter()
+                .any(|a| a.shared_as.as_ref().is_some_and(|(q, _)| q == query))
+    }
+
+    /// The answer to `query` at `revision` being streamed, if any.
+    #[must_use]
+    pub fn shared(&self, query: &ListQuery, revision: i64) -> Option<Arc<Answer>> {
+        if query.max_results.is_some() {
             return None;
         }
-        let units = bytes.div_ceil(UNIT).min(self.units);
-        let units = u32::try_from(units).unwrap_or(u32::MAX);
-        let permit = Arc::clone(&self.held)
-            .acquire_many_owned(units)
-            .await
-            .expect("the List budget semaphore is never closed");
-        Some(HeldAnswer(Arc::new(permit)))
+        let key = (query.clone(), revision);
+        self.ledger
+            .lock()
+            .live()
+            .into_iter()
+            .find(|a| a.shared_as.as_ref() == Some(&key))
+    }
+
+    /// Takes `list`, the answer to `query` at `revision`, to be streamed; it counts
+    /// against the budget (measured with the others) until its last stream ends. Answers
+    /// to a query with `max_results` are never shared (capped pages vary per call).
+    #[must_use]
+    pub fn keep(&self, list: EncodedMachineList, query: &ListQuery, revision: i64) -> Arc<Answer> {
+        let answer = Arc::new(Answer {
+            list: Arc::new(list),
+            shared_as: query
+                .max_results
+                .is_none()
+                .then(|| (query.clone(), revision)),
+            ledger: Arc::downgrade(&self.ledger),
+        });
+        self.ledger.lock().answers.push(Arc::downgrade(&answer));
+        answer
     }
 
     /// Learns what an answer of `machines` machines weighed, for the next estimate.
@@ -113,196 +326,15 @@ impl ListBudget {
         }
     }
 
-    /// Bytes of the budget in use now (for metrics and tests).
+    /// Bytes of the budget in use now, measured (for tests and the log).
     #[must_use]
     pub fn in_use(&self) -> usize {
-        (self.units - self.held.available_permits()).saturating_mul(UNIT)
-    }
-}
-
-/// About how much of a streamed answer is handed to HTTP/2 at a time.
-const CHUNK: usize = 64 * 1024;
-
-/// A large List answer that the gRPC layer streams to its reader from the machines' own
-/// encodings ([`release_when_sent`]), with its share of the budget. The handler answers tonic
-/// with an empty `MachineList` and puts this in the response's extensions; only a server with
-/// that layer may do so (`CapacityService::with_streamed_lists`).
-#[derive(Clone, Debug)]
-pub struct StreamedList {
-    answer: Arc<EncodedMachineList>,
-    held: Option<HeldAnswer>,
-}
-
-impl StreamedList {
-    /// `answer`, to be streamed while `held` is kept.
-    #[must_use]
-    pub fn new(answer: EncodedMachineList, held: Option<HeldAnswer>) -> Self {
-        Self {
-            answer: Arc::new(answer),
-            held,
-        }
-    }
-}
-
-/// Streams a [`StreamedList`] found in a response's extensions: the body becomes the gRPC
-/// message written piece by piece (about [`CHUNK`] bytes a frame, each made only once HTTP/2
-/// asked for it), followed by tonic's own trailers. The answer's share of the budget is given
-/// back when this body is dropped: after its last frame was taken, or when its stream was
-/// reset or its connection closed. So a slow reader holds the machines' encodings it has not
-/// read yet, never a copy of the whole answer, and never past the budget.
-#[must_use]
-pub fn release_when_sent(
-    mut response: http::Response<tonic::body::Body>,
-) -> http::Response<tonic::body::Body> {
-    let Some(streamed) = response.extensions_mut().remove::<StreamedList>() else {
-        return response;
-    };
-    response.map(|inner| {
-        tonic::body::Body::new(Streamed {
-            inner,
-            prefix: Some(streamed.answer.encoded_len()),
-            pieces: Pieces::new(Arc::clone(&streamed.answer)),
-            _held: streamed.held,
-        })
-    })
-}
-
-/// The body of a streamed List answer.
-struct Streamed {
-    /// tonic's body for the empty stand-in message: its data is dropped, its trailers kept.
-    inner: tonic::body::Body,
-    /// The message length, until the gRPC length prefix was written.
-    prefix: Option<usize>,
-    pieces: Pieces,
-    _held: Option<HeldAnswer>,
-}
-
-impl http_body::Body for Streamed {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-        let this = &mut *self;
-        if let Some(len) = this.prefix.take() {
-            let Ok(len) = u32::try_from(len) else {
-                return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(format!(
-                    "the List answer is {len} bytes, more than one gRPC message can carry; \
-                     ask for fewer machines with max_results"
-                )))));
-            };
-            let mut header = Vec::with_capacity(5);
-            header.push(0); // not compressed
-            header.extend_from_slice(&len.to_be_bytes());
-            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(header)))));
-        }
-        if let Some(piece) = this.pieces.next_piece(CHUNK) {
-            return Poll::Ready(Some(Ok(Frame::data(piece))));
-        }
-        loop {
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                // The stand-in's empty message: the real one was written above.
-                Some(Ok(frame)) if frame.is_data() => {}
-                other => return Poll::Ready(other),
-            }
-        }
+        let mut held = self.ledger.lock();
+        let answers = held.live();
+        held.reserved + held_by(&answers)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn answers_wait_while_the_budget_is_held_and_get_it_back_when_dropped() {
-        let budget = ListBudget::new(4);
-        assert_eq!(budget.hold(LARGE_ANSWER, 1000).await.map(|_| ()), None);
-        let first = budget.hold(3 << 20, 1000).await.expect("large");
-        assert_eq!(budget.in_use(), 3 << 20);
-        let second = budget.hold(2 << 20, 1000);
-        tokio::pin!(second);
-        assert!(
-            futures::poll!(second.as_mut()).is_pending(),
-            "2 MiB more does not fit in 4 MiB"
-        );
-        drop(first);
-        let second = second.await.expect("large");
-        assert_eq!(budget.in_use(), 2 << 20);
-        // Larger than the whole budget: takes all of it, once it is free.
-        let huge = budget.hold(64 << 20, 1000);
-        tokio::pin!(huge);
-        assert!(futures::poll!(huge.as_mut()).is_pending());
-        drop(second);
-        let _huge = huge.await.expect("large");
-        assert_eq!(budget.in_use(), 4 << 20);
-    }
-
-    #[tokio::test]
-    async fn a_streamed_answer_is_the_whole_message_and_its_share_lives_with_the_body() {
-        use http_body_util::BodyExt;
-        let budget = ListBudget::new(4);
-        let held = budget.hold(2 << 20, 10).await;
-        assert!(held.is_some());
-        let machine: Vec<u8> = (0..200u8).collect();
-        let answer = EncodedMachineList {
-            machines: vec![Arc::from(machine); 1000],
-            revision: b"42".to_vec(),
-        };
-        let whole = answer.encode_to_vec();
-        // What tonic makes of the empty stand-in: its message frame, then trailers.
-        let mut trailers = http::HeaderMap::new();
-        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-        let stand_in = futures::stream::iter([
-            Ok::<_, tonic::Status>(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]))),
-            Ok(Frame::trailers(trailers)),
-        ]);
-        let body = tonic::body::Body::new(http_body_util::StreamBody::new(stand_in));
-        let mut response = http::Response::new(body);
-        response
-            .extensions_mut()
-            .insert(StreamedList::new(answer, held));
-        let mut body = release_when_sent(response).into_body();
-        let mut data = Vec::new();
-        let mut frames = 0;
-        let mut status = None;
-        while let Some(frame) = body.frame().await {
-            match frame.expect("frame").into_data() {
-                Ok(piece) => {
-                    assert!(piece.len() <= CHUNK + 256);
-                    data.extend_from_slice(&piece);
-                    frames += 1;
-                }
-                Err(frame) => status = frame.into_trailers().ok(),
-            }
-        }
-        assert!(
-            frames > 3,
-            "streamed in pieces, not whole ({frames} frames)"
-        );
-        assert_eq!(data[0], 0);
-        assert_eq!(
-            u32::from_be_bytes(data[1..5].try_into().unwrap()) as usize,
-            whole.len()
-        );
-        assert_eq!(
-            &data[5..],
-            &whole[..],
-            "exactly the message tonic would have sent"
-        );
-        assert_eq!(status.expect("trailers")["grpc-status"], "0");
-        assert_eq!(budget.in_use(), 2 << 20, "held until the body is dropped");
-        drop(body);
-        assert_eq!(budget.in_use(), 0);
-    }
-
-    #[test]
-    fn the_estimate_follows_the_last_large_answer() {
-        let budget = ListBudget::new(4);
-        assert!(budget.may_be_large(100_000));
-        assert!(!budget.may_be_large(1000));
-        futures::executor::block_on(budget.hold(10_000, 1000));
-        assert!(!budget.may_be_large(100_000), "10 bytes a machine");
-    }
-}
+#[path = "list_budget_tests.rs"]
+mod tests;

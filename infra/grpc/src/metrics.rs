@@ -1,5 +1,6 @@
 //! The series the gRPC service produces: unary requests and their latency, recovered
-//! handler panics, and calls refused by the client-identity check. The service declares them
+//! handler panics, calls refused by the client-identity check, and List streams cut by the
+//! send-progress deadline. The service declares them
 //! and registers them on the registry the composition root hands it.
 
 use bigfleet_libvirt_observe::metrics::{PREFIX, latency_histogram};
@@ -46,6 +47,8 @@ pub struct GrpcMetrics {
     pub panics: Counter,
     /// Calls refused by the client-identity check, by method and reason.
     pub authz_denied: Family<AuthzLabels, Counter>,
+    /// List streams cut because their reader took nothing for `--list-progress-timeout`.
+    pub list_streams_cut: Counter,
     /// Every machine's recent events (a mutating call's arrival is one).
     pub timeline: Timeline,
 }
@@ -58,6 +61,7 @@ impl GrpcMetrics {
             grpc_duration: Family::new_with_constructor(latency_histogram as fn() -> _),
             panics: Counter::default(),
             authz_denied: Family::default(),
+            list_streams_cut: Counter::default(),
             timeline,
         };
         registry.register(
@@ -79,6 +83,11 @@ impl GrpcMetrics {
             format!("{PREFIX}_authz_denied"),
             "Calls refused by the client-identity check (mTLS), by method and reason",
             metrics.authz_denied.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_list_streams_cut"),
+            "List streams cut because their reader took nothing for --list-progress-timeout",
+            metrics.list_streams_cut.clone(),
         );
         metrics
     }

@@ -14,7 +14,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
 use bigfleet_libvirt_domain::authorization::{self, Access, IdentityMode, Reason, Seen};
-use bigfleet_libvirt_domain::{Ack, EchoField, check_get_id};
+use bigfleet_libvirt_domain::{Ack, EchoField, ListPage, ListQuery, check_get_id};
 use bigfleet_libvirt_ports::{Clock, Hypervisor, Provider, Spawner, StateStore};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;
@@ -23,7 +23,10 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, Level, debug, error, info, info_span, warn};
 
 use crate::identity::PeerIdentity;
-use crate::list_budget::{DEFAULT_BUDGET_MIB, LARGE_ANSWER, ListBudget, StreamedList};
+use crate::list_budget::{
+    Answer, DEFAULT_BUDGET_MIB, LARGE_ANSWER, ListBudget, Reservation, STREAM_WORKING,
+};
+use crate::list_stream::{DEFAULT_PROGRESS_TIMEOUT, StreamedList};
 use crate::metrics::{AuthzLabels, GrpcLabels, GrpcMetrics, MethodLabels};
 use crate::trace_context::{self, Received};
 use crate::{convert, status};
@@ -47,6 +50,7 @@ pub struct CapacityService<H, S, C, E> {
     fault_hooks: bool,
     identity: IdentityMode,
     list_budget: ListBudget,
+    list_progress_timeout: std::time::Duration,
     streamed_lists: bool,
 }
 
@@ -54,66 +58,70 @@ pub struct CapacityService<H, S, C, E> {
 /// panic is caught, counted and answered with INTERNAL while the process keeps serving.
 pub const PANIC_HOOK_ID: &str = "conformance.fault/panic";
 
-impl<H, S, C, E> CapacityService<H, S, C, E> {
-    /// Serves `provider`, recording into `metrics`.
-    pub fn new(provider: Provider<H, S, C, E>, metrics: GrpcMetrics) -> Self {
+/// How the service answers: everything a host of it chooses. The binary sets each from its
+/// flags (`app::serve`); the simulator takes [`ServiceSettings::default`]. Both build the
+/// service the one way, through `app::capacity_server`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceSettings {
+    /// Honour the injected-panic hook ([`PANIC_HOOK_ID`]; `--fake-fault-hooks` only).
+    pub fault_hooks: bool,
+    /// Check every call against the caller's client identity (mTLS only: the connections
+    /// must carry a [`PeerIdentity`], or every call is refused).
+    pub client_identity: IdentityMode,
+    /// MiB the List answers held for their readers may take (see `list_budget`).
+    pub list_budget_mib: usize,
+    /// How long a streamed List's reader may take nothing before the stream is cut (see
+    /// `list_stream`).
+    pub list_progress_timeout: std::time::Duration,
+    /// Stream large List answers from the machines' own encodings under the List memory
+    /// budget. Only for a server that serves through
+    /// [`crate::list_stream::release_when_sent`]: without that layer such an answer would go
+    /// out empty.
+    pub streamed_lists: bool,
+}
+
+impl Default for ServiceSettings {
+    /// No fault hooks, no identity check, the default List budget and progress deadline,
+    /// and whole (not streamed) List answers: what a host without the release layer serves.
+    fn default() -> Self {
         Self {
-            provider,
-            metrics,
             fault_hooks: false,
-            identity: IdentityMode::Off,
-            list_budget: ListBudget::new(DEFAULT_BUDGET_MIB),
+            client_identity: IdentityMode::Off,
+            list_budget_mib: DEFAULT_BUDGET_MIB,
+            list_progress_timeout: DEFAULT_PROGRESS_TIMEOUT,
             streamed_lists: false,
         }
     }
+}
 
-    /// Streams large List answers from the machines' own encodings under the List memory
-    /// budget. Only for a server that serves through
-    /// [`crate::list_budget::release_when_sent`]: without that layer such an answer would go
-    /// out empty.
-    #[must_use]
-    pub fn with_streamed_lists(self) -> Self {
-        Self {
-            streamed_lists: true,
-            ..self
-        }
-    }
-
-    /// Bounds the List answers held for their readers to `mib` MiB (see `list_budget`).
-    #[must_use]
-    pub fn with_list_budget(self, mib: usize) -> Self {
-        Self {
-            list_budget: ListBudget::new(mib),
-            ..self
-        }
-    }
-
-    /// Checks every call against the caller's client identity (mTLS only: the connections
-    /// must carry a [`PeerIdentity`], or every call is refused).
-    #[must_use]
-    /// With enforcement on, every refusal series starts at 0, so the first refusal shows as
-    /// an increase (an alert on `increase()` would miss a series that appears at 1).
-    pub fn with_client_identity(self, identity: IdentityMode) -> Self {
-        if identity == IdentityMode::Enforce {
+impl<H, S, C, E> CapacityService<H, S, C, E> {
+    /// Serves `provider` as `settings` say, recording into `metrics`. With the identity
+    /// check on, every refusal series starts at 0, so the first refusal shows as an increase
+    /// (an alert on `increase()` would miss a series that appears at 1).
+    pub fn new(
+        provider: Provider<H, S, C, E>,
+        metrics: GrpcMetrics,
+        settings: ServiceSettings,
+    ) -> Self {
+        if settings.client_identity == IdentityMode::Enforce {
             for (method, mutating) in METHODS {
                 for reason in Reason::possible(mutating) {
                     let labels = AuthzLabels {
                         method: method.to_owned(),
                         reason: reason.label().to_owned(),
                     };
-                    let _ = self.metrics.authz_denied.get_or_create(&labels);
+                    let _ = metrics.authz_denied.get_or_create(&labels);
                 }
             }
         }
-        Self { identity, ..self }
-    }
-
-    /// Turns on the injected-panic hook (`--fake-fault-hooks` only).
-    #[must_use]
-    pub fn with_fault_hooks(self, fault_hooks: bool) -> Self {
         Self {
-            fault_hooks,
-            ..self
+            provider,
+            metrics,
+            fault_hooks: settings.fault_hooks,
+            identity: settings.client_identity,
+            list_budget: ListBudget::new(settings.list_budget_mib),
+            list_progress_timeout: settings.list_progress_timeout,
+            streamed_lists: settings.streamed_lists,
         }
     }
 }
@@ -293,6 +301,96 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
     }
 }
 
+/// A query that lists no machine but the head revision (nothing is modified after the
+/// largest revision), for a List that may join an answer being streamed.
+const HEAD: ListQuery = ListQuery {
+    states: None,
+    max_results: None,
+    since_revision: Some(i64::MAX),
+};
+
+impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C, E> {
+    async fn list_page(&self, query: &ListQuery) -> Result<ListPage, Status> {
+        let page = self
+            .provider
+            .list(query)
+            .await
+            .map_err(|e| status::for_store_error(&e))?;
+        if tracing::enabled!(Level::DEBUG) {
+            debug!(
+                machines = page.machines.len(),
+                revision = page.revision,
+                "list"
+            );
+        }
+        Ok(page)
+    }
+
+    /// A List that may be large, answered with the whole message (a server without the
+    /// streaming layer): built in its turn, not counted.
+    async fn list_whole(&self, query: &ListQuery) -> Result<Response<EncodedMachineList>, Status> {
+        let _turn = self.list_budget.turn().await;
+        let page = self.list_page(query).await?;
+        let machines = page.machines.len();
+        let answer = encode_off_the_workers(page).await;
+        self.list_budget.observe(answer.encoded_len(), machines);
+        Ok(Response::new(answer))
+    }
+
+    /// A List that may be large, streamed under the budget (see `list_budget`): it joins the
+    /// answer being streamed for the same query at the head revision, or reserves room,
+    /// builds its own in turn, and keeps only its stream's working bytes reserved once the
+    /// answer is measured with the others.
+    async fn list_streamed(
+        &self,
+        query: &ListQuery,
+        bound: usize,
+    ) -> Result<Response<EncodedMachineList>, Status> {
+        let budget = &self.list_budget;
+        if budget.sharing(query) {
+            let head = self.list_page(&HEAD).await?.revision;
+            if let Some(answer) = budget.shared(query, head) {
+                let reservation = budget.reserve(STREAM_WORKING).await;
+                return Ok(self.streamed(answer, reservation));
+            }
+        }
+        let mut reservation = budget.reserve(ListBudget::estimate(bound)).await;
+        let turn = budget.turn().await;
+        let page = self.list_page(query).await?;
+        if let Some(answer) = budget.shared(query, page.revision) {
+            reservation.shrink_to(STREAM_WORKING);
+            return Ok(self.streamed(answer, reservation));
+        }
+        let (machines, revision) = (page.machines.len(), page.revision);
+        let list = encode_off_the_workers(page).await;
+        drop(turn);
+        let bytes = list.encoded_len();
+        budget.observe(bytes, machines);
+        if bytes <= LARGE_ANSWER {
+            return Ok(Response::new(list));
+        }
+        let answer = budget.keep(list, query, revision);
+        reservation.shrink_to(STREAM_WORKING);
+        Ok(self.streamed(answer, reservation))
+    }
+
+    /// The response that has the streaming layer stream `answer`.
+    fn streamed(
+        &self,
+        answer: std::sync::Arc<Answer>,
+        reservation: Reservation,
+    ) -> Response<EncodedMachineList> {
+        let mut response = Response::new(EncodedMachineList::default());
+        response.extensions_mut().insert(StreamedList::new(
+            answer,
+            reservation,
+            self.list_progress_timeout,
+            self.metrics.list_streams_cut.clone(),
+        ));
+        response
+    }
+}
+
 /// A mutating call's answer, and whether it started a transition (`false` for an
 /// idempotent replay of an earlier call).
 struct Mutated {
@@ -418,49 +516,22 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         let query = convert::list_query(&request.into_inner());
         let body = async {
             self.authorize("List", peer.as_ref(), Access::Read)?;
-            let budget = &self.list_budget;
             let inventory = self.provider.machine_count();
             let bound = query
                 .max_results
                 .map_or(inventory, |max| max.min(inventory));
-            // A List that may be large waits for its turn to be built (see `list_budget`).
-            let turn = if budget.may_be_large(bound) {
-                Some(budget.turn().await)
-            } else {
-                None
-            };
-            let page = self
-                .provider
-                .list(&query)
-                .await
-                .map_err(|e| status::for_store_error(&e))?;
-            if tracing::enabled!(Level::DEBUG) {
-                debug!(
-                    machines = page.machines.len(),
-                    revision = page.revision,
-                    "list"
-                );
-            }
-            let machines = page.machines.len();
-            let answer = if turn.is_some() {
-                encode_off_the_workers(page).await
-            } else {
-                convert::encoded_list(&page)
-            };
-            let bytes = answer.encoded_len();
-            if !self.streamed_lists || bytes <= LARGE_ANSWER {
-                budget.observe(bytes, machines);
+            if !self.list_budget.may_be_large(bound) {
+                let page = self.list_page(&query).await?;
+                let machines = page.machines.len();
+                let answer = convert::encoded_list(&page);
+                self.list_budget.observe(answer.encoded_len(), machines);
                 return Ok(Response::new(answer));
             }
-            // Waits while earlier large answers hold the budget; still this List's turn, so
-            // the large Lists behind it wait without building theirs.
-            let held = budget.hold(bytes, machines).await;
-            drop(turn);
-            let mut response = Response::new(EncodedMachineList::default());
-            response
-                .extensions_mut()
-                .insert(StreamedList::new(answer, held));
-            Ok(response)
+            if self.streamed_lists {
+                self.list_streamed(&query, bound).await
+            } else {
+                self.list_whole(&query).await
+            }
         };
         self.observe("List", span, |_| false, body).await
     }

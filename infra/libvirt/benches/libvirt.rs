@@ -14,6 +14,10 @@
 //!
 //! Run: `cargo bench -p bigfleet-libvirt-libvirt --bench libvirt`.
 
+#[path = "../../../tests/benches/common/results.rs"]
+mod results;
+
+use crate::results::say;
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::sync::{Arc, Mutex};
@@ -30,7 +34,7 @@ use bigfleet_libvirt_domain::{
 use bigfleet_libvirt_libvirt::devices::{Mac, Nic, NicSource};
 use bigfleet_libvirt_libvirt::fixture::Fixture;
 use bigfleet_libvirt_libvirt::metrics::LibvirtMetrics;
-use bigfleet_libvirt_libvirt::xml::{self, DomainSpec};
+use bigfleet_libvirt_libvirt::xml::{self, Base, Disks, DomainSpec, VolumePaths};
 use bigfleet_libvirt_libvirt::{CapacityPolicy, LibvirtConfig, LibvirtHypervisor, Tag};
 use bigfleet_libvirt_memory::MemoryStateStore;
 use bigfleet_libvirt_ports::{BootstrapBlob, Observer, ProviderConfig, TransitionEvent};
@@ -48,7 +52,8 @@ fn main() -> Result<(), BoxError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(run())
+    runtime.block_on(run())?;
+    results::write("libvirt (libvirt's test driver)")
 }
 
 async fn run() -> Result<(), BoxError> {
@@ -101,24 +106,42 @@ fn documents(slots: &[Machine]) -> Vec<String> {
         .iter()
         .map(|slot| {
             let name = domain_name(PROVIDER, slot.id.as_str());
-            let tag = Tag::new(PROVIDER, slot.id.as_str());
-            let overlay = format!("/var/lib/libvirt/images/{name}-overlay.qcow2");
-            let seed = format!("/var/lib/libvirt/images/{name}-cidata.iso");
-            let nics = [Nic {
+            let (overlay, seed) = (
+                format!("{name}-overlay.qcow2"),
+                format!("{name}-cidata.iso"),
+            );
+            let overlay_path = format!("/var/lib/libvirt/images/{overlay}");
+            let seed_path = format!("/var/lib/libvirt/images/{seed}");
+            let nics = vec![Nic {
                 source: NicSource::Network("default".to_owned()),
                 mac: Mac::derive(PROVIDER, slot.id.as_str(), 0, 0),
             }];
-            xml::domain(&DomainSpec {
-                name: &name,
-                tag: &tag,
+            let spec = DomainSpec {
+                instance_type: slot.instance_type.clone(),
+                instance_id: format!("{name}-bench"),
+                tag: Tag::new(PROVIDER, slot.id.as_str()),
                 vcpu: 2,
                 memory_mib: 4096,
-                overlay_path: &overlay,
-                seed_path: &seed,
-                nics: &nics,
                 cpu: None,
-                platform: &xml::Platform::default(),
-            })
+                nics,
+                platform: xml::Platform::default(),
+                disks: Disks {
+                    overlay,
+                    seed,
+                    base: Base {
+                        path: "/var/lib/libvirt/images/base.qcow2".to_owned(),
+                        format: "qcow2".to_owned(),
+                        overlay_bytes: 40 << 30,
+                    },
+                },
+                user_data: Arc::from(&b"#cloud-config\n{}\n"[..]),
+                name,
+            };
+            let paths = VolumePaths {
+                overlay: &overlay_path,
+                seed: &seed_path,
+            };
+            xml::domain(&spec, paths)
         })
         .collect()
 }
@@ -237,23 +260,23 @@ fn report(raws: &[f64], totals: &[f64], latencies: &[f64]) {
         let shown: Vec<String> = values.iter().map(|v| format!("{:.1}", ms(*v))).collect();
         shown.join(" ")
     };
-    println!(
+    say!(
         "libvirt backend: {MACHINES} machines (kvm.small) on the libvirt test driver, best of \
          {ROUNDS} rounds"
     );
-    println!("  rounds, raw ms (sorted):      {}", rounds(&raws));
-    println!("  rounds, provider ms (sorted): {}", rounds(&totals));
-    println!(
+    say!("  rounds, raw ms (sorted):      {}", rounds(&raws));
+    say!("  rounds, provider ms (sorted): {}", rounds(&totals));
+    say!(
         "  raw virt define+start, sequential:  total {:8.2} ms  ({:.3} ms per domain)",
         ms(raw_seconds),
         per(raw_seconds)
     );
-    println!(
+    say!(
         "  provider Create->Idle, concurrent:  total {:8.2} ms  ({:.3} ms per machine)",
         ms(total),
         per(total)
     );
-    println!(
+    say!(
         "  Create->Idle latency per machine, all rounds: p50 {:.2} ms  p90 {:.2} ms  \
          p99 {:.2} ms  max {:.2} ms",
         ms(percentile(&sorted, 50.0)),
@@ -262,7 +285,7 @@ fn report(raws: &[f64], totals: &[f64], latencies: &[f64]) {
         ms(percentile(&sorted, 100.0)),
     );
     let verdict = if ratio <= TARGET { "within" } else { "ABOVE" };
-    println!(
+    say!(
         "  ratio (provider total / raw total): {ratio:.2}x  ({verdict} the {TARGET}x target); \
          ratio of medians {median_ratio:.2}x"
     );

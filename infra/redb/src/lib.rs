@@ -7,13 +7,16 @@
 //!
 //! Commits go to one writer thread that applies every change set queued since its last
 //! commit in a single write transaction with one fsync (group commit). It never waits to
-//! fill a batch: while one fsync runs, the next batch forms, so an ack is delayed by at most
-//! one commit. A failed commit fails its batch and is retried by the next one, against the
+//! fill a batch: while one fsync runs, the next batch forms, so an ack waits for at most one
+//! commit besides its own. A commit that grows the file costs one more fsync (redb makes the
+//! new length durable first); the file grows by doubling, so that happens a few times over its
+//! life, mostly while it is new. A failed commit fails its batch and is retried by the next one, against the
 //! reopened file (see `writer.rs`); failures name the file, its filesystem and free space.
 
 mod readonly;
 mod space;
 mod tables;
+mod view;
 mod writer;
 
 pub use readonly::{Inspected, inspect};
@@ -100,8 +103,9 @@ impl RedbStateStore {
             }
         }
         if !fresh {
-            // Look before writing: a read-only open neither repairs nor commits, so a foreign
-            // file or an unknown schema is refused byte for byte untouched.
+            // Look before writing: neither a read-only open nor a private view writes, so a
+            // foreign file or an unknown schema is refused byte for byte untouched, also
+            // when a crash left it needing repair.
             precheck(path)?;
         }
         let mut builder = Database::builder();
@@ -294,17 +298,15 @@ fn migrate(path: &Path, database: &mut Database) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Opens the file read-only and checks its schema. A file that was not closed cleanly (the
-/// provider was killed) cannot be read without repair; that case passes on to the
-/// read-write open, which repairs it and checks the schema afterwards.
+/// Checks the file's schema before anything writes to it: opened read-only, or, when a
+/// crash left it needing redb's repair, repaired in a private view (the repair of the file
+/// itself, by the read-write open, comes only once the schema is known to be this build's).
 fn precheck(path: &Path) -> Result<(), StoreError> {
-    let opened = std::panic::catch_unwind(|| Database::builder().open_read_only(path));
-    match opened {
-        Ok(Ok(database)) => check_schema(path, &database).map(|_| ()),
-        Ok(Err(DatabaseError::RepairAborted)) => Ok(()),
-        Ok(Err(e)) => Err(open_error(path, e)),
-        Err(_) => Err(unusable(path, "redb found it corrupt")),
+    match readonly::open_unmodified(path)? {
+        readonly::Unmodified::Clean(database) => check_schema(path, &database),
+        readonly::Unmodified::Repaired(database) => check_schema(path, &database),
     }
+    .map(|_| ())
 }
 
 /// Refuses files without a schema version this build reads; returns the version.

@@ -1,20 +1,22 @@
-//! Reading a state file without serving it (`bigfleet-libvirt state inspect`).
+//! Reading a state file without writing to it: `bigfleet-libvirt state inspect`, and the
+//! check the provider makes before its own (read-write) open.
 //!
 //! An operator looking inside a state file during an incident must not make the incident
-//! worse: the file is only ever opened read-only, so it stays byte for byte as it was. A
-//! running provider holds redb's exclusive lock, so the read-only open is refused at once
-//! and that is reported as [`StoreError::Locked`] instead of waiting. A file that was not
-//! closed cleanly (the provider was killed) cannot be read without redb's repair, which
-//! writes; such a file is copied to a private temporary file and the copy is repaired and
-//! read, so the original is still untouched.
+//! worse, and a file the provider then refuses (a newer schema, another program's file) must
+//! be left as it was found: the file is only ever opened read-only, so it stays byte for
+//! byte as it was. A running provider holds redb's exclusive lock, so the read-only open is
+//! refused at once and that is reported as [`StoreError::Locked`] instead of waiting. A file
+//! that was not closed cleanly (the provider was killed) cannot be read without redb's
+//! repair, which writes; such a file is repaired in a private view whose writes stay in
+//! memory (`view.rs`), so the original is still untouched.
 
 use std::path::Path;
 
 use bigfleet_libvirt_domain::Snapshot;
 use bigfleet_libvirt_ports::StoreError;
-use redb::{Database, DatabaseError};
+use redb::{Database, DatabaseError, ReadOnlyDatabase, ReadableDatabase};
 
-use super::{check_schema, io, open_error, read_all, unusable};
+use super::{CACHE_BYTES, check_schema, io, open_error, read_all, unusable, view};
 
 /// What a state file holds.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,7 +24,7 @@ pub struct Inspected {
     /// The schema version of every table.
     pub schema_version: i64,
     /// Whether the file was closed cleanly. When not, what was read comes from a repaired
-    /// private copy (the file itself was not changed).
+    /// private view (the file itself was not changed).
     pub closed_cleanly: bool,
     /// Every record.
     pub snapshot: Snapshot,
@@ -52,48 +54,50 @@ pub fn inspect(path: &Path) -> Result<Inspected, StoreError> {
         }
         Err(e) => return Err(io(&format!("inspect {}", path.display()), e)),
     }
-    let opened = std::panic::catch_unwind(|| Database::builder().open_read_only(path));
-    match opened {
-        Ok(Ok(database)) => {
-            let schema_version = check_schema(path, &database)?;
-            Ok(Inspected {
-                schema_version,
-                closed_cleanly: true,
-                snapshot: read_all(path, &database)?,
-            })
-        }
-        Ok(Err(DatabaseError::RepairAborted)) => read_repaired_copy(path),
-        Ok(Err(e)) => Err(open_error(path, e)),
-        Err(_) => Err(unusable(path, "redb found it corrupt")),
+    match open_unmodified(path)? {
+        Unmodified::Clean(database) => read(path, &database, true),
+        Unmodified::Repaired(database) => read(path, &database, false),
     }
 }
 
-/// Copies `path` to a private temporary file, lets redb repair the copy, and reads it.
-fn read_repaired_copy(path: &Path) -> Result<Inspected, StoreError> {
-    let copy = tempfile::Builder::new()
-        .prefix("bigfleet-libvirt-inspect-")
-        .suffix(".redb")
-        .tempfile()
-        .map_err(|e| io("create a temporary copy of the state file", e))?;
-    std::fs::copy(path, copy.path())
-        .map_err(|e| io(&format!("copy {} to read it", path.display()), e))?;
-    let mut builder = Database::builder();
-    builder.set_check_integrity_on_open(true);
-    let opened =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.open(copy.path())));
-    let database = match opened {
-        Ok(Ok(database)) => database,
-        Ok(Err(e)) => return Err(open_error(path, e)),
-        Err(_) => return Err(unusable(path, "redb found it corrupt")),
-    };
-    let schema_version = check_schema(path, &database)?;
-    let snapshot = read_all(path, &database)?;
-    drop(database);
-    copy.close()
-        .map_err(|e| io("remove the temporary copy of the state file", e))?;
+fn read(
+    path: &Path,
+    database: &impl ReadableDatabase,
+    closed_cleanly: bool,
+) -> Result<Inspected, StoreError> {
     Ok(Inspected {
-        schema_version,
-        closed_cleanly: false,
-        snapshot,
+        schema_version: check_schema(path, database)?,
+        closed_cleanly,
+        snapshot: read_all(path, database)?,
     })
+}
+
+/// A state file opened without writing to it.
+pub(crate) enum Unmodified {
+    /// It was closed cleanly: opened read-only.
+    Clean(ReadOnlyDatabase),
+    /// It was not (a crash left it): repaired in a private view, the file unchanged.
+    Repaired(Database),
+}
+
+/// Opens the file at `path` for reading without modifying it: read-only, or, when redb
+/// must repair it first, as a private view.
+///
+/// # Errors
+/// As [`super::RedbStateStore::open`]: locked, corrupt, truncated or foreign.
+pub(crate) fn open_unmodified(path: &Path) -> Result<Unmodified, StoreError> {
+    let corrupt = || unusable(path, "redb found it corrupt");
+    // redb may panic on some corrupt layouts; treat that as corrupt.
+    match std::panic::catch_unwind(|| Database::builder().open_read_only(path)) {
+        Ok(Ok(database)) => Ok(Unmodified::Clean(database)),
+        Ok(Err(DatabaseError::RepairAborted)) => {
+            match std::panic::catch_unwind(|| view::open_repaired(path, CACHE_BYTES)) {
+                Ok(Ok(database)) => Ok(Unmodified::Repaired(database)),
+                Ok(Err(e)) => Err(open_error(path, e)),
+                Err(_) => Err(corrupt()),
+            }
+        }
+        Ok(Err(e)) => Err(open_error(path, e)),
+        Err(_) => Err(corrupt()),
+    }
 }

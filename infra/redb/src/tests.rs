@@ -13,6 +13,8 @@ use bigfleet_libvirt_ports::{StateStore, StoreError};
 
 use super::RedbStateStore;
 
+mod unclean;
+
 /// The integration tests' skip helper, the one way a test may stop early (std only, so it is
 /// shared by path rather than by a dependency).
 #[allow(dead_code)]
@@ -146,8 +148,27 @@ fn refuse(path: &Path, expect: &str) {
     let after = std::fs::read(path).unwrap();
     assert!(
         after == before,
-        "the refused file must be left byte-identical ({text})"
+        "the refused file must be left byte-identical ({text}); {}",
+        changed_pages(&before, &after)
     );
+}
+
+/// Which 4 KiB pages differ between two versions of a file, and the lengths if they differ.
+fn changed_pages(before: &[u8], after: &[u8]) -> String {
+    let pages: Vec<usize> = before
+        .chunks(4096)
+        .zip(after.chunks(4096))
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .map(|(page, _)| page)
+        .collect();
+    format!(
+        "{} of {} pages changed: {pages:?}; {} bytes before, {} after",
+        pages.len(),
+        before.len().div_ceil(4096),
+        before.len(),
+        after.len()
+    )
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! store reports a failure every decision not yet durable is taken back, newest first, so
 //! the core serves the last durable state again, and the store is told to resume.
 
-use bigfleet_libvirt_domain::{ChangeSet, Savepoint};
+use bigfleet_libvirt_domain::{ChangeSet, MachineId, Savepoint};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tracing::{debug, error, info};
@@ -32,11 +32,22 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         savepoint: Savepoint,
     ) -> Barrier {
         if let Some(changes) = changes {
+            let seq = guarded.next_seq;
+            guarded.next_seq += 1;
+            let machines: Vec<MachineId> = changes.machines.iter().map(|m| m.id.clone()).collect();
+            for id in &machines {
+                guarded.machine_commits.insert(id.clone(), seq);
+            }
+            if !machines.is_empty() {
+                guarded.revision_commit = Some(seq);
+            }
             let commit: BoxFuture<'static, _> = Box::pin(self.inner.store.commit(changes));
             guarded.last_commit = commit.shared();
             guarded.pending.push_back(Pending {
+                seq,
                 barrier: guarded.last_commit.clone(),
                 savepoint,
+                machines,
             });
         }
         guarded.last_commit.clone()
@@ -58,7 +69,9 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             match front.barrier.clone().now_or_never() {
                 None => return,
                 Some(Ok(())) => {
-                    guarded.pending.pop_front();
+                    if let Some(done) = guarded.pending.pop_front() {
+                        guarded.confirmed(&done);
+                    }
                     self.set_store_status(|status| {
                         if status.failing.take().is_some() {
                             info!("the state store takes commits again");
@@ -71,6 +84,8 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                         let _redo = guarded.core.rewind(pending.savepoint);
                     }
                     guarded.last_commit = settled();
+                    guarded.machine_commits.clear();
+                    guarded.revision_commit = None;
                     self.inner.store.resume();
                     self.set_store_status(|status| {
                         // Said loudly once; while the store keeps failing, the failure count

@@ -61,13 +61,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         if let Some(changes) = changes {
             store.commit(changes).await.map_err(StartError::Persist)?;
         }
-        let guarded = Guarded {
-            core,
-            last_commit: settled(),
-            rotation: ListRotation::default(),
-            pending: VecDeque::new(),
-            deadlines: BTreeMap::new(),
-        };
+        let guarded = Guarded::durable(core);
         let (sweep_wake, woken) = mpsc::channel(1);
         let inner = Inner {
             core: Mutex::new(guarded),
@@ -93,5 +87,21 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         }
         provider.compensate_failed_creates();
         Ok(provider)
+    }
+}
+
+impl Guarded {
+    /// A core whose whole state is durable: nothing pending, nothing to wait for.
+    fn durable(core: Core) -> Self {
+        Self {
+            core,
+            last_commit: settled(),
+            next_seq: 0,
+            machine_commits: BTreeMap::new(),
+            revision_commit: None,
+            rotation: ListRotation::default(),
+            pending: VecDeque::new(),
+            deadlines: BTreeMap::new(),
+        }
     }
 }

@@ -177,6 +177,8 @@ struct DiskState {
     refusing: bool,
     failing: bool,
     attempts: u32,
+    /// Commits made on a held disk so far (each one's ticket).
+    held: u64,
 }
 
 /// A disk for the provider's store. Clones share their state. By default every commit is
@@ -189,18 +191,26 @@ struct DiskState {
 /// - [`TestDisk::slow`] and [`TestDisk::set_open`]: the commits of a slow disk complete
 ///   only while it is open (a closed disk is a slow fsync); they are applied when they
 ///   complete, not when they are made.
+/// - [`TestDisk::held`] and [`TestDisk::release`]: the commits of a held disk complete one
+///   at a time, in the order they were made, as the test releases them (each one a slow
+///   fsync of its own); they are applied when they complete. [`TestDisk::held_count`] says
+///   how many were made.
 /// - [`TestDisk::set_failing`]: a commit that completes while the disk is failing fails
 ///   (an injected fsync failure) and applies nothing; later ones are not refused for it.
 #[derive(Clone, Default)]
 pub struct TestDisk {
     state: Arc<Mutex<DiskState>>,
     open: Option<watch::Sender<bool>>,
+    /// On a held disk, how many commits were released so far.
+    released: Option<watch::Sender<u64>>,
 }
 
-/// How a commit goes on once it was made: at once, or when the slow disk is open.
+/// How a commit goes on once it was made: at once, when the slow disk is open, or when the
+/// held disk released it (its ticket is below the count released).
 enum Pending {
     Done(Result<(), StoreError>),
     WhenOpen(ChangeSet, watch::Receiver<bool>),
+    WhenReleased(ChangeSet, u64, watch::Receiver<u64>),
 }
 
 impl TestDisk {
@@ -210,6 +220,28 @@ impl TestDisk {
             open: Some(watch::Sender::new(true)),
             ..Self::default()
         }
+    }
+
+    /// A held disk: see [`TestDisk::release`].
+    pub fn held() -> Self {
+        Self {
+            released: Some(watch::Sender::new(0)),
+            ..Self::default()
+        }
+    }
+
+    /// Lets the oldest commit of a held disk that is not yet released complete (or the next
+    /// one made, when none waits).
+    pub fn release(&self) {
+        self.released
+            .as_ref()
+            .expect("release is for a held disk")
+            .send_modify(|released| *released += 1);
+    }
+
+    /// How many commits were made on a held disk (released or not).
+    pub fn held_count(&self) -> u64 {
+        locked(&self.state).held
     }
 
     /// Fills the disk (`true`) or gives it room again (`false`).
@@ -258,6 +290,11 @@ impl TestDisk {
             let full = StoreError::Io("No space left on device (os error 28)".to_owned());
             return Pending::Done(Err(full));
         }
+        if let Some(released) = &self.released {
+            let ticket = disk.held;
+            disk.held += 1;
+            return Pending::WhenReleased(changes, ticket, released.subscribe());
+        }
         match &self.open {
             Some(open) => Pending::WhenOpen(changes, open.subscribe()),
             None => Pending::Done(complete(&mut disk, &changes)),
@@ -290,6 +327,13 @@ impl StateStore for TestDisk {
                 Pending::Done(result) => result,
                 Pending::WhenOpen(changes, mut open) => {
                     open.wait_for(|open| *open)
+                        .await
+                        .map_err(|_| StoreError::Io("disk gone".to_owned()))?;
+                    complete(&mut locked(&state), &changes)
+                }
+                Pending::WhenReleased(changes, ticket, mut released) => {
+                    released
+                        .wait_for(|released| *released > ticket)
                         .await
                         .map_err(|_| StoreError::Io("disk gone".to_owned()))?;
                     complete(&mut locked(&state), &changes)

@@ -16,9 +16,9 @@ use std::time::Duration;
 use bigfleet_libvirt_domain::Machine;
 use bigfleet_libvirt_ports::SWEEP_GRACE;
 
-use super::Invariant;
-use crate::fakes::clock::elapsed;
-use crate::world::World;
+use super::Checkers;
+use crate::time::elapsed;
+use crate::verdict::Invariant;
 
 /// How often the durable state is looked at.
 const EVERY: Duration = Duration::from_millis(500);
@@ -27,8 +27,8 @@ const SLACK: Duration = Duration::from_secs(10);
 
 /// Follows one durable step of a machine, made durable at `at` (as the history tells it):
 /// entering a transitional state starts its clock, leaving it stops it.
-pub fn on_step(world: &World, at: Duration, previous: Option<&Machine>, record: &Machine) {
-    let mut ledger = world.ledger();
+pub fn on_step(checkers: &Checkers, at: Duration, previous: Option<&Machine>, record: &Machine) {
+    let mut ledger = checkers.ledger();
     if !record.state.is_transitional() {
         ledger.in_flight.remove(&record.id);
     } else if previous.is_none_or(|p| p.state != record.state) {
@@ -39,24 +39,33 @@ pub fn on_step(world: &World, at: Duration, previous: Option<&Machine>, record: 
 }
 
 /// A restarted process restores whatever was in flight as Failed: nothing is left to time.
-pub fn on_restart(world: &World) {
-    world.ledger().in_flight.clear();
+/// It serves from now on.
+pub fn on_restart(checkers: &Checkers) {
+    let mut ledger = checkers.ledger();
+    ledger.in_flight.clear();
+    ledger.serving = true;
+}
+
+/// The supervisor killed the process: nobody can move a record until the next one serves.
+pub fn on_kill(checkers: &Checkers) {
+    checkers.ledger().serving = false;
 }
 
 /// Looks at the durable state every [`EVERY`] for the rest of the run and reports each
 /// transition still in flight past its bound, once.
-pub async fn watch(world: Arc<World>) {
-    let bound = world.plan.transition_timeout + SWEEP_GRACE + SLACK;
+pub async fn watch(checkers: Arc<Checkers>) {
+    let timeout = checkers.world().plan.transition_timeout;
+    let bound = timeout + SWEEP_GRACE + SLACK;
     loop {
         madsim::time::sleep(EVERY).await;
         // The durable steps since the last look start and stop the clocks first.
-        super::read_history(&world);
-        if world.provider().is_none() {
+        checkers.read_history();
+        if !checkers.ledger().serving {
             continue; // Down: nobody could move a record, and the restart will fail it.
         }
         let now = elapsed();
         let overdue: Vec<_> = {
-            let mut ledger = world.ledger();
+            let mut ledger = checkers.ledger();
             let late: Vec<_> = ledger
                 .in_flight
                 .iter()
@@ -74,11 +83,11 @@ pub async fn watch(world: Arc<World>) {
                  serving, past its {}s deadline, the {}s sweep grace and {}s of slack",
                 since.as_secs_f64(),
                 (now - since).as_secs_f64(),
-                world.plan.transition_timeout.as_secs(),
+                timeout.as_secs(),
                 SWEEP_GRACE.as_secs(),
                 SLACK.as_secs(),
             );
-            world.violation(Invariant::TransitionDeadline, detail);
+            checkers.violation(Invariant::TransitionDeadline, detail);
         }
     }
 }

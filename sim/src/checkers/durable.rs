@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bigfleet_libvirt_domain::{Machine, MachineState};
 
-use super::{Invariant, binding_problem, bound_state};
-use crate::world::World;
+use super::{Checkers, binding_problem, bound_state};
+use crate::verdict::Invariant;
 
 /// The contract's legal edges (docs/contract.md §2.2).
 fn legal(from: MachineState, to: MachineState) -> bool {
@@ -35,12 +35,16 @@ fn binding(m: &Machine) -> (&str, &bigfleet_libvirt_domain::StringMap) {
 
 /// Checks the records one commit made durable at `at` (previous record, new record), as
 /// the history tells them.
-pub fn on_commit(world: &World, at: Duration, steps: &[(Option<Arc<Machine>>, Arc<Machine>)]) {
+pub fn on_commit(
+    checkers: &Checkers,
+    at: Duration,
+    steps: &[(Option<Arc<Machine>>, Arc<Machine>)],
+) {
     let violation = |invariant: Invariant, detail: String| {
-        world.violation_at(invariant, at, detail);
+        checkers.violation_at(invariant, at, detail);
     };
     for (previous, record) in steps {
-        super::deadlines::on_step(world, at, previous.as_deref(), record);
+        super::deadlines::on_step(checkers, at, previous.as_deref(), record);
         if let Some(problem) = binding_problem(record) {
             violation(Invariant::Binding, format!("durable record: {problem}"));
         }

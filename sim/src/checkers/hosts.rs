@@ -10,22 +10,22 @@ use std::time::Duration;
 
 use bigfleet_libvirt_domain::MachineId;
 
-use super::Invariant;
-use crate::world::World;
+use super::Checkers;
+use crate::verdict::Invariant;
 
 /// Checks one operation's effect at `at`: after it, `domains` hosts hold a domain for
 /// `machine`.
-pub fn on_effect(world: &World, at: Duration, machine: &MachineId, domains: usize) {
+pub fn on_effect(checkers: &Checkers, at: Duration, machine: &MachineId, domains: usize) {
     if domains > 1 {
         let detail = format!("machine {machine} has {domains} domains");
-        world.violation_at(Invariant::DomainsPerMachine, at, detail);
+        checkers.violation_at(Invariant::DomainsPerMachine, at, detail);
     }
 }
 
 /// Checks one arrival at `at`: host `host` then had `in_flight` requests of the provider
 /// connection `connection` not yet finished.
-pub fn on_load(world: &World, at: Duration, host: usize, connection: u64, in_flight: usize) {
-    let libvirtd = &world.plan.libvirtd;
+pub fn on_load(checkers: &Checkers, at: Duration, host: usize, connection: u64, in_flight: usize) {
+    let libvirtd = &checkers.world().plan.libvirtd;
     let budget = libvirtd.budget.host;
     let limit = libvirtd.max_client_requests[host];
     if in_flight > budget || in_flight > limit {
@@ -33,6 +33,6 @@ pub fn on_load(world: &World, at: Duration, host: usize, connection: u64, in_fli
             "connection {connection} had {in_flight} requests in flight on zone-{host} \
              (host budget {budget}, max_client_requests {limit})"
         );
-        world.violation_at(Invariant::HostBudget, at, detail);
+        checkers.violation_at(Invariant::HostBudget, at, detail);
     }
 }

@@ -1,12 +1,18 @@
-//! Invariant checkers, kept apart from the workload (docs/design.md §5.6). They observe the world
-//! after every step: each answer as it leaves the provider (`online`), each durable commit
-//! (`durable`), each host effect and each request arriving at a host (`hosts`), read from the history the fakes append
-//! to (`crate::history`; no fake calls a checker), each provider restart (`restart`), and
-//! once more after faults stop and the provider has converged (`quiescence`).
+//! Invariant checkers, kept apart from the workload (docs/design.md §5.6). They judge the
+//! run from its history (`crate::history`), which every other part only appends to: each
+//! answer as it left the provider and each answer a client received (`online`), each
+//! durable commit (`durable`), each host effect and each request arriving at a host
+//! (`hosts`), each host call sent and ended (`serving`), each span opened (`spans`), each
+//! provider start (`restart`); and, run by the scenario, the deadline and serving watches
+//! every 500 ms of simulated time and the final checks after faults stop and the provider
+//! has converged (`quiescence`). Only the scenario names this module (the tidy test
+//! `tests/tests/tidy/sim.rs` says so).
 //!
-//! The [`Ledger`] is the checkers' model of what clients were told: the highest token of
-//! each (shard, machine) that got a definite non-fenced answer, every token sent,
-//! the operation ids acknowledged, and the highest List revision answered.
+//! Events are judged in the order they happened, each against what came before it: the
+//! [`Ledger`] is the checkers' model of what clients were told (the highest token of each
+//! (shard, machine) that got a definite non-fenced answer, every token sent, the operation
+//! ids acknowledged, the highest List revision answered), and [`DiskSeen`] their copy of
+//! the disk, following the change sets the store made durable.
 
 pub mod deadlines;
 pub mod durable;
@@ -14,168 +20,165 @@ pub mod hosts;
 pub mod online;
 pub mod quiescence;
 pub mod restart;
+pub mod serving;
 pub mod spans;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::{
-    CapacityType, FenceMark, HostRef, Kind, Machine, MachineId, MachineState, StringMap,
+    CapacityType, FenceMark, HostRef, Kind, Machine, MachineId, MachineState, Snapshot, StringMap,
 };
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 
+use crate::disk::Disk;
 use crate::history::{Entry, Event};
+use crate::time::elapsed;
+use crate::verdict::{Invariant, Violations};
+use crate::workload::CLUSTER_KEY;
 use crate::world::World;
 
-/// Checks every event the history holds that no checker has read yet, in order. Called on
-/// every answer leaving the provider, at every restart, at quiescence and when the run ends.
-pub fn read_history(world: &World) {
-    let entries = world.history().take_unread();
-    for Entry { at, event } in entries {
+/// Locks, ignoring poisoning: a panicking run is reported, and its state is still readable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The checkers of one run: what they know from the history read so far, and what they
+/// found.
+pub struct Checkers {
+    world: Arc<World>,
+    ledger: Mutex<Ledger>,
+    disk: Mutex<DiskSeen>,
+    violations: Mutex<Violations>,
+}
+
+impl Checkers {
+    /// The checkers of `world`'s run, before any event.
+    #[must_use]
+    pub fn new(world: Arc<World>) -> Self {
+        Self {
+            world,
+            ledger: Mutex::new(Ledger::default()),
+            disk: Mutex::new(DiskSeen::default()),
+            violations: Mutex::new(Violations::default()),
+        }
+    }
+
+    /// The world they judge.
+    #[must_use]
+    pub fn world(&self) -> &Arc<World> {
+        &self.world
+    }
+
+    /// Checks every event the history holds that no checker has read yet, in order.
+    /// Called by the watches every 500 ms, at quiescence and when the run ends.
+    pub fn read_history(&self) {
+        let entries = self.world.history().take_unread();
+        for entry in entries {
+            self.check(entry);
+        }
+    }
+
+    fn check(&self, Entry { number, at, event }: Entry) {
         match event {
-            Event::Durable(steps) => durable::on_commit(world, at, &steps),
+            Event::Durable(changes) => {
+                let steps = self.disk().apply(&changes);
+                durable::on_commit(self, at, &steps);
+            }
             Event::HostEffect { machine, domains } => {
-                hosts::on_effect(world, at, &machine, domains);
+                hosts::on_effect(self, at, &machine, domains);
             }
             Event::HostLoad {
                 host,
                 connection,
                 in_flight,
-            } => hosts::on_load(world, at, host, connection, in_flight),
-            Event::Span(seen) => spans::on_span(world, at, &seen),
+            } => hosts::on_load(self, at, host, connection, in_flight),
+            Event::HostCall {
+                call,
+                host,
+                faulted,
+            } => serving::on_call(self, at, call, host, faulted),
+            Event::HostCallEnd { call, how } => serving::on_call_end(self, at, call, how),
+            Event::Starting => restart::on_starting(self, at),
+            Event::Started(machines) => restart::on_started(self, at, &machines),
+            Event::Killed => deadlines::on_kill(self),
+            Event::Answered(rpc, reply) => online::on_answer(self, at, &rpc, &reply),
+            Event::Sent { scope, token } => online::on_send(self, number, scope, token),
+            Event::Mutated {
+                sent,
+                kind,
+                reply,
+                binding,
+            } => online::on_mutation(self, at, sent, kind, reply.as_ref(), binding.as_ref()),
+            Event::Got(machine) => online::on_machine(self, at, &machine),
+            Event::Listing => online::on_listing(self, number),
+            Event::Listed { sent, list, cursor } => {
+                online::on_list(self, at, sent, list.as_ref(), cursor);
+            }
+            Event::Span(seen) => spans::on_span(self, at, &seen),
         }
+    }
+
+    /// Records a broken invariant, now.
+    pub fn violation(&self, invariant: Invariant, detail: impl Into<String>) {
+        self.violation_at(invariant, elapsed(), detail);
+    }
+
+    /// Records an invariant broken at `at` (the time of the event that shows it; the
+    /// trace line carries it too).
+    pub fn violation_at(&self, invariant: Invariant, at: Duration, detail: impl Into<String>) {
+        let detail = detail.into();
+        let line = format!("VIOLATION {}: {detail}", invariant.name());
+        self.world.trace_at(at, &line);
+        lock(&self.violations).push(invariant, at, detail);
+    }
+
+    /// The violations so far.
+    pub fn violations(&self) -> MutexGuard<'_, Violations> {
+        lock(&self.violations)
+    }
+
+    /// What the checkers know of what clients were told.
+    pub fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        lock(&self.ledger)
+    }
+
+    /// Their copy of the disk.
+    pub fn disk(&self) -> MutexGuard<'_, DiskSeen> {
+        lock(&self.disk)
     }
 }
 
-/// The metadata key every simulated Configure carries with its cluster id, so a record's
-/// binding can be checked for consistency wherever it is seen.
-pub const CLUSTER_KEY: &str = "bigfleet.lucy.sh/assigned-group";
-
-/// The invariants, each with the name a failure report uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Invariant {
-    /// A stale token is never applied.
-    StaleTokenApplied,
-    /// FAILED_PRECONDITION means a stale token and nothing else.
-    FreshTokenFenced,
-    /// Never more than one domain per machine.
-    DomainsPerMachine,
-    /// Every accepted transition ends in its target or FAILED with a non-empty last_error.
-    TransitionOutcome,
-    /// No answer reflects state a crash could take back.
-    DurableBeforeAnswer,
-    /// No acknowledged mutation is lost across restarts.
-    AckedSurvivesRestart,
-    /// `cluster` and `shard_metadata` are present exactly while bound.
-    Binding,
-    /// Revisions only grow and since_revision never misses a change.
-    Revisions,
-    /// The provider never has more requests in flight on a host than its budget, nor than
-    /// the host's `max_client_requests`.
-    HostBudget,
-    /// After quiescence no domain exists that the state does not know about.
-    OrphanDomain,
-    /// No accepted transition stays transitional past its deadline and the sweep's grace.
-    TransitionDeadline,
-    /// Every span a transition's work opens is in the trace of the call that accepted it.
-    SpansInCallTrace,
-    /// After faults stop, the provider converges within the budget.
-    Convergence,
-    /// The provider never panics (its own assertions hold).
-    Panic,
+/// The disk as the history tells it: each change set the store made durable, applied in
+/// the same order, so at each event it is the disk as it was then.
+#[derive(Debug, Default)]
+pub struct DiskSeen {
+    /// The disk.
+    pub disk: Disk,
+    /// Every durable record of each machine, oldest first.
+    pub records: BTreeMap<MachineId, Vec<Arc<Machine>>>,
+    /// What the provider process starting last loaded (`restart`).
+    pub loaded: Option<Snapshot>,
 }
 
-impl Invariant {
-    /// The short name.
+impl DiskSeen {
+    /// Applies a change set made durable; returns each machine's previous and new record.
+    pub fn apply(
+        &mut self,
+        changes: &bigfleet_libvirt_domain::ChangeSet,
+    ) -> Vec<(Option<Arc<Machine>>, Arc<Machine>)> {
+        for machine in &changes.machines {
+            let records = self.records.entry(machine.id.clone()).or_default();
+            records.push(Arc::clone(machine));
+        }
+        self.disk.apply(changes)
+    }
+
+    /// Every durable record of `id`, oldest first.
     #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::StaleTokenApplied => "stale-token-applied",
-            Self::FreshTokenFenced => "fresh-token-fenced",
-            Self::DomainsPerMachine => "one-domain-per-machine",
-            Self::TransitionOutcome => "transition-outcome",
-            Self::DurableBeforeAnswer => "durable-before-answer",
-            Self::AckedSurvivesRestart => "acked-survives-restart",
-            Self::Binding => "binding-while-bound",
-            Self::Revisions => "revisions",
-            Self::HostBudget => "host-budget",
-            Self::OrphanDomain => "no-orphan-domain",
-            Self::TransitionDeadline => "transition-deadline",
-            Self::SpansInCallTrace => "spans-in-call-trace",
-            Self::Convergence => "convergence",
-            Self::Panic => "no-panic",
-        }
-    }
-
-    /// What it promises.
-    #[must_use]
-    pub fn promise(self) -> &'static str {
-        match self {
-            Self::StaleTokenApplied => "a stale fencing token is never applied",
-            Self::FreshTokenFenced => "FAILED_PRECONDITION is returned for stale tokens only",
-            Self::DomainsPerMachine => "never more than one domain per machine",
-            Self::TransitionOutcome => {
-                "every accepted transition ends in its target or FAILED with a last_error"
-            }
-            Self::DurableBeforeAnswer => "no answer reflects state a crash could take back",
-            Self::AckedSurvivesRestart => "no acknowledged mutation is lost across restarts",
-            Self::Binding => "cluster and shard_metadata are present exactly while bound",
-            Self::Revisions => "revisions only grow and since_revision never misses a change",
-            Self::HostBudget => {
-                "the provider keeps within its host budget and libvirtd's max_client_requests"
-            }
-            Self::OrphanDomain => "after quiescence no domain exists that the state does not know",
-            Self::TransitionDeadline => {
-                "no accepted transition outlives its deadline by more than the sweep's grace"
-            }
-            Self::SpansInCallTrace => {
-                "every span a transition's work opens is under the accepting call's rpc span"
-            }
-            Self::Convergence => "after faults stop the provider converges within the budget",
-            Self::Panic => "the provider never panics (its own assertions hold)",
-        }
-    }
-}
-
-/// One broken invariant.
-#[derive(Clone, Debug)]
-pub struct Violation {
-    /// Which.
-    pub invariant: Invariant,
-    /// When (simulated time since the start).
-    pub at: Duration,
-    /// What was seen.
-    pub detail: String,
-}
-
-/// Every violation of a run (the first few kept in full).
-#[derive(Clone, Debug, Default)]
-pub struct Violations {
-    /// The first violations, in order.
-    pub first: Vec<Violation>,
-    /// How many of each.
-    pub counts: BTreeMap<Invariant, u64>,
-}
-
-impl Violations {
-    const KEPT: usize = 20;
-
-    /// Records one.
-    pub fn push(&mut self, invariant: Invariant, at: Duration, detail: String) {
-        *self.counts.entry(invariant).or_default() += 1;
-        if self.first.len() < Self::KEPT {
-            self.first.push(Violation {
-                invariant,
-                at,
-                detail,
-            });
-        }
-    }
-
-    /// Whether the run was clean.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.counts.is_empty()
+    pub fn records(&self, id: &MachineId) -> &[Arc<Machine>] {
+        self.records.get(id).map_or(&[], Vec::as_slice)
     }
 }
 
@@ -196,6 +199,15 @@ pub struct Ledger {
     /// The machines whose durable record is transitional, with the simulated time the
     /// transition became durable and its state (`deadlines`).
     pub in_flight: BTreeMap<MachineId, (Duration, MachineState)>,
+    /// The host calls in flight, by number (`serving`).
+    pub calls: BTreeMap<u64, serving::CallSeen>,
+    /// The fenced calls sent and not yet answered, by the number of their `Sent` event.
+    pub sends: BTreeMap<u64, online::Sent>,
+    /// The Lists sent and not yet answered, by the number of their `Listing` event, each
+    /// with the highest revision any client had been answered when it was sent.
+    pub lists: BTreeMap<u64, i64>,
+    /// Whether a provider process has started and serves (`deadlines`).
+    pub serving: bool,
 }
 
 /// The `n` of an operation id `op-n`.

@@ -14,18 +14,21 @@ use std::time::Duration;
 use bigfleet_libvirt_domain::{HostRef, ListQuery, MachineState};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 
-use super::Invariant;
-use crate::fakes::clock::elapsed;
+use super::Checkers;
+use crate::hosts::zone_index;
 use crate::net::{self, Answer, Client, Outcome, Rpc};
-use crate::workload::watcher_delta;
+use crate::server::Serving;
+use crate::time::elapsed;
+use crate::verdict::Invariant;
+use crate::workload::{Watchers, watcher_delta};
 use crate::world::World;
 
 /// How long the provider gets to converge after the final restart.
 pub const CONVERGENCE_BUDGET: Duration = Duration::from_secs(15 * 60);
 
 /// Domains the state does not account for, and records whose domain is missing.
-fn disagreements(world: &World) -> Vec<String> {
-    let Some(provider) = world.provider() else {
+fn disagreements(world: &World, serving: &Serving) -> Vec<String> {
+    let Some(provider) = serving.get() else {
         return vec!["the provider is not serving".to_owned()];
     };
     let page = provider.peek(&ListQuery::default());
@@ -55,7 +58,7 @@ fn disagreements(world: &World) -> Vec<String> {
                 | MachineState::Configured
                 | MachineState::Draining
         );
-        let zone = crate::fakes::hypervisor::zone_index(&machine.zone);
+        let zone = zone_index(&machine.zone);
         let present = hosts.domains[zone]
             .get(&machine.id)
             .is_some_and(|d| d.running);
@@ -69,8 +72,8 @@ fn disagreements(world: &World) -> Vec<String> {
     problems
 }
 
-fn transitional(world: &World) -> Vec<String> {
-    let Some(provider) = world.provider() else {
+fn transitional(serving: &Serving) -> Vec<String> {
+    let Some(provider) = serving.get() else {
         return vec!["the provider is not serving".to_owned()];
     };
     provider
@@ -82,34 +85,36 @@ fn transitional(world: &World) -> Vec<String> {
         .collect()
 }
 
-/// Waits (bounded) for convergence, then runs every final check.
-pub async fn run(world: &Arc<World>) {
+/// Waits (bounded) for convergence, then runs every final check, on the process
+/// `serving` holds and the views `watchers` kept.
+pub async fn run(checkers: &Checkers, serving: &Serving, watchers: &Watchers) {
+    let world = checkers.world();
     let give_up = elapsed() + CONVERGENCE_BUDGET;
     while elapsed() < give_up
-        && !(transitional(world).is_empty() && disagreements(world).is_empty())
+        && !(transitional(serving).is_empty() && disagreements(world, serving).is_empty())
     {
         madsim::time::sleep(Duration::from_secs(5)).await;
     }
-    super::read_history(world);
+    checkers.read_history();
     world.trace("quiescence checks");
-    for problem in transitional(world) {
-        world.violation(Invariant::Convergence, problem);
+    for problem in transitional(serving) {
+        checkers.violation(Invariant::Convergence, problem);
     }
-    for problem in disagreements(world) {
-        world.violation(Invariant::OrphanDomain, problem);
+    for problem in disagreements(world, serving) {
+        checkers.violation(Invariant::OrphanDomain, problem);
     }
-    check_memory_equals_disk(world);
-    check_watchers(world).await;
-    probe_fences(world).await;
+    check_memory_equals_disk(checkers, serving);
+    check_watchers(checkers, watchers).await;
+    probe_fences(checkers).await;
 }
 
-fn check_memory_equals_disk(world: &World) {
-    let Some(provider) = world.provider() else {
+fn check_memory_equals_disk(checkers: &Checkers, serving: &Serving) {
+    let Some(provider) = serving.get() else {
         return;
     };
     let page = provider.peek(&ListQuery::default());
     let differing: Vec<String> = {
-        let disk = world.disk();
+        let disk = checkers.world().disk();
         page.machines
             .iter()
             .filter(|m| disk.machine(&m.id).map(|d| d.as_ref()) != Some(m.as_ref()))
@@ -117,7 +122,7 @@ fn check_memory_equals_disk(world: &World) {
             .collect()
     };
     for detail in differing {
-        world.violation(Invariant::DurableBeforeAnswer, detail);
+        checkers.violation(Invariant::DurableBeforeAnswer, detail);
     }
 }
 
@@ -128,14 +133,15 @@ async fn full_list(world: &Arc<World>) -> Option<pb::MachineList> {
     }
 }
 
-async fn check_watchers(world: &Arc<World>) {
+async fn check_watchers(checkers: &Checkers, watchers: &Watchers) {
+    let world = checkers.world();
     for shard in 0..world.plan.shards {
-        let mut view = world.watchers()[shard].clone();
+        let mut view = watchers.view(shard);
         let (Some(delta), Some(full)) = (
             watcher_delta(world, Client::Auditor, &view).await,
             full_list(world).await,
         ) else {
-            world.violation(Invariant::Convergence, "the final List calls got no answer");
+            checkers.violation(Invariant::Convergence, "the final List calls got no answer");
             return;
         };
         view.apply(delta);
@@ -147,7 +153,7 @@ async fn check_watchers(world: &Arc<World>) {
                 seen.len(),
                 listed.len()
             );
-            world.violation(Invariant::Revisions, detail);
+            checkers.violation(Invariant::Revisions, detail);
         }
         for machine in &full.machines {
             if view.machines.get(&machine.id) != Some(machine) {
@@ -157,14 +163,15 @@ async fn check_watchers(world: &Arc<World>) {
                     view.machines.get(&machine.id).map_or(0, |m| m.state),
                     machine.state
                 );
-                world.violation(Invariant::Revisions, detail);
+                checkers.violation(Invariant::Revisions, detail);
             }
         }
     }
 }
 
-async fn probe_fences(world: &Arc<World>) {
-    let marks = world.ledger().acked_marks.clone();
+async fn probe_fences(checkers: &Checkers) {
+    let world = checkers.world();
+    let marks = checkers.ledger().acked_marks.clone();
     for ((shard, machine), mark) in marks {
         let rpc = Rpc::Create(pb::CreateRequest {
             machine_id: machine.clone(),
@@ -180,11 +187,11 @@ async fn probe_fences(world: &Arc<World>) {
                     "at the end, the acknowledged token {mark:?} of {shard} on {machine} is \
                      answered {answer} instead of FAILED_PRECONDITION"
                 );
-                world.violation(Invariant::AckedSurvivesRestart, detail);
+                checkers.violation(Invariant::AckedSurvivesRestart, detail);
             }
             other => {
                 let detail = format!("a fence probe got no answer: {other:?}");
-                world.violation(Invariant::Convergence, detail);
+                checkers.violation(Invariant::Convergence, detail);
             }
         }
     }

@@ -1,4 +1,5 @@
-//! Checks at every provider (re)start.
+//! Checks at every provider (re)start, read from the history (the server records when a
+//! process starts and, once started, the records it holds).
 //!
 //! Before the new process starts, the durable state it will load must still hold what
 //! clients were told: restored into a throwaway core (the product's own `Core::restore`),
@@ -7,31 +8,36 @@
 //! After it started, its state must equal the durable state, with every transition that
 //! was in flight turned into Failed.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use bigfleet_libvirt_domain::{
-    Core, FenceToken, ListQuery, MachineState, MutateError, MutateRequest, Mutation, Snapshot,
-    Timestamp,
+    Core, FenceToken, Machine, MachineState, MutateError, MutateRequest, Mutation, Timestamp,
 };
 
-use super::{Invariant, op_number};
-use crate::server::{SimProvider, config};
-use crate::world::World;
+use super::{Checkers, op_number};
+use crate::server::config;
+use crate::verdict::Invariant;
 
-/// Checks the durable state about to be loaded; returns it for [`after_start`].
-pub fn before_start(world: &World) -> Snapshot {
-    super::read_history(world);
-    let snapshot = world.disk().snapshot();
+/// A process starts at `at`: checks the durable state it is about to load, and keeps it
+/// for [`on_started`].
+pub fn on_starting(checkers: &Checkers, at: Duration) {
+    let snapshot = checkers.disk().disk.snapshot();
+    checkers.disk().loaded = Some(snapshot.clone());
     if snapshot.is_fresh() {
-        return snapshot;
+        return;
     }
-    let mut core = match Core::restore(config(world).policy, snapshot.clone()) {
+    let violation = |detail: String| {
+        checkers.violation_at(Invariant::AckedSurvivesRestart, at, detail);
+    };
+    let mut core = match Core::restore(config(checkers.world()).policy, snapshot.clone()) {
         Ok((core, _)) => core,
         Err(e) => {
-            let detail = format!("the durable state does not restore: {e}");
-            world.violation(Invariant::AckedSurvivesRestart, detail);
-            return snapshot;
+            violation(format!("the durable state does not restore: {e}"));
+            return;
         }
     };
-    let ledger = world.ledger().clone();
+    let ledger = checkers.ledger().clone();
     for ((shard, machine), mark) in &ledger.acked_marks {
         let probe = Mutation {
             machine_id: machine.clone(),
@@ -53,7 +59,7 @@ pub fn before_start(world: &World) -> Snapshot {
                 "after a restart the acknowledged token ({e},{s}) of {shard} on {machine} \
                  passes the fence again: {outcome}"
             );
-            world.violation(Invariant::AckedSurvivesRestart, detail);
+            violation(detail);
         }
     }
     for ((machine, kind), acked) in &ledger.acked_ops {
@@ -67,7 +73,7 @@ pub fn before_start(world: &World) -> Snapshot {
                 "after a restart {kind} of {machine} records op number {durable:?}, but op-{acked} \
                  was acknowledged"
             );
-            world.violation(Invariant::AckedSurvivesRestart, detail);
+            violation(detail);
         }
     }
     if snapshot.revision < ledger.max_revision {
@@ -75,21 +81,24 @@ pub fn before_start(world: &World) -> Snapshot {
             "after a restart the revision is {}, but {} was answered",
             snapshot.revision, ledger.max_revision
         );
-        world.violation(Invariant::AckedSurvivesRestart, detail);
+        violation(detail);
     }
-    snapshot
 }
 
-/// Checks the started provider against the durable state it loaded (`before`).
-pub fn after_start(world: &World, provider: &SimProvider, before: &Snapshot) {
-    // What the new process committed while it started is followed before the clocks stop.
-    super::read_history(world);
-    super::deadlines::on_restart(world);
-    let page = provider.peek(&ListQuery::default());
+/// The process started at `at`, holding `machines`: checks them against the durable state
+/// it loaded (`on_starting`) and the disk now. What it committed while it started came
+/// before in the history, so the deadline clocks stop only now.
+pub fn on_started(checkers: &Checkers, at: Duration, machines: &[Arc<Machine>]) {
+    super::deadlines::on_restart(checkers);
     let mut problems = Vec::new();
     {
-        let disk = world.disk();
-        for machine in &page.machines {
+        let seen = checkers.disk();
+        let loaded = seen
+            .loaded
+            .as_ref()
+            .map_or(&[][..], |s| s.machines.as_slice());
+        let disk = &seen.disk;
+        for machine in machines {
             if disk.machine(&machine.id).map(|d| d.as_ref()) != Some(machine.as_ref()) {
                 problems.push((
                     Invariant::AckedSurvivesRestart,
@@ -99,7 +108,7 @@ pub fn after_start(world: &World, provider: &SimProvider, before: &Snapshot) {
                     ),
                 ));
             }
-            let was = before.machines.iter().find(|m| m.id == machine.id);
+            let was = loaded.iter().find(|m| m.id == machine.id);
             let interrupted = was.is_some_and(|m| m.state.is_transitional());
             let failed_as_expected = machine.state == MachineState::Failed
                 && machine
@@ -115,7 +124,7 @@ pub fn after_start(world: &World, provider: &SimProvider, before: &Snapshot) {
                 ));
             }
         }
-        if disk.machines().count() != page.machines.len() {
+        if disk.machines().count() != machines.len() {
             problems.push((
                 Invariant::AckedSurvivesRestart,
                 "restarted provider holds a different number of machines than the disk".to_owned(),
@@ -123,6 +132,6 @@ pub fn after_start(world: &World, provider: &SimProvider, before: &Snapshot) {
         }
     }
     for (invariant, detail) in problems {
-        world.violation(invariant, detail);
+        checkers.violation_at(invariant, at, detail);
     }
 }

@@ -19,17 +19,18 @@
 
 use std::time::Duration;
 
-use super::Invariant;
-use crate::spans::{Fields, HYPERVISOR, SpanSeen, TRANSITION};
-use crate::world::World;
+use super::Checkers;
+use crate::history::{Fields, SpanSeen};
+use crate::spans::{HYPERVISOR, TRANSITION};
+use crate::verdict::Invariant;
 
 /// The hypervisor call that reads the hosts outside any transition.
 const DESCRIBE: &str = "DescribeManaged";
 
 /// Checks one span opened at `at`.
-pub fn on_span(world: &World, at: Duration, seen: &SpanSeen) {
+pub fn on_span(checkers: &Checkers, at: Duration, seen: &SpanSeen) {
     if let Some(problem) = problem(seen) {
-        world.violation_at(Invariant::SpansInCallTrace, at, problem);
+        checkers.violation_at(Invariant::SpansInCallTrace, at, problem);
     }
 }
 
@@ -74,7 +75,8 @@ fn describe(name: &str, fields: &Fields) -> String {
 #[cfg(test)]
 mod tests {
     use super::problem;
-    use crate::spans::{COMPENSATION, Fields, HYPERVISOR, SpanSeen, TRANSITION};
+    use crate::history::{Fields, SpanSeen};
+    use crate::spans::{COMPENSATION, HYPERVISOR, TRANSITION};
 
     fn fields(what: &str, machine: &str) -> Fields {
         Fields {

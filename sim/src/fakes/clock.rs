@@ -12,7 +12,9 @@ use bigfleet_libvirt_domain::Timestamp;
 use bigfleet_libvirt_ports::{Clock, Spawner};
 use madsim::time::TimeHandle;
 
-/// Virtual time: `now` is madsim's simulated wall clock, timers are madsim sleeps.
+/// Virtual time: `now` is madsim's simulated wall clock, timers are madsim sleeps. madsim's
+/// wall clock and its monotonic clock are one virtual timeline (a seeded base plus the
+/// simulated time elapsed): it never steps, so this clock is monotonic as the port requires.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SimClock;
 
@@ -39,10 +41,4 @@ impl Spawner for SimSpawner {
     fn spawn(&self, _name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
         drop(madsim::task::spawn(task));
     }
-}
-
-/// Simulated time since the run started.
-#[must_use]
-pub fn elapsed() -> Duration {
-    TimeHandle::current().elapsed()
 }

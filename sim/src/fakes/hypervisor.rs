@@ -1,17 +1,22 @@
 //! `SimHypervisor`: N simulated libvirt hosts (one zone each) behind the Hypervisor port,
 //! with the seeded per-call faults of the run's [`HostFaults`].
 //!
-//! Host state lives in the world, outside the provider process: a request, once sent, is
-//! executed by a task on the host's own madsim node, so killing the provider (or dropping
-//! the call at its deadline) does not undo or cancel it. Operations on one domain execute
-//! in arrival order (libvirt serialises jobs on a domain), which is why a compensating
-//! delete sent after a hung Create still runs after it.
+//! Host state (`crate::hosts`) lives in the world, outside the provider process: a request,
+//! once sent, is executed by a task on the host's own madsim node, so killing the provider
+//! (or dropping the call at its deadline) does not undo or cancel it. Operations on one
+//! domain execute in arrival order (libvirt serialises jobs on a domain), which is why a
+//! compensating delete sent after a hung Create still runs after it.
 //!
 //! Faults per call: an error before dispatch (nothing happened); a latency spike (possibly
 //! past the deadline); a hang (the host acts late and never answers); a lost reply (the
 //! host acted, the caller gets an indefinite error); a partial Create (domain defined, not
 //! started: `SideEffects::Applied`); a host unreachable for a while (calls are refused, and
-//! replies in flight are lost after a keepalive timeout).
+//! replies in flight are lost after a keepalive timeout). And a whole-host stall (a frozen
+//! libvirtd): for 25–40 s the host takes every call and neither acts on it nor answers, the
+//! calls it had in hand included (describe's scan of it too); when it resumes it acts on
+//! everything it held, in order, and answers. Each call is recorded when sent and when it
+//! ends (`Event::HostCall`, `Event::HostCallEnd`; the `hosts-keep-serving` checker judges
+//! them).
 //!
 //! Each provider process's `SimHypervisor` is one connection to every host, and every call
 //! it makes passes through the product's per-host [`Lanes`] first, on the lane the libvirt
@@ -30,7 +35,7 @@
 //! executes at most that many at once: a request over the limit waits in the daemon until
 //! one finishes.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,62 +50,12 @@ use futures::FutureExt;
 use futures::channel::oneshot;
 use futures::future::BoxFuture;
 
-use crate::fakes::clock::elapsed;
 use crate::faults::HostFaults;
-use crate::history::Event;
+use crate::history::{CallEnd, Event};
+use crate::hosts::{Domain, zone_index};
 use crate::rng::SimRng;
+use crate::time::elapsed;
 use crate::world::World;
-
-/// One domain on a host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Domain {
-    /// The libvirt domain name (derived from provider label and machine id).
-    pub name: String,
-    /// Whether it was started.
-    pub running: bool,
-    /// The cluster it was bootstrapped into, if any.
-    pub cluster: String,
-}
-
-/// Every host's domains and the hosts' decision stream.
-#[derive(Debug)]
-pub struct Hosts {
-    rng: SimRng,
-    /// Domains per host, by machine id.
-    pub domains: Vec<BTreeMap<MachineId, Domain>>,
-    /// When the last queued operation on each domain executes.
-    busy_until: BTreeMap<MachineId, Duration>,
-    /// Per-slot price drift, so reconcile has substrate facts to refresh.
-    pub price_drift: BTreeMap<MachineId, u32>,
-    /// Each (host, connection)'s requests in the daemon.
-    load: BTreeMap<(usize, u64), Load>,
-    /// Connections opened so far (one per `SimHypervisor`).
-    connections: u64,
-}
-
-/// One connection's requests on one host: arrived and not finished, and of those the ones
-/// executing; the rest wait in `waiting` for a worker (libvirtd's `max_client_requests`).
-#[derive(Debug, Default)]
-struct Load {
-    in_flight: usize,
-    executing: usize,
-    waiting: VecDeque<oneshot::Sender<()>>,
-}
-
-impl Hosts {
-    /// `count` empty hosts.
-    #[must_use]
-    pub fn new(seed: u64, count: usize) -> Self {
-        Self {
-            rng: SimRng::stream(seed, "hosts"),
-            domains: vec![BTreeMap::new(); count],
-            busy_until: BTreeMap::new(),
-            price_drift: BTreeMap::new(),
-            load: BTreeMap::new(),
-            connections: 0,
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -152,6 +107,8 @@ struct Job {
     fault: Fault,
     arrive_at: Duration,
     execute_at: Duration,
+    /// A stall pushed `execute_at` to its end.
+    held: bool,
     reply_delay: Duration,
     keepalive: Duration,
 }
@@ -162,14 +119,6 @@ pub struct SimHypervisor {
     world: Arc<World>,
     connection: u64,
     lanes: Arc<Vec<Arc<Lanes>>>,
-}
-
-/// The host index of a zone (`zone-<i>`).
-#[must_use]
-pub fn zone_index(zone: &str) -> usize {
-    zone.strip_prefix("zone-")
-        .and_then(|i| i.parse().ok())
-        .expect("simulated zones are zone-<index>")
 }
 
 fn draw_fault(rng: &mut SimRng, faults: &HostFaults, op: &Op) -> Fault {
@@ -229,22 +178,30 @@ impl SimHypervisor {
         } else {
             draw_fault(&mut self.world.hosts().rng, &self.world.plan.host, &op)
         };
+        let mut call = HostCall::sent(&self.world, host, unreachable || fault != Fault::None);
         if unreachable || fault == Fault::Error {
-            return self.refuse(host, &op, &machine.id, unreachable).await;
+            let refused = self.refuse(host, &op, &machine.id, unreachable).await;
+            call.end = CallEnd::Answered;
+            return refused;
         }
         let permit = self.lanes[host].acquire(op.lane()).await;
         // A wait for the slot may span the start of an outage.
         let now = elapsed();
         if !self.world.calm() && self.world.host_unreachable(host, now) {
             drop(permit);
-            return self.refuse(host, &op, &machine.id, true).await;
+            let refused = self.refuse(host, &op, &machine.id, true).await;
+            call.end = CallEnd::Answered;
+            return refused;
         }
         let job = self.schedule(host, op, machine, fault, now);
+        call.held = job.held;
+        // From here the host has it: it ends when the host is done with it.
+        call.end = CallEnd::Unanswered;
         let (answer, reply) = oneshot::channel();
         drop(
             self.world
                 .host_node(host)
-                .spawn(self.clone().serve(job, answer, permit)),
+                .spawn(self.clone().serve(job, answer, permit, call)),
         );
         match reply.await {
             Ok(result) => result,
@@ -301,7 +258,20 @@ impl SimHypervisor {
             .copied()
             .unwrap_or_default();
         let arrive_at = now + send;
-        let execute_at = arrive_at.max(queued) + service;
+        let planned = arrive_at.max(queued) + service;
+        drop(hosts);
+        // A stalled host does nothing until it resumes.
+        let execute_at = self.world.after_stall(host, planned);
+        let held = execute_at != planned;
+        if held {
+            self.world.trace(format!(
+                "host zone-{host}: {} {} held by a stall until {:.3}s",
+                op.name(),
+                machine.id,
+                execute_at.as_secs_f64()
+            ));
+        }
+        let mut hosts = self.world.hosts();
         hosts.busy_until.insert(machine.id.clone(), execute_at);
         Job {
             host,
@@ -310,15 +280,24 @@ impl SimHypervisor {
             fault,
             arrive_at,
             execute_at,
+            held,
             reply_delay,
             keepalive,
         }
     }
 
     /// The host side of one call: arrive, wait for one of the daemon's workers, execute at
-    /// the scheduled time (or as soon as a worker is free after it), then answer (or not).
-    /// `_permit`, the call's slot in the provider's lanes, is dropped when this ends.
-    async fn serve(self, job: Job, answer: oneshot::Sender<HostResult>, _permit: Permit) {
+    /// the scheduled time (or as soon as a worker is free after it), then answer (or not);
+    /// a stall holds the execution and the answer until the host resumes. `_permit`, the
+    /// call's slot in the provider's lanes, is dropped when this ends, and `call` records
+    /// the end.
+    async fn serve(
+        self,
+        job: Job,
+        answer: oneshot::Sender<HostResult>,
+        _permit: Permit,
+        mut call: HostCall,
+    ) {
         let Job {
             host,
             op,
@@ -329,6 +308,8 @@ impl SimHypervisor {
         madsim::time::sleep(job.arrive_at.saturating_sub(elapsed())).await;
         self.arrive(*host).await;
         madsim::time::sleep(job.execute_at.saturating_sub(elapsed())).await;
+        // A worker freed during a stall (a request that waited in the daemon) waits it out.
+        call.held |= self.hold(*host).await;
         let result = self.execute(*host, op, machine, *fault);
         self.finish(*host);
         if *fault == Fault::Hang {
@@ -352,7 +333,21 @@ impl SimHypervisor {
                 (_, result) => result,
             }
         };
+        // A stall that starts with the reply on its way holds it too.
+        call.held |= self.hold(*host).await;
+        call.end = CallEnd::Answered;
         let _ = answer.send(result);
+    }
+
+    /// Waits until `host` resumes if a stall of it covers now; whether it had to.
+    async fn hold(&self, host: usize) -> bool {
+        let now = elapsed();
+        let resume = self.world.after_stall(host, now);
+        if resume == now {
+            return false;
+        }
+        madsim::time::sleep(resume - now).await;
+        true
     }
 
     /// A request of this connection arrives at `host`: counted, recorded, and once one of
@@ -497,6 +492,51 @@ fn with_running(
     }
 }
 
+/// One call to a host as the history tells it: recorded when sent (`Event::HostCall`) and
+/// when it ends (`Event::HostCallEnd`, on drop: the host finished it, or its caller dropped
+/// it before it reached the host).
+struct HostCall {
+    world: Arc<World>,
+    id: u64,
+    /// How it ends if dropped now.
+    end: CallEnd,
+    /// A stall held it.
+    held: bool,
+}
+
+impl HostCall {
+    fn sent(world: &Arc<World>, host: usize, faulted: bool) -> Self {
+        let id = {
+            let mut hosts = world.hosts();
+            hosts.calls += 1;
+            hosts.calls
+        };
+        world.record(Event::HostCall {
+            call: id,
+            host,
+            faulted,
+        });
+        Self {
+            world: Arc::clone(world),
+            id,
+            end: CallEnd::Dropped,
+            held: false,
+        }
+    }
+}
+
+impl Drop for HostCall {
+    fn drop(&mut self) {
+        if self.held {
+            self.world.stats().stall_held += 1;
+        }
+        self.world.record(Event::HostCallEnd {
+            call: self.id,
+            how: self.end,
+        });
+    }
+}
+
 fn done(result: HostResult) -> Result<(), HypervisorError> {
     result.map(|_| ())
 }
@@ -510,6 +550,8 @@ impl Hypervisor for SimHypervisor {
         if down_at(elapsed()).is_none() {
             for host in 0..world.plan.hosts {
                 let _permit = self.lanes[host].acquire(Lane::Read).await;
+                // A stalled host answers the scan when it resumes.
+                self.hold(host).await;
                 self.scan(host);
             }
         }

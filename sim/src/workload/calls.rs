@@ -1,6 +1,6 @@
 //! A shard incarnation's calls: each mints a fresh token per attempt (transport retries
-//! are never replays), goes through the simulated network, is traced, and is handed to
-//! the checkers.
+//! are never replays), goes through the simulated network, is traced, and is recorded in
+//! the history with what the shard sent and learned, for the checkers.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use bigfleet_libvirt_domain::{FenceMark, Kind, StringMap};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 
-use crate::checkers::online;
+use crate::history::Event;
 use crate::net::{self, Answer, Client, Outcome, Rpc};
 use crate::rng::SimRng;
 use crate::world::World;
@@ -84,7 +84,8 @@ impl Incarnation {
     /// One attempt of a mutating call with a freshly minted token.
     pub async fn mutate(&self, id: &str, kind: Kind, payload: &Payload) -> Outcome {
         let token = self.mint();
-        let sent = online::on_send(&self.world, (self.name.clone(), id.to_owned()), token);
+        let scope = (self.name.clone(), id.to_owned());
+        let sent = self.world.record(Event::Sent { scope, token });
         // The execute pool draws sequence numbers in order but sends them racily.
         let race = self.rng.lock().expect("rng lock").duration(
             std::time::Duration::ZERO,
@@ -100,10 +101,19 @@ impl Incarnation {
             describe(&outcome)
         ));
         let binding = match payload {
-            Payload::Configure { cluster, metadata } => Some((cluster.as_str(), metadata)),
+            Payload::Configure { cluster, metadata } => Some((cluster.clone(), metadata.clone())),
             _ => None,
         };
-        online::on_mutation(&self.world, &sent, kind, &outcome, binding);
+        let reply = match &outcome {
+            Outcome::Answered(reply) => Some(reply.clone()),
+            Outcome::Refused | Outcome::Indefinite(_) => None,
+        };
+        self.world.record(Event::Mutated {
+            sent,
+            kind,
+            reply,
+            binding,
+        });
         outcome
     }
 
@@ -155,7 +165,7 @@ impl Incarnation {
         let Outcome::Answered(Ok(Answer::Machine(machine))) = outcome else {
             return None;
         };
-        online::on_machine(&self.world, &machine);
+        self.world.record(Event::Got(machine.clone()));
         self.view
             .lock()
             .expect("view lock")
@@ -165,13 +175,19 @@ impl Incarnation {
 
     /// A full List; the answer replaces the view.
     pub async fn refresh(&self) -> bool {
-        let floor = self.world.ledger().max_revision;
+        let sent = self.world.record(Event::Listing);
         let rpc = Rpc::List(pb::ListFilter::default());
         let outcome = net::call(&self.world, Client::Shard(self.shard), rpc).await;
-        let Outcome::Answered(Ok(Answer::List(list))) = outcome else {
+        let list = match outcome {
+            Outcome::Answered(Ok(Answer::List(list))) => Some(list),
+            _ => None,
+        };
+        let cursor = None;
+        let answered = list.clone();
+        self.world.record(Event::Listed { sent, list, cursor });
+        let Some(list) = answered else {
             return false;
         };
-        online::on_list(&self.world, &list, floor, None);
         let view = list
             .machines
             .into_iter()

@@ -19,20 +19,24 @@ use bigfleet_libvirt_domain::{Kind, StringMap};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 
 pub use calls::{Incarnation, Payload};
-pub use watcher::{WatcherView, delta as watcher_delta, run_watcher};
+pub use watcher::{WatcherView, Watchers, delta as watcher_delta, run_watcher};
 
-use crate::checkers::CLUSTER_KEY;
-use crate::fakes::clock::elapsed;
 use crate::net::{Answer, Outcome};
 use crate::rng::Ratio;
+use crate::time::elapsed;
 use crate::world::World;
+
+/// The metadata key every simulated Configure carries with its cluster id, so a record's
+/// binding can be checked for consistency wherever it is seen.
+pub const CLUSTER_KEY: &str = "bigfleet.lucy.sh/assigned-group";
 
 /// Attempts per mutating call (each with a fresh token).
 const ATTEMPTS_MAX: u32 = 4;
 
-/// Runs shard `shard` until the fault phase ends and its processes have finished.
-pub async fn run_shard(world: Arc<World>, shard: usize) {
-    let watcher = madsim::task::spawn(run_watcher(Arc::clone(&world), shard));
+/// Runs shard `shard` until the fault phase ends and its processes have finished; its
+/// watcher keeps its view in `watchers`.
+pub async fn run_shard(world: Arc<World>, shard: usize, watchers: Arc<Watchers>) {
+    let watcher = madsim::task::spawn(run_watcher(Arc::clone(&world), shard, watchers));
     let mut restarts: Vec<Duration> = world
         .plan
         .shard_restarts

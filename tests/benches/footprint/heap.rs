@@ -5,6 +5,7 @@
 //! composition root, `app::assemble`, over the in-memory store, the gRPC service on a
 //! loopback port).
 
+use crate::results::say;
 use std::time::Duration;
 
 use bigfleet_libvirt_app::Metrics;
@@ -43,7 +44,7 @@ impl Table {
         if counted {
             self.total += bytes;
         }
-        println!(
+        say!(
             "{:<58} {:>10.2} MiB {:>9.0} B/machine",
             component,
             bytes as f64 / (1024.0 * 1024.0),
@@ -215,7 +216,7 @@ async fn creates(c: &mut CapacityProviderClient<Channel>, ids: &[String]) -> Res
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let bytes = live() - before;
-    println!(
+    say!(
         "{:<58} {:>10.2} MiB {:>9.0} B/mutated machine",
         format!(
             "{} Creates: fence marks, op ids, new versions, domains",
@@ -229,9 +230,9 @@ async fn creates(c: &mut CapacityProviderClient<Channel>, ids: &[String]) -> Res
 
 /// Every component at `machines`, as the binary builds them.
 pub async fn run(machines: usize) -> Result<(), BoxError> {
-    println!("\n== heap by component, {machines} machines (counting allocator, in process) ==");
+    say!("\n== heap by component, {machines} machines (counting allocator, in process) ==");
     let mut table = Table { machines, total: 0 };
-    println!("(each part of the provider on its own; not added to the total)");
+    say!("(each part of the provider on its own; not added to the total)");
     core_and_store(&mut table, inventory(machines)).await?;
 
     let before = live();

@@ -1,6 +1,7 @@
 //! The real-binary half of the footprint benchmark: spawns the release binary on the fake
 //! backend and measures it from outside (/proc, the wire, the clock, the state file).
 
+use crate::results::say;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -40,7 +41,7 @@ fn release_binary() -> Result<PathBuf, BoxError> {
         .into());
     }
     if cfg!(debug_assertions) {
-        println!(
+        say!(
             "footprint: measuring a debug build ({}); run `cargo bench` for the release figures",
             path.display()
         );
@@ -353,10 +354,16 @@ async fn one_size(
     machines: usize,
     empty_mib: f64,
 ) -> Result<(), BoxError> {
-    println!("\n== {machines} machines ==");
-    println!(
+    say!("\n== {machines} machines ==");
+    say!(
         "{:<10} {:>11} {:>12} {:>13} {:>10} {:>11} {:>10}",
-        "store", "ready ms", "1st List ms", "RSS ready", "RSS List", "KiB/mach.", "exit ms"
+        "store",
+        "ready ms",
+        "1st List ms",
+        "RSS ready",
+        "RSS List",
+        "KiB/mach.",
+        "exit ms"
     );
     let path = dir.join(format!("state-{machines}.redb"));
     let _ = std::fs::remove_file(&path);
@@ -370,7 +377,7 @@ async fn one_size(
         }
         later.push(proc.rss_mib());
         let exit = proc.terminate()?;
-        println!(
+        say!(
             "{:<10} {:>11.0} {:>12.0} {:>9.1} MiB {:>6.1} MiB {:>11.2} {:>10.1}",
             if state.is_some() {
                 "--state"
@@ -385,12 +392,13 @@ async fn one_size(
             ms(exit)
         );
     }
-    println!(
+    say!(
         "RSS after {LATER_LISTS} more full Lists: {:.1} MiB in memory, {:.1} MiB with --state",
-        later[0], later[1]
+        later[0],
+        later[1]
     );
     let size = file_bytes(&path);
-    println!(
+    say!(
         "state file: {:.1} MB, {:.0} bytes per machine (goal at 100k: ≤ {} MB)",
         size as f64 / 1e6,
         size as f64 / machines as f64,
@@ -406,7 +414,7 @@ async fn restart_and_configure(
     machines: usize,
 ) -> Result<(), BoxError> {
     let (proc, _, rss_listed, listed) = boot(binary, machines, Some(path)).await?;
-    println!(
+    say!(
         "restart on the state file to first full List: {:.0} ms (goal ≤ {} ms), RSS {rss_listed:.1} MiB",
         ms(listed),
         goal::RESTART_MS
@@ -434,14 +442,14 @@ async fn restart_and_configure(
     reach(proc.addr, &id, pb::MachineState::Configured).await?;
     let after = file_bytes(path);
     let written = written_bytes(proc.child.id()) - written;
-    println!(
+    say!(
         "one Configure (two commits): {written} bytes written to storage ({:.1} per machine \
          of the inventory); the file grew by {} bytes",
         written as f64 / machines as f64,
         i128::from(after) - i128::from(before)
     );
     let exit = proc.terminate()?;
-    println!("SIGTERM to exit after the restart: {:.1} ms", ms(exit));
+    say!("SIGTERM to exit after the restart: {:.1} ms", ms(exit));
     Ok(())
 }
 
@@ -528,7 +536,7 @@ async fn all_in_use(binary: &Path, machines: usize) -> Result<(), BoxError> {
     settled(proc.addr, &[pb::MachineState::Configuring]).await?;
     full_list(proc.addr).await?;
     let rss = proc.rss_mib();
-    println!(
+    say!(
         "\nevery one of {machines} machines Created and Configured ({:.1} s), then a full List: \
          RSS {rss:.1} MiB ({rss_listed:.1} MiB with all Speculative; {:.2} KiB more per machine \
          in use)",
@@ -564,7 +572,7 @@ async fn replay_vs_get(binary: &Path, machines: usize, window: Duration) -> Resu
         get += throughput(proc.addr, &ids, Load::Get, window).await? / 2.0;
         replay += throughput(proc.addr, &ids, Load::Replay, window).await? / 2.0;
     }
-    println!(
+    say!(
         "\n64 clients, {machines} machines: Get {get:.0}/s, no-token Create replay {replay:.0}/s, \
          replay/Get = {:.2} (goal ≥ {})",
         replay / get,
@@ -577,11 +585,11 @@ async fn replay_vs_get(binary: &Path, machines: usize, window: Duration) -> Resu
 /// Every real-binary measurement, for each size.
 pub async fn run(sizes: &[usize], quick: bool) -> Result<(), BoxError> {
     let binary = release_binary()?;
-    println!("binary: {}", binary.display());
+    say!("binary: {}", binary.display());
     let dir = tempfile::tempdir()?;
     let (empty, rss_ready, rss_empty, listed) = boot(&binary, 1, None).await?;
     let exit = empty.terminate()?;
-    println!(
+    say!(
         "empty process (1 machine): RSS {rss_ready:.1} MiB ready, {rss_empty:.1} MiB after a List, \
          first List at {:.0} ms, SIGTERM to exit {:.1} ms",
         ms(listed),
@@ -590,7 +598,7 @@ pub async fn run(sizes: &[usize], quick: bool) -> Result<(), BoxError> {
     for &machines in sizes {
         one_size(&binary, dir.path(), machines, rss_empty).await?;
     }
-    println!(
+    say!(
         "goals at 100k: RSS ≤ {} MiB ({} KiB/machine), start to first full List ≤ {} ms, \
          SIGTERM to exit ≤ {} ms",
         goal::RSS_MIB,

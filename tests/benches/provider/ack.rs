@@ -1,5 +1,6 @@
 //! Phase 1: ack latency of each RPC at concurrency 1 and N, next to the echo yardstick.
 
+use crate::results::say;
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
@@ -133,11 +134,11 @@ pub(crate) async fn ack_lifecycle(
 }
 
 pub(crate) fn print_ack_table(rows: &[AckRow], rounds: usize, verdicts: &mut Vec<Verdict>) {
-    println!();
-    println!(
+    say!();
+    say!(
         "== 1. Ack latency: provider vs bare tonic echo (same service, same requests, same channel setup; {rounds} interleaved rounds) =="
     );
-    println!(
+    say!(
         "{:<10} {:>4} {:>6} | {:>10} {:>10} {:>9} | {:>10} {:>10} {:>9} | {:>7} {:>7} | {:>6} {:>6}",
         "rpc",
         "conc",
@@ -172,7 +173,7 @@ pub(crate) fn print_ack_table(rows: &[AckRow], rounds: usize, verdicts: &mut Vec
         } else {
             String::new()
         };
-        println!(
+        say!(
             "{:<10} {:>4} {:>6} | {:>10} {:>10} {:>9.0} | {:>10} {:>10} {:>9.0} | {:>6.2}x {:>6.2}x | {:>6} {:>6}{errors}",
             row.rpc.name(),
             row.concurrency,
@@ -214,10 +215,10 @@ pub(crate) fn print_ack_table(rows: &[AckRow], rounds: usize, verdicts: &mut Vec
                 .map(|d| format!("{}@c{}={}", r.rpc.name(), r.concurrency, fmt_d(d)))
         })
         .collect();
-    println!(
+    say!(
         "(x = provider/echo; target for mutating calls: <= {ACK_RATIO_TARGET:.0}x echo; Get is informational)"
     );
-    println!(
+    say!(
         "(longest wait, per round, until all transitions landed after the last ack: {})",
         settles.join(", ")
     );

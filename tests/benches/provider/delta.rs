@@ -1,5 +1,6 @@
 //! Phase 3: `since_revision` delta List latency for a few changed machines in a big fleet.
 
+use crate::results::say;
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::Instant;
@@ -82,16 +83,24 @@ pub(crate) async fn measure_delta(
 }
 
 pub(crate) fn print_delta(d: &DeltaResult, verdicts: &mut Vec<Verdict>) {
-    println!();
-    println!(
+    say!();
+    say!(
         "== 3. List(since_revision) delta: {} changed among {} machines, {} calls per client ==",
         d.changed,
         d.fleet,
         d.decoded_client.len()
     );
-    println!(
+    say!(
         "{:<22} {:>8} {:>9} | {:>10} {:>10} {:>10} | {:>7} | {:>6} {:>6}",
-        "client", "returned", "bytes", "p50", "p99", "max", "target", "p50", "p99"
+        "client",
+        "returned",
+        "bytes",
+        "p50",
+        "p99",
+        "max",
+        "target",
+        "p50",
+        "p99"
     );
     for (label, samples) in [
         ("(a) generated client", &d.decoded_client),
@@ -99,7 +108,7 @@ pub(crate) fn print_delta(d: &DeltaResult, verdicts: &mut Vec<Verdict>) {
     ] {
         let p50 = samples.p50();
         let p99 = samples.p99();
-        println!(
+        say!(
             "{:<22} {:>8} {:>9} | {:>10} {:>10} {:>10} | {:>7} | {:>6} {:>6}",
             label,
             d.returned,
@@ -122,7 +131,7 @@ pub(crate) fn print_delta(d: &DeltaResult, verdicts: &mut Vec<Verdict>) {
         }
     }
     let s = d.steps;
-    println!(
+    say!(
         "server-side work of one delta, in-process (median): Provider::list {}  memoised encodings {}  splice {}  drop {}  = {}",
         fmt_d(s.list),
         fmt_d(s.convert),
@@ -131,9 +140,10 @@ pub(crate) fn print_delta(d: &DeltaResult, verdicts: &mut Vec<Verdict>) {
         fmt_d(s.list + s.convert + s.encode + s.drop),
     );
     if d.returned != d.changed {
-        println!(
+        say!(
             "note: the delta returned {} machines for {} changed",
-            d.returned, d.changed
+            d.returned,
+            d.changed
         );
     }
 }

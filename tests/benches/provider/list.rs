@@ -1,5 +1,6 @@
 //! Phase 2: full List latency next to the time prost needs to encode the same list.
 
+use crate::results::say;
 use std::time::{Duration, Instant};
 
 use bigfleet_libvirt_domain::ListQuery;
@@ -103,11 +104,11 @@ pub(crate) async fn measure_list(fleet: usize, reps: usize) -> Result<ListRow, B
 }
 
 pub(crate) fn print_list_table(rows: &[ListRow], reps: usize, verdicts: &mut Vec<Verdict>) {
-    println!();
-    println!(
+    say!();
+    say!(
         "== 2. Full List vs prost encode of the same MachineList ({reps} calls per client; encode/decode = median) =="
     );
-    println!(
+    say!(
         "{:>8} {:>9} {:>10} | {:>10} {:>10} {:>7} {:>5} | {:>10} {:>10} {:>7} {:>5} | {:>10}",
         "machines",
         "bytes",
@@ -126,7 +127,7 @@ pub(crate) fn print_list_table(rows: &[ListRow], reps: usize, verdicts: &mut Vec
         let enc = row.encode.p50();
         let ra = ratio(row.decoded_client.p50(), enc);
         let rb = ratio(row.raw_wire.p50(), enc);
-        println!(
+        say!(
             "{:>8} {:>9} {:>10} | {:>10} {:>10} {:>6.2}x {:>5} | {:>10} {:>10} {:>6.2}x {:>5} | {:>10}",
             row.fleet,
             fmt_bytes(row.bytes),
@@ -167,16 +168,16 @@ pub(crate) fn print_list_table(rows: &[ListRow], reps: usize, verdicts: &mut Vec
             pass: rb <= LIST_RATIO_TARGET,
         });
     }
-    println!(
+    say!(
         "((a) = generated client, includes client decode; (b) = raw-bytes codec, no decode; target: List p50 <= {LIST_RATIO_TARGET:.0}x encode)"
     );
-    println!(
+    say!(
         "server-side work of one full List, timed in-process on the provider between the calls above (median):"
     );
     for row in rows {
         let s = row.steps;
         let sum = s.list + s.convert + s.encode + s.drop;
-        println!(
+        say!(
             "  {:>7}: Provider::list {}  memoised encodings x{} {}  splice {}  drop {}  = {} ({:.2}x encode; wire (b) p50 {})",
             row.fleet,
             fmt_d(s.list),

@@ -1,5 +1,5 @@
 //! The bare sequence: the libvirt calls the provider's Create makes up to Idle, in its order
-//! (`infra/libvirt/src/lifecycle.rs`: the ownership lookup, the pool, the overlay and seed
+//! (`infra/libvirt/src/service/lifecycle.rs`: the ownership lookup, the pool, the overlay and seed
 //! volumes with their lookups, the seed upload, define, start, autostart), through the same
 //! `virt` crate and one shared connection per zone, with the same documents
 //! (`bigfleet_libvirt_libvirt::xml`) and nothing around them: no gRPC, no store, no
@@ -9,7 +9,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bigfleet_libvirt_libvirt::xml::{self, DirectKernel, DomainSpec, DomainType, Platform};
+use bigfleet_libvirt_libvirt::xml::{
+    self, Base, DirectKernel, Disks, DomainSpec, DomainType, Platform, VolumePaths,
+};
 use bigfleet_libvirt_libvirt::{CpuChoice, Tag};
 use virt::connect::Connect;
 use virt::storage_vol::StorageVol;
@@ -95,6 +97,31 @@ impl Bare {
         format!("{}-{n}", self.prefix)
     }
 
+    /// The spec of bare domain `name`: no NIC, the tier's platform and CPU.
+    fn spec(&self, name: &str, tag: Tag, overlay: String, seed: String) -> DomainSpec {
+        DomainSpec {
+            name: name.to_owned(),
+            tag,
+            instance_type: String::new(),
+            instance_id: format!("{name}-bare"),
+            vcpu: VCPU,
+            memory_mib: MEMORY_MIB,
+            cpu: self.cpu.clone(),
+            nics: Vec::new(),
+            platform: self.platform.clone(),
+            disks: Disks {
+                overlay,
+                seed,
+                base: Base {
+                    path: self.base.0.clone(),
+                    format: "qcow2".to_owned(),
+                    overlay_bytes: self.base.1,
+                },
+            },
+            user_data: Arc::from(&b""[..]),
+        }
+    }
+
     /// One Create's calls for domain `n`; returns their wall time.
     pub fn create(&self, n: usize) -> Result<Duration, BoxError> {
         let name = self.name(n);
@@ -127,17 +154,12 @@ impl Bare {
         let uploaded = start.elapsed();
         let seed_path = seed.path().map_err(|e| text(&e))?;
         let tag = Tag::new(&self.prefix, &n.to_string());
-        let document = xml::domain(&DomainSpec {
-            name: &name,
-            tag: &tag,
-            vcpu: VCPU,
-            memory_mib: MEMORY_MIB,
-            overlay_path: &overlay_path,
-            seed_path: &seed_path,
-            nics: &[],
-            cpu: self.cpu.as_ref(),
-            platform: &self.platform,
-        });
+        let spec = self.spec(&name, tag, overlay_name, seed_name);
+        let paths = VolumePaths {
+            overlay: &overlay_path,
+            seed: &seed_path,
+        };
+        let document = xml::domain(&spec, paths);
         let domain = self
             .conn
             .define_domain_xml(&document)

@@ -1,5 +1,6 @@
 //! The benchmark's printed table and its JSON (`target/bench/real-libvirt.json`).
 
+use crate::results::say;
 use std::time::Duration;
 
 use serde_json::json;
@@ -113,7 +114,7 @@ impl Report {
 pub fn write(report: &Report) -> Result<(), BoxError> {
     let j = report.json();
     let num = |k: &str| j[k].as_f64().unwrap_or(f64::NAN);
-    println!(
+    say!(
         "real-libvirt bench: domain type {}, libvirt {}, QEMU {}, budget {}, load average {}",
         report.domain_type,
         report.versions.0,
@@ -125,14 +126,14 @@ pub fn write(report: &Report) -> Result<(), BoxError> {
         j["load_average_1m"]
     );
     let c1 = num("create_c1_ratio");
-    println!(
+    say!(
         "  Create ack→Idle, c1:     {:>9.1} ms p50 vs bare {:>9.1} ms   ratio {c1:.3} (≤ 1.2: {})",
         num("create_c1_p50_ms"),
         num("bare_c1_p50_ms"),
         goal(c1 <= 1.2)
     );
     let c8 = num("create_c8_throughput_ratio");
-    println!(
+    say!(
         "  Creates/s, 8 in flight:  {:>9.2} /s     vs bare {:>9.2} /s     ratio {c8:.3} (≥ 0.9: {}; best of rounds {})",
         num("create_c8_per_s"),
         num("bare_c8_per_s"),
@@ -140,7 +141,7 @@ pub fn write(report: &Report) -> Result<(), BoxError> {
         j["c8_rounds_per_s"]
     );
     let del = num("delete_p99_load_ratio");
-    println!(
+    say!(
         "  Delete p99, {} Creates queued: {:>9.1} ms vs unloaded {:>9.1} ms   ratio {del:.3} (≤ 1.5: {}); \
          queued Creates' p50 {:.1} ms; {} of {} Deletes done before the last queued Create",
         report.sizes.queued,
@@ -152,22 +153,23 @@ pub fn write(report: &Report) -> Result<(), BoxError> {
         report.loaded.delete.len()
     );
     let agent = num("agent_poll_isolation");
-    println!(
+    say!(
         "  Create beside {} guests with stuck agents: {:>9.1} ms p50 vs beside the same guests Idle {:>9.1} ms   ratio {agent:.3} (≤ 1.5: {})",
         report.sizes.stuck,
         num("create_p50_with_stuck_agents_ms"),
         num("create_p50_beside_idle_guests_ms"),
         goal(agent <= 1.5)
     );
-    println!(
+    say!(
         "  bare sequence's steps on zone a (p50 ms over all its Creates): {}; the provider's \
          define and start (mean ms over all its Creates): {}",
-        j["bare_steps_p50_ms"], j["provider_phases_mean_ms"]
+        j["bare_steps_p50_ms"],
+        j["provider_phases_mean_ms"]
     );
     let dir = super::harness::repo_root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("real-libvirt.json");
     std::fs::write(&path, serde_json::to_string_pretty(&j)? + "\n")?;
-    println!("real-libvirt bench: wrote {}", path.display());
+    say!("real-libvirt bench: wrote {}", path.display());
     Ok(())
 }

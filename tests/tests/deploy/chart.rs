@@ -559,3 +559,82 @@ fn half_configured_values_are_refused_at_render_time() {
         assert!(error.contains(expected), "{set}: {error}");
     }
 }
+
+/// The libvirt backend's NIC, CPU and budget values reach the container's args, from `--set`
+/// and from a values file alike, and the real binary accepts them; unset, they pass no flag,
+/// so the binary's own defaults apply.
+#[test]
+fn nic_cpu_and_budget_values_reach_the_flags() {
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
+    let defaults = tools.render(&[]);
+    for flag in ["--nic", "--cpu", "--host-budget", "--agent-budget"] {
+        assert_eq!(defaults.arg(flag), None, "{flag} without its value");
+    }
+    let nics = |m: &Manifests| -> Vec<String> {
+        m.args()
+            .into_iter()
+            .filter(|a| a.starts_with("--nic="))
+            .collect()
+    };
+    let set = tools.render(&[
+        "--set",
+        "libvirt.nics={bridge=br0,direct=eth1:vepa}",
+        "--set",
+        "libvirt.cpu=Skylake-Server\\,+pcid\\,-hle",
+        "--set",
+        "libvirt.hostBudget=3,libvirt.agentBudget=2",
+    ]);
+    assert_eq!(nics(&set), ["--nic=bridge=br0", "--nic=direct=eth1:vepa"]);
+    assert_eq!(
+        set.arg("--cpu").as_deref(),
+        Some("Skylake-Server,+pcid,-hle")
+    );
+    assert_eq!(set.arg("--host-budget").as_deref(), Some("3"));
+    assert_eq!(set.arg("--agent-budget").as_deref(), Some("2"));
+    let (ok, stderr) = binary_with_chart_args(&set.args(), &[]);
+    assert!(ok, "{stderr}");
+
+    let (_dir, values) = temp_file(
+        "libvirt.values.yaml",
+        "libvirt:\n  nics: [network=default]\n  cpu: host-model\n  hostBudget: 6\n  agentBudget: 6\n",
+    );
+    let file = tools.render(&["-f", &values]);
+    assert_eq!(nics(&file), ["--nic=network=default"]);
+    assert_eq!(file.arg("--cpu").as_deref(), Some("host-model"));
+    assert_eq!(file.arg("--host-budget").as_deref(), Some("6"));
+    assert_eq!(file.arg("--agent-budget").as_deref(), Some("6"));
+    let (ok, stderr) = binary_with_chart_args(&file.args(), &[]);
+    assert!(ok, "{stderr}");
+}
+
+/// The schema refuses NIC, CPU and budget values the binary would refuse, and the chart the
+/// combinations it would, each naming the value.
+#[test]
+fn bad_nic_cpu_and_budget_values_are_refused_at_render_time() {
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
+    for (set, expected) in [
+        ("libvirt.nics={br0}", "/libvirt/nics/0"),
+        ("libvirt.nics={direct=eth0:bogus}", "/libvirt/nics/0"),
+        ("libvirt.nics={network=}", "/libvirt/nics/0"),
+        ("libvirt.cpu=host model", "/libvirt/cpu"),
+        ("libvirt.cpu=kvm64\\,pcid", "/libvirt/cpu"),
+        ("libvirt.hostBudget=0", "/libvirt/hostBudget"),
+        ("libvirt.agentBudget=0", "/libvirt/agentBudget"),
+        ("libvirt.hostBudget=many", "/libvirt/hostBudget"),
+        (
+            "libvirt.hostBudget=2,libvirt.agentBudget=3",
+            "libvirt.agentBudget (3)",
+        ),
+        (
+            "libvirt.nics={bridge=br0},libvirt.network=br-net",
+            "network=br-net",
+        ),
+    ] {
+        let error = tools.render_error(&["--set", set]);
+        assert!(error.contains(expected), "{set}: {error}");
+    }
+}

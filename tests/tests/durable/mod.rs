@@ -17,6 +17,7 @@ mod exit;
 mod load;
 mod mid_traffic;
 mod migrate;
+mod refused;
 mod restored;
 mod strong_b1006;
 

@@ -6,6 +6,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// How long a GET may take in all.
+const GET_WITHIN: Duration = Duration::from_secs(30);
+
 /// A one-shot HTTP/1.0 GET (the server closes the connection): (status, head, body).
 pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String, String)> {
     let io = async {
@@ -16,9 +19,11 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Str
         tcp.read_to_end(&mut raw).await?;
         Ok::<_, std::io::Error>(raw)
     };
-    let raw = tokio::time::timeout(Duration::from_secs(5), io)
+    let sent = std::time::Instant::now();
+    let raw = tokio::time::timeout(GET_WITHIN, io)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "HTTP GET timed out"))??;
+    super::timing::seen(&format!("GET {path}"), sent.elapsed(), GET_WITHIN);
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text
         .split_once("\r\n\r\n")

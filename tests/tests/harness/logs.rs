@@ -16,6 +16,7 @@ pub fn serving_fields(server: &Server) -> serde_json::Value {
             .map(|v| v["fields"].clone())
             .find(|f| f["message"] == "serving CapacityProvider");
         if let Some(fields) = found {
+            super::timing::seen("serving line", start.elapsed(), Duration::from_secs(5));
             return fields;
         }
         assert!(start.elapsed() < Duration::from_secs(5), "no serving line");
@@ -42,6 +43,7 @@ pub async fn logged(
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .find(|v| ok(v["fields"]["message"].as_str().unwrap_or_default(), v));
         if let Some(line) = found {
+            super::timing::seen("log line", start.elapsed(), within);
             return line;
         }
         assert!(
@@ -72,6 +74,7 @@ pub async fn log_caught_up(server: &Server, c: &mut super::Client) -> Vec<String
     loop {
         let lines = lines_of(server);
         if let Some(at) = lines.iter().position(|line| line.contains(&sentinel)) {
+            super::timing::seen("log caught up", start.elapsed(), Duration::from_secs(10));
             return lines[..=at].to_vec();
         }
         assert!(

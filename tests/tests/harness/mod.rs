@@ -7,12 +7,15 @@
 
 #![allow(dead_code)]
 
+pub mod faketime;
 pub mod http;
 pub mod logs;
 pub mod process;
 pub mod profiles;
+pub mod raw_list;
 pub mod scrape;
 pub mod skip;
+pub mod timing;
 pub mod tls;
 pub mod walk;
 

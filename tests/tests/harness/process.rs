@@ -85,8 +85,12 @@ impl Server {
                 sink.lock().unwrap().push(line);
             }
         });
+        let spawned = Instant::now();
         let (addr, metrics_addr) = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(addrs) => addrs,
+            Ok(addrs) => {
+                super::timing::seen("start serving", spawned.elapsed(), Duration::from_secs(30));
+                addrs
+            }
             Err(_) => {
                 let _ = child.kill();
                 let lines = log.lock().unwrap().join("\n");
@@ -144,6 +148,7 @@ impl Server {
         let start = std::time::Instant::now();
         loop {
             if let Some(status) = child.try_wait().expect("try_wait") {
+                super::timing::seen("exit", start.elapsed(), timeout);
                 self.child = None;
                 return status.code();
             }
@@ -197,6 +202,7 @@ pub fn exit_within(mut child: Child, within: Duration) -> (Option<ExitStatus>, S
     let start = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
+            super::timing::seen("exit", start.elapsed(), within);
             break Some(status);
         }
         if start.elapsed() > within {

@@ -77,6 +77,11 @@ pub async fn scrape_until(addr: SocketAddr, what: &str, ok: impl Fn(&Scrape) -> 
     loop {
         let page = scrape(addr).await;
         if ok(&page) {
+            super::timing::seen(
+                &format!("scrape until {what}"),
+                start.elapsed(),
+                Duration::from_secs(5),
+            );
             return page;
         }
         assert!(

@@ -12,7 +12,7 @@
 //!
 //! | Variable | Skips |
 //! |---|---|
-//! | `BIGFLEET_SKIP_ROOT_TESTS=1` | the tests that need root: `disk_full` and the redb store's full-tmpfs test (tmpfs mounts), `image` (`chroot`) |
+//! | `BIGFLEET_SKIP_ROOT_TESTS=1` | the tests that need root: `disk_full` and the redb store's full-tmpfs test (tmpfs mounts), `image` (`chroot`), `host_hang` (private libvirtd daemons run as `nobody`) |
 //! | `BIGFLEET_SKIP_DEPLOY_TOOLS=1` | the tests that need helm, kubernetes-validate and hadolint (`scripts/install-tools.sh`) |
 //!
 //! Standard library only: `infra/redb/src/tests.rs` includes this file by path.

@@ -208,6 +208,7 @@ pub async fn reach(c: &mut Client, id: &str, want: S, timeout: Duration) -> pb::
     loop {
         if let Ok(m) = get(c, id).await {
             if state(&m) == want {
+                super::timing::seen(&format!("reach {want:?}"), start.elapsed(), timeout);
                 return m;
             }
             if start.elapsed() > timeout {
@@ -273,6 +274,7 @@ pub async fn trace_until(c: &mut Client, id: &str, until: S, timeout: Duration) 
                 trace.push(s);
             }
             if s == until {
+                super::timing::seen(&format!("trace to {until:?}"), start.elapsed(), timeout);
                 return trace;
             }
         }

@@ -58,9 +58,14 @@ fn doctor_tries_host_passthrough(tier: &ImageTier, dir: &Path) {
     }
 }
 
-#[tokio::test]
+// The guest reads (`guest::`) call the agent synchronously and block their worker; on a
+// runtime of its own threads the gRPC connections' tasks keep answering the provider's HTTP/2
+// keepalive pings meanwhile (a ping unanswered for 10 s drops the connection, and with it a
+// call in flight: seen under load when two walks shared one thread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn kvm_guest() {
+    let _wall = WallTime::start("kvm_guest");
     let tier = ImageTier::from_env();
     match &tier.kvm {
         Err(why) => println!(

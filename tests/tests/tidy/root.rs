@@ -1,25 +1,33 @@
 //! One composition root (docs/architecture.md §2): every builder of the provider (the
 //! binary, the simulator, the benchmarks) goes through `app::assemble`, so a decorator or a
-//! hand-off added there reaches all of them. Checked where it would break: outside the
-//! ports crate's own tests and the contract suites, the metrics decorator is applied, and
-//! `Provider::start` called, only in `infra/app/src/server.rs`.
+//! hand-off added there reaches all of them, and one builder of the gRPC service
+//! (`app::capacity_server`), which the binary's `serve` and the simulator both host. Checked
+//! where it would break: outside the ports crate's own tests and the contract suites, the
+//! metrics decorator is applied, and `Provider::start` called, only in
+//! `infra/app/src/assemble.rs`; `CapacityService::new` is called only in
+//! `infra/app/src/service.rs`.
 
 use std::path::Path;
 
 use super::{citing_files, workspace_root};
 
 /// Where the one composition root lives.
-const ROOT: &str = "infra/app/src/server.rs";
+const ROOT: &str = "infra/app/src/assemble.rs";
 
-/// The calls only the composition root makes, each with the builders allowed it besides
-/// the root: the contract suites wrap the fake themselves, and the provider's own unit
-/// tests start it bare.
-const ROOT_ONLY: &[(&str, &[&str])] = &[
+/// Where the one builder of the gRPC service lives.
+const SERVICE: &str = "infra/app/src/service.rs";
+
+/// The calls only one file makes: the call, that file, and the places allowed it besides:
+/// the contract suites wrap the fake themselves, and the provider's own unit tests start it
+/// bare.
+const ROOT_ONLY: &[(&str, &str, &[&str])] = &[
     (
         "InstrumentedHypervisor::new(",
+        ROOT,
         &["contract_tests.rs", "testkit/"],
     ),
-    ("Provider::start(", &["ports/src/"]),
+    ("Provider::start(", ROOT, &["ports/src/"]),
+    ("CapacityService::new(", SERVICE, &[]),
 ];
 
 /// Every `path:line` (paths from the repository root) that makes one of [`ROOT_ONLY`]'s
@@ -27,8 +35,8 @@ const ROOT_ONLY: &[(&str, &[&str])] = &[
 fn stray_builders(files: &[(String, String)]) -> Vec<String> {
     let mut stray = Vec::new();
     for (path, text) in files {
-        for (call, allowed) in ROOT_ONLY {
-            if path == ROOT || allowed.iter().any(|a| path.contains(a)) {
+        for (call, home, allowed) in ROOT_ONLY {
+            if path == home || allowed.iter().any(|a| path.contains(a)) {
                 continue;
             }
             for (n, line) in text.lines().enumerate() {
@@ -73,12 +81,13 @@ fn the_provider_is_built_by_one_composition_root() {
     let stray = stray_builders(&sources);
     assert!(
         stray.is_empty(),
-        "build the provider through app::assemble ({ROOT}), not by hand:\n{}",
+        "build the provider through app::assemble ({ROOT}) and the gRPC service through \
+         app::capacity_server ({SERVICE}), not by hand:\n{}",
         stray.join("\n")
     );
-    let (_, text) = sources.iter().find(|(path, _)| path == ROOT).unwrap();
-    for (call, _) in ROOT_ONLY {
-        assert_eq!(root_calls(text, call), 1, "{ROOT} makes `{call}` once");
+    for (call, home, _) in ROOT_ONLY {
+        let (_, text) = sources.iter().find(|(path, _)| path == home).unwrap();
+        assert_eq!(root_calls(text, call), 1, "{home} makes `{call}` once");
     }
 }
 
@@ -107,8 +116,13 @@ fn the_root_check_catches_a_second_builder() {
             "Provider::start(config, host, disk)",
         ),
         file(
-            "infra/app/src/wiring.rs",
+            "infra/app/src/run.rs",
             "// not InstrumentedHypervisor::new(raw, metrics)",
+        ),
+        file(SERVICE, "let service = CapacityService::new(p, m, s);"),
+        file(
+            "sim/src/server.rs",
+            "let service = CapacityService::new(provider, grpc, settings);",
         ),
     ];
     assert_eq!(
@@ -116,6 +130,7 @@ fn the_root_check_catches_a_second_builder() {
         [
             "sim/src/server.rs:1: let h = InstrumentedHypervisor::new(raw, metrics);",
             "tests/benches/b.rs:1: let p = Provider::start(config, h, s, c, e, vec![]);",
+            "sim/src/server.rs:1: let service = CapacityService::new(provider, grpc, settings);",
         ]
     );
     assert_eq!(

@@ -1,13 +1,13 @@
-//! The platform and device flags of the libvirt backend (`--domain-type`, `--firmware`, the
-//! direct-boot kernel, `--nic`, `--instance-nic`, `--cpu` and `--instance-cpu`), checked
-//! against each other, the platform and the instance-type catalog. Every refusal names the
-//! flag and the accepted forms.
+//! The platform and device flags of the libvirt backend (`--domain-type`, `--firmware`,
+//! `--seed-bus`, the direct-boot kernel, `--nic`, `--instance-nic`, `--cpu` and
+//! `--instance-cpu`), checked against each other, the platform and the instance-type catalog.
+//! Every refusal names the flag and the accepted forms.
 
 use std::collections::BTreeMap;
 
 use bigfleet_libvirt_domain::catalog::InstanceCatalog;
 use bigfleet_libvirt_libvirt::{
-    CpuChoice, DirectKernel, DomainConfig, DomainType, Firmware, NicSource, Platform,
+    CpuChoice, DirectKernel, DomainConfig, DomainType, Firmware, NicSource, Platform, SeedBus,
 };
 
 use super::{Flags, LaunchError, flag};
@@ -106,9 +106,21 @@ fn cpu(name: &str, text: &str, domain_type: DomainType) -> Result<CpuChoice, Lau
     Ok(choice)
 }
 
-/// `--domain-type`, `--firmware` and the direct-boot flags. The paths are on the libvirt host, so only
-/// their shape can be checked here: absolute, and the initrd and command line only with a
-/// kernel to go with them.
+/// `--seed-bus`: virtio (the default) or sata.
+fn seed_bus(flags: &Flags) -> Result<SeedBus, LaunchError> {
+    match flags.seed_bus.trim() {
+        "" | "virtio" => Ok(SeedBus::Virtio),
+        "sata" => Ok(SeedBus::Sata),
+        other => Err(flag(format!(
+            "--seed-bus must be virtio or sata (got {other:?}); sata attaches the cloud-init \
+             seed as a SATA CD-ROM, for images that look for it on an optical drive only"
+        ))),
+    }
+}
+
+/// `--domain-type`, `--firmware`, `--seed-bus` and the direct-boot flags. The paths are on
+/// the libvirt host, so only their shape can be checked here: absolute, and the initrd and
+/// command line only with a kernel to go with them.
 pub(super) fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
     let domain_type = match flags.domain_type.trim() {
         "" | "kvm" => DomainType::Kvm,
@@ -130,6 +142,7 @@ pub(super) fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
             )));
         }
     };
+    let seed_bus = seed_bus(flags)?;
     let kernel = flags.guest_kernel.trim();
     let initrd = flags.guest_initrd.trim();
     let cmdline = flags.guest_cmdline.trim();
@@ -144,6 +157,7 @@ pub(super) fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
             domain_type,
             kernel: None,
             firmware,
+            seed_bus,
         });
     }
     for (name, path) in [("--guest-kernel", kernel), ("--guest-initrd", initrd)] {
@@ -161,5 +175,6 @@ pub(super) fn platform(flags: &Flags) -> Result<Platform, LaunchError> {
             cmdline: cmdline.to_owned(),
         }),
         firmware,
+        seed_bus,
     })
 }

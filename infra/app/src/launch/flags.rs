@@ -95,18 +95,39 @@ pub struct Flags {
     )]
     pub network: String,
     /// A NIC of every domain, in order, replacing --network's: network=NAME, bridge=NAME or
-    /// direct=DEVICE[:bridge|vepa|private|passthrough] (libvirt backend; repeatable).
-    #[arg(long, global = true, value_name = "SOURCE")]
+    /// direct=DEVICE[:bridge|vepa|private|passthrough] (libvirt backend; repeatable; the
+    /// variable takes several, separated by ';').
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_NIC",
+        value_name = "SOURCE",
+        value_delimiter = ';'
+    )]
     pub nic: Vec<String>,
-    /// The NICs of one instance type instead, as TYPE:SOURCE (repeatable, one NIC each).
-    #[arg(long, global = true, value_name = "TYPE:SOURCE")]
+    /// The NICs of one instance type instead, as TYPE:SOURCE (repeatable, one NIC each; the
+    /// variable takes several, separated by ';').
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_INSTANCE_NIC",
+        value_name = "TYPE:SOURCE",
+        value_delimiter = ';'
+    )]
     pub instance_nic: Vec<String>,
     /// Guest CPU: host-passthrough, host-model or a model name, optionally with ,+feature or
     /// ,-feature (libvirt backend; default host-passthrough on kvm, QEMU's model on qemu).
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_CPU")]
     pub cpu: Option<String>,
-    /// The guest CPU of one instance type instead, as TYPE:CPU (repeatable).
-    #[arg(long, global = true, value_name = "TYPE:CPU")]
+    /// The guest CPU of one instance type instead, as TYPE:CPU (repeatable; the variable
+    /// takes several, separated by ';').
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_INSTANCE_CPU",
+        value_name = "TYPE:CPU",
+        value_delimiter = ';'
+    )]
     pub instance_cpu: Vec<String>,
     /// Domain type: kvm, or qemu for software emulation where KVM cannot run guests.
     #[arg(
@@ -124,6 +145,15 @@ pub struct Flags {
         default_value = "bios"
     )]
     pub firmware: String,
+    /// The NoCloud seed's bus: virtio (a read-only virtio disk), or sata (a SATA CD-ROM, for
+    /// images that look for their seed on an optical drive only).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_SEED_BUS",
+        default_value = "virtio"
+    )]
+    pub seed_bus: String,
     /// Direct kernel boot: kernel path on the libvirt host; empty = boot the image's disk.
     #[arg(
         long,

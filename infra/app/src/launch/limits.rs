@@ -1,4 +1,4 @@
-//! The per-client bound flags (`--max-connections` … `--list-memory-budget-mib`), checked
+//! The per-client bound flags (`--max-connections` … `--list-progress-timeout`), checked
 //! into the servers' [`NetLimits`].
 
 use std::time::Duration;
@@ -55,8 +55,8 @@ pub struct LimitFlags {
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HTTP_IDLE_TIMEOUT", default_value = "60s",
           value_parser = parse_duration)]
     pub http_idle_timeout: Duration,
-    /// MiB of large List answers (over 1 MiB each) held for their readers at once; further
-    /// large Lists wait until earlier answers are sent. Size it within the pod's memory limit.
+    /// MiB the large List answers (over 1 MiB each) being streamed may hold at once, measured:
+    /// the shared encodings are not counted; Lists that do not fit wait. Within the pod's limit.
     #[arg(
         long,
         global = true,
@@ -64,6 +64,10 @@ pub struct LimitFlags {
         default_value_t = 64
     )]
     pub list_memory_budget_mib: usize,
+    /// A List stream whose reader takes nothing for this long is cut (reset with CANCEL).
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_LIST_PROGRESS_TIMEOUT",
+          default_value = "30s", value_parser = parse_duration)]
+    pub list_progress_timeout: Duration,
 }
 
 /// Validates the per-client bounds: every count and every timeout must be above 0.
@@ -86,6 +90,7 @@ pub fn net_limits(flags: &LimitFlags) -> Result<NetLimits, LaunchError> {
             idle_timeout: flags.http_idle_timeout,
         },
         list_memory_budget_mib: flags.list_memory_budget_mib,
+        list_progress_timeout: flags.list_progress_timeout,
     })
 }
 
@@ -149,6 +154,11 @@ fn check_timeouts(flags: &LimitFlags, defaults: &NetLimits) -> Result<(), Launch
             "--http-idle-timeout",
             flags.http_idle_timeout,
             defaults.http.idle_timeout,
+        ),
+        (
+            "--list-progress-timeout",
+            flags.list_progress_timeout,
+            defaults.list_progress_timeout,
         ),
     ] {
         if value.is_zero() {

@@ -1,9 +1,9 @@
 //! The `host budget` check: `--host-budget` against the host's libvirtd
 //! `max_client_requests`, the most calls libvirtd serves of one client connection at once.
 
+use super::facts::{Expectations, Probe};
 use super::report::{Check, Status, check};
-use super::{Expectations, Probe};
-use crate::lanes::LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS;
+use crate::host::lanes::LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS;
 
 /// The setting an operator raises, and where.
 const SETTING: &str = "max_client_requests in the host's libvirtd.conf (virtqemud.conf for \

@@ -1,19 +1,15 @@
 //! The doctor's checks of one host, each judging one probed fact against what the flags
 //! would run, with the fix when it fails.
 
+use super::facts::{
+    Connection, DomainCaps, Domains, Expectations, HostFacts, Pool, Probe, Slots, Volume,
+};
 use super::golden;
-use super::report::{Check, Status, check};
-use super::{Connection, DomainCaps, Domains, Expectations, HostFacts, Pool, Probe, Slots, Volume};
-use crate::allocatable_for;
+use super::report::{Check, Status, check, gib};
+use crate::host::capacity::{Node, allocatable};
 
 pub(super) fn version(v: u32) -> String {
     format!("{}.{}.{}", v / 1_000_000, (v / 1000) % 1000, v % 1000)
-}
-
-pub(super) fn gib(bytes: u64) -> String {
-    #[allow(clippy::cast_precision_loss)]
-    let value = bytes as f64 / f64::from(1u32 << 30);
-    format!("{value:.1} GiB")
 }
 
 pub(super) fn domain_type(want: &Expectations, zone: &str, caps: &Probe<DomainCaps>) -> Check {
@@ -289,7 +285,13 @@ pub(super) fn capacity(
     connection: &Connection,
     slots: &[Slots],
 ) -> Check {
-    let total = allocatable_for(connection.cpus, connection.memory_kib, &want.capacity);
+    let total = allocatable(
+        Node {
+            cpus: connection.cpus,
+            memory_kib: connection.memory_kib,
+        },
+        &want.capacity,
+    );
     let mut parts = Vec::new();
     let (mut vcpu, mut memory) = (0u64, 0u64);
     for s in slots {

@@ -3,10 +3,9 @@
 //! missing, whether the pool has room for the upload the provider will make on connect.
 //! A same-named volume that does not match blocks, as it keeps the host's slots out.
 
-use super::checks::gib;
-use super::report::{Check, Status, check};
-use super::{Pool, Probe, Volume};
-use crate::golden::GoldenImage;
+use super::facts::{Pool, Probe, Volume};
+use super::report::{Check, Status, check, gib};
+use crate::options::GoldenImage;
 
 /// The check line for one host; `None` when the image probe could not answer (the `image`
 /// check already says why).

@@ -3,8 +3,8 @@
 
 use super::budget::host_budget;
 use super::checks::{capacity, domain_type, domains, network, storage, version};
+use super::facts::{Expectations, HostFacts, Slots};
 use super::report::{Check, Report, Status, check};
-use super::{Expectations, HostFacts, Slots};
 
 /// Judges every host's facts against what the flags would run.
 #[must_use]
@@ -98,7 +98,7 @@ fn judge_host(want: &Expectations, host: &HostFacts, slots: &[Slots], out: &mut 
     let connection = match &host.connection {
         Ok(c) => c,
         Err(e) => {
-            let (detail, fix) = crate::credentials::connection_block(&host.uri, e);
+            let (detail, fix) = crate::host::credentials::connection_block(&host.uri, e);
             out.push(check(zone, "connection", Status::Block, detail, fix));
             return;
         }

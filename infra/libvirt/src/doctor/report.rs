@@ -177,3 +177,10 @@ pub fn table(report: &Report) -> String {
     );
     out
 }
+
+/// `bytes` in GiB, one decimal, as the checks quote sizes.
+pub(super) fn gib(bytes: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let value = bytes as f64 / f64::from(1u32 << 30);
+    format!("{value:.1} GiB")
+}

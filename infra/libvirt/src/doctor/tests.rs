@@ -2,6 +2,7 @@
 //! or network, KVM missing, a host whose guests cannot boot, orphans, and the exit codes.
 
 use super::*;
+use crate::options::CapacityPolicy;
 
 fn want() -> Expectations {
     Expectations {
@@ -12,7 +13,7 @@ fn want() -> Expectations {
         domain_type: "kvm".to_owned(),
         user_data: None,
         capacity: CapacityPolicy::default(),
-        budget: crate::lanes::Budget::default(),
+        budget: crate::host::lanes::Budget::default(),
         slots: vec![(
             "a".to_owned(),
             vec![Slots {
@@ -269,7 +270,7 @@ fn a_host_budget_at_libvirtds_limit_warns_and_names_the_setting() {
     assert!(detail.contains("no admin API"), "{detail}");
     // Unknown limit: libvirtd's default 5 is the yardstick.
     let mut over = want();
-    over.budget = crate::lanes::Budget::new(6, 1).unwrap();
+    over.budget = crate::host::lanes::Budget::new(6, 1).unwrap();
     let report = judge(&over, &[host.clone()]);
     let (s, detail, fix) = status(&report, "a", "host budget");
     assert_eq!(s, Status::Warn, "{detail}");

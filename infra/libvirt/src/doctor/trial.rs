@@ -1,7 +1,7 @@
 //! The `cpu trial` checks: one line per CPU choice tried on a throw-away paused domain
 //! (`doctor --trial-domain`), or one line saying the trial was not asked for.
 
-use super::CpuTrial;
+use super::facts::CpuTrial;
 use super::report::{Check, Status, check};
 
 /// The `cpu trial` lines of one host.

@@ -5,10 +5,10 @@ use bigfleet_libvirt_domain::MachineState;
 use bigfleet_libvirt_ports::Hypervisor;
 
 use super::*;
-use crate::fixture;
-use crate::host::Health;
+use crate::host::connection::Health;
+use crate::host::fixture;
 use crate::metrics::HostLabels;
-use crate::volumes::overlay_name;
+use crate::storage::volumes::overlay_name;
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_system::Stopwatch;
 

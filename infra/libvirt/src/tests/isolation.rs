@@ -7,8 +7,7 @@ use bigfleet_libvirt_ports::Hypervisor;
 
 use super::*;
 use crate::metrics::DriftLabels;
-use crate::ownership::Tag;
-use crate::xml::{self, DomainSpec};
+use crate::render::ownership::Tag;
 use bigfleet_libvirt_config::naming::domain_name;
 
 const SHARED: &str = "test:///default";
@@ -96,17 +95,7 @@ async fn two_provider_labels_never_see_or_touch_each_others_domains() {
     let slot_b = hv_b.inner.config.slots[1].clone();
     let squat = domain_name(&b, slot_b.id.as_str());
     let tag = Tag::new(&a, "someone/else");
-    let document = xml::domain(&DomainSpec {
-        name: &squat,
-        tag: &tag,
-        vcpu: 1,
-        memory_mib: 64,
-        overlay_path: "/x",
-        seed_path: "/y",
-        nics: &[],
-        cpu: None,
-        platform: &xml::Platform::default(),
-    });
+    let document = planted_domain(&squat, tag, 1, 64, ("/x", "/y"));
     on_host(&hv_b, ZONE, move |s| {
         s.conn.define_domain_xml(&document).unwrap();
     })

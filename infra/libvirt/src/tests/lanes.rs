@@ -8,8 +8,8 @@
 use std::sync::{Condvar, Mutex};
 
 use super::*;
-use crate::host::Host;
-use crate::lanes::{Budget, Lane};
+use crate::host::connection::Host;
+use crate::host::lanes::{Budget, Lane};
 
 /// Holds calls on their threads until opened; counts what is running.
 #[derive(Default)]

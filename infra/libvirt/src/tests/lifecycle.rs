@@ -7,11 +7,12 @@ use bigfleet_libvirt_domain::{MachineState, OperationId};
 use bigfleet_libvirt_ports::{BootstrapBlob, ConfigureRequest, DrainRequest, Hypervisor};
 
 use super::*;
-use crate::domains::read_tag;
-use crate::lifecycle::{self, CreateSpec};
-use crate::ownership::Tag;
-use crate::volumes::{OVERLAY_FLOOR_BYTES, overlay_name, seed_name};
-use crate::xml;
+use crate::host::domains::read_tag;
+use crate::host::session::OVERLAY_FLOOR_BYTES;
+use crate::render::ownership::Tag;
+use crate::render::xml;
+use crate::service::lifecycle::{self, CreateSpec};
+use crate::storage::volumes::{overlay_name, seed_name};
 use bigfleet_libvirt_config::naming::domain_name;
 
 #[tokio::test]
@@ -86,6 +87,7 @@ async fn the_configured_platform_reaches_the_defined_domain() {
                     cmdline: "console=ttyS0 panic=-1".to_owned(),
                 }),
                 firmware: xml::Firmware::Bios,
+                seed_bus: xml::SeedBus::Sata,
             };
         },
     )
@@ -112,6 +114,10 @@ async fn the_configured_platform_reaches_the_defined_domain() {
         "{document}"
     );
     assert!(!document.contains("<interface"), "{document}");
+    assert!(
+        document.contains("<target dev='sda' bus='sata'/>"),
+        "--seed-bus sata puts the seed on a SATA CD-ROM: {document}"
+    );
 }
 
 #[tokio::test]
@@ -342,7 +348,7 @@ async fn every_nic_source_and_the_cpu_choice_reach_the_defined_domain() {
     let made = create(&rig.hv, small).await.unwrap();
     create(&rig.hv, medium).await.unwrap();
     let mac = |slot: &Machine, index| {
-        crate::devices::Mac::derive("libvirt", slot.id.as_str(), index, 0).to_string()
+        crate::render::devices::Mac::derive("libvirt", slot.id.as_str(), index, 0).to_string()
     };
     let (nics, document) = interfaces(&rig, small).await;
     let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();

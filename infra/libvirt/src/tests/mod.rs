@@ -22,17 +22,54 @@ use bigfleet_libvirt_domain::{Machine, MachineState, OperationId, StringMap};
 use bigfleet_libvirt_ports::{CreateRequest, DeleteRequest, Hypervisor, HypervisorError};
 use tempfile::TempDir;
 
-use super::capacity::CapacityPolicy;
-use super::fixture::Fixture;
-use super::host::{HostPolicy, Session};
-use super::lanes::Lane;
 use super::{LibvirtConfig, LibvirtHypervisor};
+use crate::host::fixture::Fixture;
+use crate::host::lanes::Lane;
+use crate::host::session::Session;
 use crate::metrics::LibvirtMetrics;
+use crate::options::{CapacityPolicy, HostPolicy, Platform};
+use crate::render::ownership::Tag;
+use crate::render::spec::{Base, Disks, DomainSpec, VolumePaths, overlay_name, seed_name};
+use crate::render::xml;
 use bigfleet_libvirt_config::HostConnection;
 use bigfleet_libvirt_domain::catalog::{
     InstanceCatalog, InventoryConfig, Offering, PriceTable, build_inventory,
 };
 use bigfleet_libvirt_system::{SystemClock, TokioSpawner};
+
+/// The document of a domain planted outside the provider: `name`, tagged `tag`, of `vcpu`
+/// and `memory_mib`, no NIC, the default platform, its volumes at `paths` (overlay, seed).
+pub(super) fn planted_domain(
+    name: &str,
+    tag: Tag,
+    vcpu: u32,
+    memory_mib: u64,
+    paths: (&str, &str),
+) -> String {
+    let spec = DomainSpec {
+        name: name.to_owned(),
+        tag,
+        instance_type: String::new(),
+        instance_id: String::new(),
+        vcpu,
+        memory_mib,
+        cpu: None,
+        nics: Vec::new(),
+        platform: Platform::default(),
+        disks: Disks {
+            overlay: overlay_name(name),
+            seed: seed_name(name),
+            base: Base {
+                path: "/base".to_owned(),
+                format: "qcow2".to_owned(),
+                overlay_bytes: 1 << 30,
+            },
+        },
+        user_data: Arc::from(&b""[..]),
+    };
+    let (overlay, seed) = paths;
+    xml::domain(&spec, VolumePaths { overlay, seed })
+}
 
 /// The zone of single-host rigs.
 pub(super) const ZONE: &str = "rack1";

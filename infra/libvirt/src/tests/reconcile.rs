@@ -6,9 +6,9 @@ use bigfleet_libvirt_ports::Hypervisor;
 
 use super::*;
 use crate::metrics::DriftLabels;
-use crate::ownership::Tag;
-use crate::volumes::overlay_name;
-use crate::xml::{self, DomainSpec};
+use crate::render::ownership::Tag;
+use crate::render::xml;
+use crate::storage::volumes::overlay_name;
 use bigfleet_libvirt_config::naming::domain_name;
 
 fn drift(metrics: &LibvirtMetrics, kind: &str) -> i64 {
@@ -25,17 +25,7 @@ async fn plant_orphans(rig: &Rig) -> (String, String) {
     let orphan = domain_name("libvirt", &stray_id);
     let stray_volume = overlay_name(&domain_name("libvirt", rig.slots[3].id.as_str()));
     let tag = Tag::new("libvirt", &stray_id);
-    let document = xml::domain(&DomainSpec {
-        name: &orphan,
-        tag: &tag,
-        vcpu: 1,
-        memory_mib: 256,
-        overlay_path: "/o",
-        seed_path: "/s",
-        nics: &[],
-        cpu: None,
-        platform: &xml::Platform::default(),
-    });
+    let document = planted_domain(&orphan, tag, 1, 256, ("/o", "/s"));
     let volume = xml::seed_volume(&stray_volume, 4096);
     on_host(&rig.hv, ZONE, move |s| {
         s.conn

@@ -1,0 +1,247 @@
+//! Describe (docs/design.md §4.4, docs/libvirt.md §5.10): what each reachable host really runs,
+//! turned into the inventory the provider seeds from and reconciles against, plus what is out of
+//! line.
+//!
+//! A scan reads every domain on a host (name, power state, shape, ownership tag) and the
+//! volume names in the pool; everything after that is pure and unit-tested without
+//! libvirt. The mapping follows the reference for slots (a running tagged domain makes its
+//! slot Idle; a stopped one leaves it Speculative for the next Create to adopt and power
+//! on) with three differences: only domains tagged with this provider label count; a slot
+//! whose host is unreachable, whose name is taken by a foreign domain, or that no longer
+//! fits the host's capacity is withheld rather than offered; and tagged domains that no
+//! slot or record explains are reported as orphans (collected by `orphans`) instead of
+//! being surfaced as Idle machines.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bigfleet_libvirt_domain::{Machine, MachineState};
+use bigfleet_libvirt_ports::{DomainRef, HypervisorError};
+use tracing::warn;
+
+use crate::drift::orphans::Orphan;
+use crate::host::capacity::{Node, Shape};
+use crate::host::domains::{is_active, read_tag};
+use crate::host::error::context;
+use crate::host::session::Session;
+use crate::render::ownership::Tag;
+use crate::storage::volumes;
+use bigfleet_libvirt_config::naming::domain_name;
+use bigfleet_libvirt_domain::catalog::InstanceCatalog;
+
+/// One domain as a scan saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScannedDomain {
+    /// Whether libvirt counts it as running.
+    pub running: bool,
+    /// Its ownership tag, if it has one.
+    pub tag: Option<Tag>,
+    /// Its vCPUs and memory.
+    pub shape: Shape,
+}
+
+/// One host's scan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// The node info, when read.
+    pub node: Option<Node>,
+    /// Every domain by name.
+    pub domains: BTreeMap<String, ScannedDomain>,
+    /// Volume names in the storage pool (empty when the pool could not be listed).
+    pub volumes: Vec<String>,
+}
+
+impl Scan {
+    /// The domains that hold host resources: active ones, and ours even when stopped.
+    #[must_use]
+    pub fn committed(&self, provider: &str) -> BTreeMap<String, Shape> {
+        self.domains
+            .iter()
+            .filter(|(_, d)| d.running || d.tag.as_ref().is_some_and(|t| t.provider == provider))
+            .map(|(name, d)| (name.clone(), d.shape))
+            .collect()
+    }
+}
+
+/// Reads node info, every domain and the pool's volume names.
+pub(crate) fn scan(session: &Session, pool: &str) -> Result<Scan, HypervisorError> {
+    let conn = &session.conn;
+    let info = conn
+        .node_info()
+        .map_err(|e| context("read node info", &e))?;
+    let listed = conn
+        .list_all_domains(0)
+        .map_err(|e| context("list domains", &e))?;
+    let mut domains = BTreeMap::new();
+    for domain in listed {
+        // A domain can vanish between the listing and the read: skip it.
+        let (Ok(name), Ok(details)) = (domain.name(), domain.info()) else {
+            continue;
+        };
+        let scanned = ScannedDomain {
+            running: details.state.known().is_some_and(is_active),
+            tag: read_tag(&domain),
+            shape: Shape {
+                vcpu: u64::from(details.nr_virt_cpu),
+                memory_mib: details.max_mem / 1024,
+            },
+        };
+        domains.insert(name, scanned);
+    }
+    let volumes = volumes::list(session, pool).unwrap_or_else(|e| {
+        warn!(error = %e, "cannot list the storage pool; orphan volumes are not checked");
+        Vec::new()
+    });
+    Ok(Scan {
+        node: Some(Node {
+            cpus: info.cpus,
+            memory_kib: info.memory,
+        }),
+        domains,
+        volumes,
+    })
+}
+
+/// What one reachable host contributes to the inventory.
+#[derive(Clone, Debug)]
+pub struct HostView<'a> {
+    /// The scan.
+    pub scan: &'a Scan,
+    /// Capacity still free (after reservations in flight), if the node is known.
+    pub free: Option<Shape>,
+}
+
+/// The inventory: every slot on a reachable host, Idle when its domain runs, Speculative
+/// when it can be created (or adopted), withheld otherwise. `views` holds only the hosts
+/// that were scanned.
+#[must_use]
+pub fn inventory(
+    provider: &str,
+    slots: &[Machine],
+    catalog: &InstanceCatalog,
+    views: &BTreeMap<String, HostView<'_>>,
+) -> Vec<Machine> {
+    let mut free: BTreeMap<&str, Option<Shape>> =
+        views.iter().map(|(z, v)| (z.as_str(), v.free)).collect();
+    let mut machines = Vec::new();
+    for slot in slots {
+        let Some(view) = views.get(&slot.zone) else {
+            continue;
+        };
+        let name = domain_name(provider, slot.id.as_str());
+        match view.scan.domains.get(&name) {
+            Some(domain) => match &domain.tag {
+                Some(tag) if tag.is(provider, slot.id.as_str()) => {
+                    let mut machine = slot.clone();
+                    if domain.running {
+                        machine.state = MachineState::Idle;
+                        machine.host = Some(
+                            DomainRef::new(slot.zone.as_str(), name.as_str()).host_ref(provider),
+                        );
+                    }
+                    machines.push(machine);
+                }
+                _ => warn!(
+                    machine_id = %slot.id, domain = %name,
+                    "slot withheld: its domain name is taken by a domain that is not ours"
+                ),
+            },
+            None => {
+                let shape = catalog.get(&slot.instance_type).map(|t| Shape {
+                    vcpu: u64::from(t.vcpu),
+                    memory_mib: t.memory_mib,
+                });
+                let room = free.entry(slot.zone.as_str()).or_insert(None);
+                match (shape, room.as_mut()) {
+                    (Some(shape), Some(left)) => {
+                        if shape.vcpu <= left.vcpu && shape.memory_mib <= left.memory_mib {
+                            left.vcpu -= shape.vcpu;
+                            left.memory_mib -= shape.memory_mib;
+                            machines.push(slot.clone());
+                        }
+                    }
+                    _ => machines.push(slot.clone()),
+                }
+            }
+        }
+    }
+    machines
+}
+
+/// Managed machines the substrate no longer matches, per zone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Drift {
+    /// Machine ids whose domain vanished.
+    pub vanished: Vec<String>,
+    /// Machine ids whose domain is not running.
+    pub stopped: Vec<String>,
+}
+
+/// Compares the machines the provider knows to run (id → zone) with the scans.
+#[must_use]
+pub fn drift(
+    provider: &str,
+    known: &BTreeMap<String, String>,
+    views: &BTreeMap<String, HostView<'_>>,
+) -> BTreeMap<String, Drift> {
+    let mut found: BTreeMap<String, Drift> = BTreeMap::new();
+    for (machine_id, zone) in known {
+        let Some(view) = views.get(zone) else {
+            continue;
+        };
+        let entry = found.entry(zone.clone()).or_default();
+        match view.scan.domains.get(&domain_name(provider, machine_id)) {
+            None => entry.vanished.push(machine_id.clone()),
+            Some(d) if !d.running => entry.stopped.push(machine_id.clone()),
+            Some(_) => {}
+        }
+    }
+    found
+}
+
+/// Tagged domains of this provider that no slot and no known machine explains, and volumes
+/// named after one of our domains that has no domain (and no Create in flight).
+#[must_use]
+pub fn orphans(
+    provider: &str,
+    zone: &str,
+    scan: &Scan,
+    slot_ids: &BTreeSet<String>,
+    known: &BTreeMap<String, String>,
+    pending: &dyn Fn(&str) -> bool,
+) -> Vec<Orphan> {
+    let mut found = Vec::new();
+    let mut ours: BTreeSet<String> = slot_ids
+        .iter()
+        .chain(known.keys())
+        .map(|id| domain_name(provider, id))
+        .collect();
+    for (name, domain) in &scan.domains {
+        let Some(tag) = domain.tag.as_ref().filter(|t| t.provider == provider) else {
+            continue;
+        };
+        ours.insert(name.clone());
+        if !slot_ids.contains(&tag.machine_id) && !known.contains_key(&tag.machine_id) {
+            found.push(Orphan::Domain {
+                zone: zone.to_owned(),
+                name: name.clone(),
+                machine_id: tag.machine_id.clone(),
+            });
+        }
+    }
+    for volume in &scan.volumes {
+        let Some(owner) = volumes::owner_of(volume) else {
+            continue;
+        };
+        if ours.contains(owner) && !scan.domains.contains_key(owner) && !pending(owner) {
+            found.push(Orphan::Volume {
+                zone: zone.to_owned(),
+                name: volume.clone(),
+            });
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+#[path = "describe_tests.rs"]
+mod tests;

@@ -1,0 +1,527 @@
+//! One libvirt host (zone): its connection, its health, and how blocking calls reach it.
+//!
+//! libvirt's API is blocking, so every call runs on tokio's blocking pool, behind the
+//! host's lanes (`lanes`: the per-host budget, `--host-budget`, and who goes next), which
+//! bound how many calls one host has in flight (docs/design.md §5.3). A
+//! dropped future never cuts a call short: the closure runs to completion on its thread and
+//! its slot is released when it really ends, so a deadline can never leave a half-made
+//! domain behind a call that "returned". Each host is isolated: its own connection, its own
+//! lanes and its own supervisor task, so a dead host fails its own calls fast (no waiting
+//! for a slot or a dial) and never holds up another host.
+//!
+//! The supervisor dials, probes liveness periodically, and after a loss reconnects with
+//! jittered backoff. Health is `connecting`, `healthy` or `unreachable`, exported as the
+//! one-hot gauge `bigfleet_libvirt_host_health{zone,state}`.
+//!
+//! **Closing is ordered after every call.** A connection is closed only when the last
+//! [`Session`] handle drops, and every call, probe and watch tick holds one for as long as it
+//! runs, so the provider never closes a connection another thread is using: not on a lost
+//! probe, not on a SIGHUP redial, not at shutdown. libvirt's client-side keepalive is turned
+//! off on every connection, because it is the one close the provider cannot order: libvirt's
+//! timer closes the connection from its event loop while other threads wait for replies on
+//! it, and libvirt 9.0's client then crashed the whole process (SIGSEGV in its I/O loop) when
+//! a host that had hung for longer than the keepalive window came back. The liveness probe
+//! takes keepalive's place: a host that stops answering is `unreachable` within
+//! `2 × probe_interval + probe_timeout` (a probe is skipped when a call was answered since the
+//! last one), its new calls fail at once, and the calls already on it
+//! return (and then release the connection) once the host answers again or the transport
+//! fails (docs/libvirt.md §2.3).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+
+use bigfleet_libvirt_ports::{Clock, HypervisorError};
+use futures::FutureExt;
+use tokio::sync::{Notify, watch};
+use tracing::{info, warn};
+use virt::connect::Connect;
+
+use crate::host::backoff::Backoff;
+use crate::host::capacity::{Ledger, Node};
+use crate::host::error::{is_unsupported, maybe_done, nothing_done, text};
+use crate::host::gate::Gate;
+use crate::host::lanes::{Budget, Lane, Lanes};
+use crate::host::session::Session;
+use crate::metrics::lanes::LaneMetrics;
+use crate::metrics::{HostLabels, LibvirtMetrics};
+use crate::options::HostPolicy;
+
+/// A host's connection state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// A dial is in progress.
+    Connecting,
+    /// Connected and answering.
+    Healthy,
+    /// The last dial failed or the connection was lost; a reconnect is scheduled.
+    Unreachable,
+}
+
+impl Health {
+    /// The metric label value.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Health::Connecting => "connecting",
+            Health::Healthy => "healthy",
+            Health::Unreachable => "unreachable",
+        }
+    }
+}
+
+/// How often a probe that found the budget saturated looks again for an answered call.
+const SATURATED_PROBE_TICK: std::time::Duration = std::time::Duration::from_millis(250);
+
+struct Slot {
+    session: Option<Arc<Session>>,
+    generation: u64,
+    last_error: String,
+}
+
+/// One libvirt host.
+pub(crate) struct Host {
+    pub(crate) zone: String,
+    uri: String,
+    policy: HostPolicy,
+    lanes: Arc<Lanes>,
+    slot: Mutex<Slot>,
+    health: watch::Sender<Health>,
+    wake: Arc<Notify>,
+    metrics: LibvirtMetrics,
+    pub(crate) ledger: Mutex<Ledger>,
+    /// Domain names whose create or delete sequence is running on a blocking thread.
+    busy: Mutex<BTreeSet<String>>,
+    /// Signalled whenever a name leaves `busy`.
+    freed: Condvar,
+    /// `--image-source` on this host's pool, checked on every (re)connect.
+    golden: Option<Arc<dyn Gate>>,
+    /// A redial was asked for (SIGHUP): dial a fresh connection even while healthy.
+    redial: AtomicBool,
+    /// Calls the host answered with success, counted: proof of life between probes.
+    answered: AtomicU64,
+    /// `answered` as the last probe saw it.
+    answered_at_probe: AtomicU64,
+}
+
+/// Holds a domain name in [`Host::exclusive`] until dropped.
+pub(crate) struct Exclusive<'a> {
+    host: &'a Host,
+    name: String,
+}
+
+impl Drop for Exclusive<'_> {
+    fn drop(&mut self) {
+        let mut busy = self
+            .host
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        busy.remove(&self.name);
+        self.host.freed.notify_all();
+    }
+}
+
+impl Host {
+    pub(crate) fn new(
+        zone: &str,
+        uri: &str,
+        policy: HostPolicy,
+        budget: Budget,
+        lane_metrics: LaneMetrics,
+        metrics: LibvirtMetrics,
+        golden: Option<Arc<dyn Gate>>,
+    ) -> Arc<Self> {
+        let host = Self {
+            zone: zone.to_owned(),
+            uri: uri.to_owned(),
+            lanes: Lanes::new(zone, budget, Arc::new(lane_metrics)),
+            policy,
+            slot: Mutex::new(Slot {
+                session: None,
+                generation: 0,
+                last_error: "not connected yet".to_owned(),
+            }),
+            health: watch::Sender::new(Health::Connecting),
+            wake: Arc::new(Notify::new()),
+            metrics,
+            ledger: Mutex::new(Ledger::default()),
+            busy: Mutex::new(BTreeSet::new()),
+            freed: Condvar::new(),
+            golden,
+            redial: AtomicBool::new(false),
+            answered: AtomicU64::new(0),
+            answered_at_probe: AtomicU64::new(0),
+        };
+        host.publish(Health::Connecting);
+        if host.golden.is_some() {
+            host.publish_golden("pending");
+        }
+        Arc::new(host)
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Blocks (on a blocking thread only) until no other create or delete sequence for
+    /// `name` runs on this host, then holds `name` until the guard drops. A caller whose
+    /// future was dropped leaves its sequence running to the end; a retry for the same
+    /// machine waits for it here instead of racing it, and then adopts what it made.
+    pub(crate) fn exclusive(&self, name: &str) -> Exclusive<'_> {
+        let mut busy = self
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while busy.contains(name) {
+            busy = self
+                .freed
+                .wait(busy)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        busy.insert(name.to_owned());
+        Exclusive {
+            host: self,
+            name: name.to_owned(),
+        }
+    }
+
+    pub(crate) fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The current health.
+    pub(crate) fn health(&self) -> Health {
+        *self.health.borrow()
+    }
+
+    /// Waits until the host has left `connecting` (first dial done, either way).
+    pub(crate) async fn settled(&self) {
+        let mut rx = self.health.subscribe();
+        let _ = rx.wait_for(|h| *h != Health::Connecting).await;
+    }
+
+    /// Waits until the host is healthy.
+    pub(crate) async fn healthy(&self) {
+        let mut rx = self.health.subscribe();
+        let _ = rx.wait_for(|h| *h == Health::Healthy).await;
+    }
+
+    fn publish(&self, health: Health) {
+        self.health.send_replace(health);
+        for state in [Health::Connecting, Health::Healthy, Health::Unreachable] {
+            let labels = HostLabels {
+                zone: self.zone.clone(),
+                state: state.name().to_owned(),
+            };
+            let value = i64::from(state == health);
+            self.metrics.host_health.get_or_create(&labels).set(value);
+        }
+    }
+
+    fn publish_golden(&self, current: &str) {
+        for state in ["pending", "ready", "mismatch", "failed"] {
+            let labels = HostLabels {
+                zone: self.zone.clone(),
+                state: state.to_owned(),
+            };
+            let value = i64::from(state == current);
+            self.metrics.golden_image.get_or_create(&labels).set(value);
+        }
+    }
+
+    /// The live session, or a fast failure naming the host's state.
+    pub(crate) fn session(&self) -> Result<Arc<Session>, HypervisorError> {
+        let slot = self.slot();
+        slot.session.clone().ok_or_else(|| {
+            nothing_done(format!(
+                "libvirt host for zone {:?} is {} ({}); the provider reconnects with backoff, \
+                 retry once it is healthy",
+                self.zone,
+                self.health().name(),
+                slot.last_error
+            ))
+        })
+    }
+
+    /// Runs `f` on a blocking thread against the live connection, once `lane` has a slot
+    /// of the host's budget.
+    pub(crate) async fn call<T, F>(self: &Arc<Self>, lane: Lane, f: F) -> Result<T, HypervisorError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Session) -> Result<T, HypervisorError> + Send + 'static,
+    {
+        self.session()?;
+        let permit = self.lanes.acquire(lane).await;
+        // The session current once the slot is ours: a wait may span a reconnect.
+        let session = self.session()?;
+        let host = Arc::clone(self);
+        let joined = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let result = f(&session);
+            if result.is_ok() {
+                host.answered.fetch_add(1, Ordering::SeqCst);
+            } else if !session.conn.is_alive().unwrap_or(false) {
+                host.lost(session.generation, "the connection dropped during a call");
+            }
+            result
+        })
+        .await;
+        joined.map_err(|e| maybe_done(format!("zone {:?}: libvirt worker: {e}", self.zone)))?
+    }
+
+    /// Marks the connection of `generation` lost (a newer one is left alone) and wakes the
+    /// supervisor.
+    pub(crate) fn lost(&self, generation: u64, reason: &str) {
+        let old = {
+            let mut slot = self.slot();
+            if slot.generation != generation || slot.session.is_none() {
+                return;
+            }
+            slot.last_error = reason.to_owned();
+            slot.session.take()
+        };
+        warn!(zone = %self.zone, reason, "libvirt host unreachable; reconnecting");
+        self.publish(Health::Unreachable);
+        // Closing a remote connection may block: never on an async worker.
+        drop(tokio::task::spawn_blocking(move || drop(old)));
+        self.wake.notify_one();
+    }
+
+    /// Asks the supervisor to dial again now (credentials on disk may have changed).
+    pub(crate) fn redial(&self) {
+        self.redial.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    /// The host's lanes (tests count what is in flight).
+    #[cfg(test)]
+    pub(crate) fn lanes(&self) -> &Arc<Lanes> {
+        &self.lanes
+    }
+
+    /// Test hook: behaves as if the transport had died under the current session.
+    #[cfg(test)]
+    pub(crate) fn sever(&self) {
+        let generation = self.slot().generation;
+        self.lost(generation, "severed by a test");
+    }
+
+    /// Dials once, makes sure the golden image is there (with `--image-source`) and installs
+    /// the session. A host whose golden image is not in order gets no session: its slots
+    /// stay out of the inventory, exactly as while it is unreachable, and the check runs
+    /// again on the next dial.
+    async fn open(&self) -> Result<(), String> {
+        ensure_event_loop();
+        let uri = self.uri.clone();
+        let zone = self.zone.clone();
+        let golden = self.golden.clone();
+        let opened = tokio::task::spawn_blocking(move || {
+            let (conn, test_driver, node) = dial(&uri, &zone)?;
+            let checked = golden.map(|gate| gate.check(&conn, test_driver, &zone));
+            Ok::<_, String>((conn, test_driver, node, checked))
+        })
+        .await
+        .map_err(|e| format!("libvirt worker: {e}"))??;
+        let (conn, test_driver, node, checked) = opened;
+        match checked {
+            None => {}
+            Some(Ok(ensured)) => {
+                info!(zone = %self.zone, outcome = ?ensured, "golden image ready");
+                self.publish_golden("ready");
+            }
+            Some(Err(refusal)) => {
+                warn!(zone = %self.zone, state = refusal.state(), reason = refusal.reason(),
+                    "golden image not in order; this host's slots are withheld");
+                self.publish_golden(refusal.state());
+                drop(tokio::task::spawn_blocking(move || drop(conn)));
+                return Err(format!(
+                    "slots withheld: {} (checked again on the next reconnect)",
+                    refusal.reason()
+                ));
+            }
+        }
+        self.ledger().set_node(node);
+        let replaced = {
+            let mut slot = self.slot();
+            slot.generation += 1;
+            let session = Arc::new(Session {
+                conn,
+                generation: slot.generation,
+                test_driver,
+                base: Mutex::new(None),
+            });
+            slot.last_error.clear();
+            slot.session.replace(session)
+        };
+        // A redial replaces a live session: closing it may block, never on an async worker.
+        drop(tokio::task::spawn_blocking(move || drop(replaced)));
+        self.publish(Health::Healthy);
+        Ok(())
+    }
+
+    fn dial_failed(&self, error: String) {
+        warn!(zone = %self.zone, error = %error, "libvirt host unreachable");
+        self.slot().last_error = error;
+        self.publish(Health::Unreachable);
+    }
+
+    /// Probes a healthy connection; a failed or slow probe marks it lost.
+    ///
+    /// A call answered since the last probe already proves the host alive, so no probe
+    /// goes out. While every slot of the budget is taken, the probe sends nothing either: a
+    /// call of its own would be the connection's fifth request, which makes libvirtd stop
+    /// reading the connection ("Client hit max requests limit"); it waits for one of the
+    /// calls in flight to be answered instead, within the same timeout.
+    async fn probe<C: Clock>(self: &Arc<Self>, clock: &C) {
+        let Ok(session) = self.session() else { return };
+        let generation = session.generation;
+        if self.answered_since_last_probe() {
+            return;
+        }
+        let deadline = clock.now().saturating_add(self.policy.probe_timeout);
+        while self.saturated() {
+            if self.answered_since_last_probe() {
+                return;
+            }
+            if clock.now() >= deadline {
+                self.lost(generation, "no call answered within the liveness timeout");
+                return;
+            }
+            let tick = clock
+                .now()
+                .saturating_add(SATURATED_PROBE_TICK)
+                .min(deadline);
+            clock.sleep_until(tick).await;
+        }
+        let check = tokio::task::spawn_blocking(move || {
+            session.conn.is_alive().unwrap_or(false) && session.conn.lib_version().is_ok()
+        });
+        // Biased: an answer that arrives with the deadline still counts.
+        let alive = futures::select_biased! {
+            answer = check.fuse() => answer.unwrap_or(false),
+            () = clock.sleep_until(deadline).fuse() => false,
+        };
+        if !alive {
+            self.lost(generation, "liveness probe failed or timed out");
+        }
+    }
+
+    /// Whether a call was answered since the last time this was asked.
+    fn answered_since_last_probe(&self) -> bool {
+        let now = self.answered.load(Ordering::SeqCst);
+        self.answered_at_probe.swap(now, Ordering::SeqCst) != now
+    }
+
+    /// Whether every slot of the host's budget is in use.
+    fn saturated(&self) -> bool {
+        self.lanes.in_flight().iter().sum::<usize>() >= self.lanes.budget().host
+    }
+}
+
+/// Opens the connection, turns libvirt's client keepalive off (see the module docs: its
+/// close is not ordered after the calls in flight) and reads the node info.
+fn dial(uri: &str, zone: &str) -> Result<(Connect, bool, Node), String> {
+    let conn =
+        Connect::open(Some(uri)).map_err(|e| crate::host::credentials::connect_failure(uri, &e))?;
+    // An interval of -1 disables keepalive; libvirt still answers the daemon's own pings.
+    if let Err(e) = conn.set_keep_alive(-1, 0) {
+        if !is_unsupported(&e) {
+            warn!(zone, error = %text(&e), "libvirt keepalive could not be turned off");
+        }
+    }
+    let test_driver = conn
+        .driver_type()
+        .is_ok_and(|t| t.eq_ignore_ascii_case("test"));
+    let info = conn
+        .node_info()
+        .map_err(|e| format!("read node info: {}", text(&e)))?;
+    let node = Node {
+        cpus: info.cpus,
+        memory_kib: info.memory,
+    };
+    Ok((conn, test_driver, node))
+}
+
+/// Registers libvirt's default event loop once per process and runs it on a dedicated
+/// thread: remote connections need it to notice a dead peer, to answer the daemon's
+/// keepalive pings between calls, and for large answers over libssh.
+pub(crate) fn ensure_event_loop() {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        virt::error::clear_error_callback();
+        if let Err(e) = virt::event::event_register_default_impl() {
+            warn!(error = %text(&e), "libvirt event loop unavailable");
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("libvirt-events".to_owned())
+            .spawn(|| {
+                while virt::event::event_run_default_impl().is_ok() {}
+                warn!("libvirt event loop stopped");
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the libvirt event loop thread");
+        }
+    });
+}
+
+/// Keeps one host connected until the host is dropped: dials with backoff while it is
+/// down, probes it while it is up.
+pub(crate) async fn supervise<C: Clock>(host: Weak<Host>, clock: C, seed: u64) {
+    let Some(wake) = host.upgrade().map(|h| Arc::clone(&h.wake)) else {
+        return;
+    };
+    let mut backoff = {
+        let Some(h) = host.upgrade() else { return };
+        Backoff::new(h.policy.backoff_min, h.policy.backoff_max, seed)
+    };
+    loop {
+        let Some(h) = host.upgrade() else { return };
+        if h.redial.swap(false, Ordering::SeqCst) && h.session().is_ok() {
+            match h.open().await {
+                Ok(()) => info!(zone = %h.zone, "libvirt host redialled"),
+                Err(error) => warn!(zone = %h.zone, error = %error,
+                    "libvirt redial failed; keeping the current connection"),
+            }
+        }
+        if h.session().is_ok() {
+            backoff.reset();
+            let deadline = clock.now().saturating_add(h.policy.probe_interval);
+            drop(h);
+            // Biased: a loss reported by a call is acted on before the periodic probe.
+            futures::select_biased! {
+                () = wake.notified().fuse() => {}
+                () = clock.sleep_until(deadline).fuse() => {}
+            }
+            if let Some(h) = host.upgrade() {
+                if !h.redial.load(Ordering::SeqCst) {
+                    h.probe(&clock).await;
+                }
+            }
+            continue;
+        }
+        h.publish(Health::Connecting);
+        match h.open().await {
+            Ok(()) => info!(zone = %h.zone, "libvirt host connected"),
+            Err(error) => {
+                h.dial_failed(error);
+                let deadline = clock.now().saturating_add(backoff.next_wait());
+                drop(h);
+                // A redial request (SIGHUP) cuts the wait short: rotated credentials are
+                // tried at once.
+                futures::select_biased! {
+                    () = wake.notified().fuse() => {}
+                    () = clock.sleep_until(deadline).fuse() => {}
+                }
+                if let Some(h) = host.upgrade() {
+                    h.redial.store(false, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! libvirt test-driver node files: a host with a CPU/memory size, a `dir` storage pool
+//! holding a base image volume, and a network, for tests, benchmarks and trying the
+//! provider without a real host (`--connect test:///abs/path/node.xml`).
+//!
+//! Unlike `test:///default`, whose state every connection in a process shares, each
+//! connection opened from a node file gets its own fresh in-memory host, so tests that
+//! each write their own file cannot see each other's domains. The test driver stores no
+//! volume contents and answers qemu guest-agent commands with "not supported".
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::render::ownership::escape;
+
+/// What the fake host looks like.
+#[derive(Clone, Debug)]
+pub struct Fixture {
+    /// Physical CPUs.
+    pub cpus: u32,
+    /// Memory in MiB.
+    pub memory_mib: u64,
+    /// Storage pool name.
+    pub pool: String,
+    /// Storage pool directory (nothing is written there).
+    pub pool_path: String,
+    /// Base image volume name.
+    pub base_volume: String,
+    /// Base image virtual size in bytes.
+    pub base_capacity: u64,
+    /// Base image format.
+    pub base_format: String,
+    /// Network name.
+    pub network: String,
+    /// Extra `<domain>` documents defined at open (for foreign or leftover domains).
+    pub domains: Vec<String>,
+}
+
+impl Default for Fixture {
+    fn default() -> Self {
+        Self {
+            cpus: 16,
+            memory_mib: 64 * 1024,
+            pool: "default".to_owned(),
+            pool_path: "/var/lib/libvirt/images".to_owned(),
+            base_volume: "base.qcow2".to_owned(),
+            base_capacity: 10 << 30,
+            base_format: "qcow2".to_owned(),
+            network: "default".to_owned(),
+            domains: Vec::new(),
+        }
+    }
+}
+
+impl Fixture {
+    /// The `<node>` document.
+    #[must_use]
+    pub fn node_xml(&self) -> String {
+        let domains: String = self.domains.concat();
+        format!(
+            "<node>
+  <cpu><nodes>1</nodes><sockets>1</sockets><cores>{cpus}</cores><threads>1</threads>
+    <mhz>2000</mhz><model>x86_64</model></cpu>
+  <memory>{memory_kib}</memory>
+  <network>
+    <name>{network}</name>
+    <bridge name='virbr0'/>
+    <forward/>
+    <ip address='192.168.122.1' netmask='255.255.255.0'/>
+  </network>
+  <pool type='dir'>
+    <name>{pool}</name>
+    <capacity unit='TiB'>10</capacity>
+    <available unit='TiB'>10</available>
+    <target><path>{pool_path}</path></target>
+    <volume type='file'>
+      <name>{base}</name>
+      <capacity unit='bytes'>{base_capacity}</capacity>
+      <allocation unit='bytes'>{base_capacity}</allocation>
+      <target><format type='{base_format}'/></target>
+    </volume>
+  </pool>
+{domains}</node>
+",
+            cpus = self.cpus,
+            memory_kib = self.memory_mib * 1024,
+            network = escape(&self.network),
+            pool = escape(&self.pool),
+            pool_path = escape(&self.pool_path),
+            base = escape(&self.base_volume),
+            base_capacity = self.base_capacity,
+            base_format = escape(&self.base_format),
+        )
+    }
+
+    /// Writes the node file into `dir` as `name` and returns its `test://` URI.
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub fn write(&self, dir: &Path, name: &str) -> io::Result<String> {
+        let path = dir.join(name);
+        std::fs::write(&path, self.node_xml())?;
+        Ok(uri(&path))
+    }
+}
+
+/// The test-driver URI of an absolute node file path (`test:///abs/path/node.xml`).
+#[must_use]
+pub fn uri(path: &Path) -> String {
+    let absolute: PathBuf = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    format!("test://{}", absolute.display())
+}

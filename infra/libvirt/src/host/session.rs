@@ -1,0 +1,39 @@
+//! One open connection to a host ([`Session`]), and what is read once per connection and
+//! cached on it: the base image's facts ([`BaseImage`]), which `storage::volumes` reads.
+
+use std::sync::Mutex;
+
+use virt::connect::Connect;
+
+/// The smallest overlay handed to a guest, whatever the base image's virtual size.
+pub const OVERLAY_FLOOR_BYTES: u64 = 40 << 30;
+
+/// One open connection. Replaced wholesale on reconnect; calls in flight keep the old one
+/// alive until they return.
+pub(crate) struct Session {
+    pub(crate) conn: Connect,
+    pub(crate) generation: u64,
+    /// libvirt's `test` driver: in memory, cannot upload volume contents.
+    pub(crate) test_driver: bool,
+    /// The base image facts, read once per connection.
+    pub(crate) base: Mutex<Option<BaseImage>>,
+}
+
+/// What the adapter needs to know about `--image`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseImage {
+    /// The base volume's path on the host.
+    pub path: String,
+    /// Its virtual size in bytes.
+    pub capacity: u64,
+    /// Its format, read from the volume XML (`qcow2` when unreadable).
+    pub format: String,
+}
+
+impl BaseImage {
+    /// The overlay size: the base's virtual size, but at least [`OVERLAY_FLOOR_BYTES`].
+    #[must_use]
+    pub fn overlay_capacity(&self) -> u64 {
+        self.capacity.max(OVERLAY_FLOOR_BYTES)
+    }
+}

@@ -1,0 +1,168 @@
+//! What one domain looks like, as one plain value: [`DomainSpec`]. Everything that decides
+//! the domain's documents is in it (the slot's instance type, shape, machine id and
+//! incarnation; the operator's CPU, NICs, accelerator, boot, firmware, seed bus and
+//! user-data; the volumes and the base image facts the host gave), it is built in one place
+//! ([`DomainSpec::new`], from the operator's [`Choices`], the [`Slot`] and the host's
+//! [`Base`]), and `render::xml` and `render::seed` turn it into documents without reading
+//! configuration. A new shape of domain is a field here, its rendering, and its snapshot
+//! (`render/spec_tests.rs`).
+//!
+//! The volumes' names are decided here too ([`overlay_name`], [`seed_name`]): they derive
+//! from the domain name alone, so the volumes can be found, and collected, from it.
+
+use std::sync::Arc;
+
+use bigfleet_libvirt_config::naming::domain_name;
+
+use crate::options::{CpuChoice, DomainConfig, Platform};
+use crate::render::devices::{MacBook, Nic};
+use crate::render::ownership::Tag;
+use crate::render::seed;
+
+/// Everything that decides what one domain looks like.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomainSpec {
+    /// The domain name (the provider label and the machine id).
+    pub name: String,
+    /// The ownership tag in `<metadata>` (provider label and machine id; no cluster yet).
+    pub tag: Tag,
+    /// The slot's instance type.
+    pub instance_type: String,
+    /// This incarnation of the slot: the cloud-init `instance-id` (the domain name and the
+    /// Create's operation id).
+    pub instance_id: String,
+    /// Virtual CPUs.
+    pub vcpu: u32,
+    /// Memory in MiB.
+    pub memory_mib: u64,
+    /// The guest CPU; `None` is the platform's default (`host-passthrough` on KVM, QEMU's
+    /// own model under TCG).
+    pub cpu: Option<CpuChoice>,
+    /// The NICs, in order, each with its derived MAC address (none: no NIC).
+    pub nics: Vec<Nic>,
+    /// Accelerator, boot method, firmware and the seed's bus.
+    pub platform: Platform,
+    /// The overlay and seed volumes, and the base image the overlay stands on.
+    pub disks: Disks,
+    /// The cloud-init user-data, verbatim.
+    pub user_data: Arc<[u8]>,
+}
+
+/// A domain's volumes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Disks {
+    /// The qcow2 overlay's volume name.
+    pub overlay: String,
+    /// The NoCloud seed's volume name.
+    pub seed: String,
+    /// What the overlay is backed by, as the host reported it.
+    pub base: Base,
+}
+
+/// The host's facts about the base image (`--image`) an overlay is backed by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Base {
+    /// The base volume's path on the host.
+    pub path: String,
+    /// Its format (`qcow2`, `raw`).
+    pub format: String,
+    /// The overlay's virtual size in bytes.
+    pub overlay_bytes: u64,
+}
+
+/// Where libvirt placed a domain's two volumes (known once they exist).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VolumePaths<'a> {
+    /// The overlay's path on the host.
+    pub overlay: &'a str,
+    /// The seed's path on the host.
+    pub seed: &'a str,
+}
+
+/// The operator's side of every domain.
+#[derive(Clone, Copy, Debug)]
+pub struct Choices<'a> {
+    /// The provider label.
+    pub provider: &'a str,
+    /// The libvirt flags.
+    pub options: &'a DomainConfig,
+    /// The MAC address of every NIC of every configured slot.
+    pub macs: &'a MacBook,
+    /// The cloud-init user-data.
+    pub user_data: &'a Arc<[u8]>,
+}
+
+/// The slot's side of one domain.
+#[derive(Clone, Copy, Debug)]
+pub struct Slot<'a> {
+    /// The machine id.
+    pub machine_id: &'a str,
+    /// Its instance type.
+    pub instance_type: &'a str,
+    /// The Create's operation id (this incarnation).
+    pub operation_id: &'a str,
+    /// Virtual CPUs of the instance type.
+    pub vcpu: u32,
+    /// Memory of the instance type, in MiB.
+    pub memory_mib: u64,
+}
+
+impl DomainSpec {
+    /// The one place a domain's spec is decided: `slot` as the operator's `choices` make
+    /// it, on a host whose base image is `base`.
+    #[must_use]
+    pub fn new(choices: &Choices<'_>, slot: &Slot<'_>, base: Base) -> Self {
+        let name = domain_name(choices.provider, slot.machine_id);
+        let options = choices.options;
+        let nics = (options
+            .nic_sources(slot.instance_type)
+            .into_iter()
+            .enumerate())
+        .map(|(index, source)| Nic {
+            source,
+            mac: choices.macs.mac(slot.machine_id, index),
+        })
+        .collect();
+        Self {
+            tag: Tag::new(choices.provider, slot.machine_id),
+            instance_type: slot.instance_type.to_owned(),
+            instance_id: seed::instance_id(&name, slot.operation_id),
+            vcpu: slot.vcpu,
+            memory_mib: slot.memory_mib,
+            cpu: options.cpu_for(slot.instance_type).cloned(),
+            nics,
+            platform: options.platform.clone(),
+            disks: Disks {
+                overlay: overlay_name(&name),
+                seed: seed_name(&name),
+                base,
+            },
+            user_data: Arc::clone(choices.user_data),
+            name,
+        }
+    }
+}
+
+/// The overlay volume's name for a domain.
+#[must_use]
+pub fn overlay_name(domain: &str) -> String {
+    format!("{domain}-overlay.qcow2")
+}
+
+/// The seed volume's name for a domain.
+#[must_use]
+pub fn seed_name(domain: &str) -> String {
+    format!("{domain}-cidata.iso")
+}
+
+/// The domain a volume of ours belongs to, if the name has one of our suffixes.
+#[must_use]
+pub fn owner_of(volume: &str) -> Option<&str> {
+    volume
+        .strip_suffix("-overlay.qcow2")
+        .or_else(|| volume.strip_suffix("-cidata.iso"))
+}
+
+#[cfg(test)]
+#[path = "spec_tests.rs"]
+mod tests;

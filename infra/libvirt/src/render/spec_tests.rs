@@ -1,0 +1,224 @@
+//! Every shape of domain the adapter makes today, pinned as documents: the domain XML, the
+//! overlay and seed volume XML, and the seed's `meta-data` and `user-data`. Each shape is a
+//! [`DomainSpec`] built the one way the adapter builds it ([`DomainSpec::new`]) from the
+//! options the flags would give; the snapshots hold no temporary path or random value.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::*;
+use crate::options::{CpuChoice, DirectKernel, DomainType, Firmware, NicSource, SeedBus};
+use crate::render::xml;
+
+const PROVIDER: &str = "libvirt";
+const MACHINE: &str = "libvirt/OnDemand/kvm.small/rack1/0";
+const INSTANCE_TYPE: &str = "kvm.small";
+
+/// The spec of the slot [`MACHINE`] under `options`, on a host whose base image is a 2 GiB
+/// qcow2 (the overlay gets the 40 GiB floor).
+fn spec_with(options: &DomainConfig) -> DomainSpec {
+    let nics = options.nic_sources(INSTANCE_TYPE).len();
+    let macs = MacBook::new(PROVIDER, [(MACHINE, nics)]);
+    let user_data: Arc<[u8]> = Arc::from(&b"#cloud-config\npackages: [jq]\n"[..]);
+    let choices = Choices {
+        provider: PROVIDER,
+        options,
+        macs: &macs,
+        user_data: &user_data,
+    };
+    let slot = Slot {
+        machine_id: MACHINE,
+        instance_type: INSTANCE_TYPE,
+        operation_id: "op-7",
+        vcpu: 2,
+        memory_mib: 4096,
+    };
+    let base = Base {
+        path: "/var/lib/libvirt/images/golden.qcow2".to_owned(),
+        format: "qcow2".to_owned(),
+        overlay_bytes: 40 << 30,
+    };
+    DomainSpec::new(&choices, &slot, base)
+}
+
+/// The options the flags give by default, changed by `change`.
+fn options(change: impl FnOnce(&mut DomainConfig)) -> DomainConfig {
+    let mut options = DomainConfig {
+        image: "golden.qcow2".to_owned(),
+        ..DomainConfig::default()
+    };
+    change(&mut options);
+    options
+}
+
+/// Every document of `spec`, its volumes placed in the pool's directory.
+fn documents(spec: &DomainSpec) -> String {
+    let overlay_path = format!("/var/lib/libvirt/images/{}", spec.disks.overlay);
+    let seed_path = format!("/var/lib/libvirt/images/{}", spec.disks.seed);
+    let paths = VolumePaths {
+        overlay: &overlay_path,
+        seed: &seed_path,
+    };
+    let image = seed::build(&spec.name, &spec.instance_id, &spec.user_data).unwrap();
+    let seed_bytes = u64::try_from(image.len()).unwrap();
+    format!(
+        "=== domain\n{}=== overlay volume\n{}=== seed volume\n{}=== seed meta-data\n{}\
+         === seed user-data\n{}",
+        xml::domain(spec, paths),
+        xml::overlay(spec),
+        xml::seed(spec, seed_bytes),
+        seed::meta_data(&spec.name, &spec.instance_id),
+        String::from_utf8_lossy(&spec.user_data),
+    )
+}
+
+fn nic(text: &str) -> NicSource {
+    NicSource::parse(text).unwrap()
+}
+
+fn cpu(text: &str) -> CpuChoice {
+    CpuChoice::parse(text).unwrap()
+}
+
+#[test]
+fn kvm_bios_one_network_nic_seed_on_virtio() {
+    insta::assert_snapshot!("kvm_bios_network", documents(&spec_with(&options(|_| {}))));
+}
+
+#[test]
+fn efi_firmware() {
+    let options = options(|o| o.platform.firmware = Firmware::Efi);
+    insta::assert_snapshot!("efi", documents(&spec_with(&options)));
+}
+
+#[test]
+fn seed_on_sata() {
+    let options = options(|o| o.platform.seed_bus = SeedBus::Sata);
+    insta::assert_snapshot!("seed_sata", documents(&spec_with(&options)));
+}
+
+#[test]
+fn qemu_emulation_with_a_directly_booted_kernel() {
+    let options = options(|o| {
+        o.platform.domain_type = DomainType::Qemu;
+        o.platform.kernel = Some(DirectKernel {
+            kernel: "/var/lib/bigfleet/vmlinuz".to_owned(),
+            initrd: Some("/var/lib/bigfleet/initrd.img".to_owned()),
+            cmdline: "console=ttyS0 root=/dev/vda1".to_owned(),
+        });
+    });
+    insta::assert_snapshot!("qemu_direct_kernel", documents(&spec_with(&options)));
+}
+
+#[test]
+fn efi_under_qemu_with_a_direct_kernel_and_no_initrd() {
+    let options = options(|o| {
+        o.platform.domain_type = DomainType::Qemu;
+        o.platform.firmware = Firmware::Efi;
+        o.platform.kernel = Some(DirectKernel {
+            kernel: "/boot/vmlinuz".to_owned(),
+            initrd: None,
+            cmdline: "console=ttyS0".to_owned(),
+        });
+    });
+    insta::assert_snapshot!("qemu_efi_direct_kernel", documents(&spec_with(&options)));
+}
+
+#[test]
+fn no_nic() {
+    let options = options(|o| o.network = String::new());
+    let spec = spec_with(&options);
+    assert!(spec.nics.is_empty());
+    insta::assert_snapshot!("no_nic", documents(&spec));
+}
+
+#[test]
+fn a_bridge_nic() {
+    let options = options(|o| o.nics = vec![nic("bridge=br0")]);
+    insta::assert_snapshot!("nic_bridge", documents(&spec_with(&options)));
+}
+
+#[test]
+fn a_macvtap_nic_in_each_mode() {
+    for mode in ["bridge", "vepa", "private", "passthrough"] {
+        let options = options(|o| o.nics = vec![nic(&format!("direct=eth1:{mode}"))]);
+        insta::assert_snapshot!(
+            format!("nic_direct_{mode}"),
+            documents(&spec_with(&options))
+        );
+    }
+}
+
+#[test]
+fn several_nics_each_with_its_own_mac() {
+    let options = options(|o| {
+        o.nics = vec![
+            nic("network=default"),
+            nic("bridge=br-storage"),
+            nic("direct=enp3s0"),
+        ];
+    });
+    let spec = spec_with(&options);
+    let macs: std::collections::BTreeSet<_> = spec.nics.iter().map(|n| n.mac).collect();
+    assert_eq!(
+        macs.len(),
+        3,
+        "every NIC has its own address: {:?}",
+        spec.nics
+    );
+    insta::assert_snapshot!("nics_several", documents(&spec));
+}
+
+#[test]
+fn each_cpu_choice() {
+    for (name, choice) in [
+        ("host_passthrough", "host-passthrough"),
+        ("host_model", "host-model"),
+        ("custom", "Skylake-Server"),
+        ("custom_features", "qemu64,+svm,-pcid"),
+        ("host_model_features", "host-model,-vmx"),
+    ] {
+        let options = options(|o| o.cpu = Some(cpu(choice)));
+        insta::assert_snapshot!(format!("cpu_{name}"), documents(&spec_with(&options)));
+    }
+}
+
+#[test]
+fn a_custom_cpu_under_qemu_emulation() {
+    let options = options(|o| {
+        o.platform.domain_type = DomainType::Qemu;
+        o.cpu = Some(cpu("qemu64,+sse4.2"));
+    });
+    insta::assert_snapshot!("cpu_custom_qemu", documents(&spec_with(&options)));
+}
+
+#[test]
+fn an_instance_types_own_cpu_and_nics_win_over_the_defaults() {
+    let options = options(|o| {
+        o.cpu = Some(cpu("host-model"));
+        o.nics = vec![nic("network=default")];
+        o.instance_cpu = BTreeMap::from([(INSTANCE_TYPE.to_owned(), cpu("Icelake-Server"))]);
+        o.instance_nics = BTreeMap::from([(
+            INSTANCE_TYPE.to_owned(),
+            vec![nic("bridge=br0"), nic("network=isolated")],
+        )]);
+    });
+    let spec = spec_with(&options);
+    assert_eq!(spec.cpu, Some(cpu("Icelake-Server")));
+    let sources: Vec<_> = spec.nics.iter().map(|n| n.source.to_string()).collect();
+    assert_eq!(sources, ["bridge=br0", "network=isolated"]);
+}
+
+#[test]
+fn the_spec_names_the_domain_its_volumes_and_this_incarnation() {
+    let spec = spec_with(&options(|_| {}));
+    let name = bigfleet_libvirt_config::naming::domain_name(PROVIDER, MACHINE);
+    assert_eq!(spec.disks.overlay, overlay_name(&name));
+    assert_eq!(spec.disks.seed, seed_name(&name));
+    assert_eq!(owner_of(&spec.disks.seed), Some(name.as_str()));
+    assert_eq!(spec.instance_id, seed::instance_id(&name, "op-7"));
+    assert_eq!(spec.tag, Tag::new(PROVIDER, MACHINE));
+    assert_eq!(spec.name, name);
+    // Pure: the same inputs give the same value.
+    assert_eq!(spec, spec_with(&options(|_| {})));
+}

@@ -1,0 +1,201 @@
+//! The libvirt XML documents the adapter writes (domain, overlay volume, seed volume) and the
+//! one it reads (the base volume's format).
+//!
+//! Documents are built as strings because their shape is fixed; every interpolated value
+//! goes through [`escape`], unlike the reference, which interpolated flag values and paths
+//! raw. The domain is described in docs/libvirt.md §5.4: x86_64/q35 with BIOS boot, host CPU,
+//! a virtio disk on the qcow2 overlay, the cloud-init seed as a second read-only virtio disk
+//! (or, with `--seed-bus sata`, a SATA CD-ROM), one virtio NIC on `--network`, the qemu
+//! guest-agent channel and a serial console.
+//!
+//! Each NIC carries the MAC address derived from its machine (`devices`), the CPU is the
+//! operator's choice (`--cpu`, `--instance-cpu`), and the SMBIOS system serial says
+//! `ds=nocloud`, so cloud-init picks the NoCloud datasource without probing for it.
+//!
+//! Beyond the reference, a [`Platform`] can ask for software emulation (`--domain-type
+//! qemu`, for hosts without usable KVM: no host CPU model then), direct kernel boot
+//! (`--guest-kernel`, for images without a boot loader) and no NIC (`--network ''`).
+
+use crate::render::devices::{CpuChoice, Nic};
+use crate::render::ownership::escape;
+
+pub use crate::options::platform::{DirectKernel, DomainType, Firmware, Platform, SeedBus};
+pub use crate::render::spec::{Base, Disks, DomainSpec, VolumePaths};
+
+/// The guest-agent channel name qemu-ga listens on.
+pub const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
+
+/// The seed's `<disk>` element on `bus` for the volume at `path` (already escaped).
+fn seed_disk(bus: SeedBus, path: &str) -> String {
+    let (device, target, bus) = match bus {
+        SeedBus::Virtio => ("disk", "vdb", "virtio"),
+        SeedBus::Sata => ("cdrom", "sda", "sata"),
+    };
+    format!(
+        "
+    <disk type='file' device='{device}'>
+      <driver name='qemu' type='raw'/>
+      <source file='{path}'/>
+      <target dev='{target}' bus='{bus}'/>
+      <readonly/>
+    </disk>"
+    )
+}
+
+/// The SMBIOS table the domain presents: its system serial names cloud-init's datasource.
+const SYSINFO: &str = "\n  <sysinfo type='smbios'>
+    <system><entry name='serial'>ds=nocloud</entry></system>
+  </sysinfo>";
+
+/// The `<os>` attribute that asks libvirt to pick the firmware, and the `<os>` child that
+/// narrows its choice: UEFI without Secure Boot (a descriptor of the host's OVMF package).
+pub(crate) fn firmware_elements(firmware: Firmware) -> (&'static str, &'static str) {
+    match firmware {
+        Firmware::Bios => ("", ""),
+        Firmware::Efi => (
+            " firmware='efi'",
+            "\n    <firmware><feature enabled='no' name='secure-boot'/></firmware>",
+        ),
+    }
+}
+
+/// The `<os>` children after `<type>`: the boot device or the direct-boot kernel.
+fn boot_elements(platform: &Platform) -> String {
+    let Some(direct) = &platform.kernel else {
+        return "<boot dev='hd'/>".to_owned();
+    };
+    let mut out = format!("<kernel>{}</kernel>", escape(&direct.kernel));
+    if let Some(initrd) = &direct.initrd {
+        out.push_str(&format!("\n    <initrd>{}</initrd>", escape(initrd)));
+    }
+    out.push_str(&format!(
+        "\n    <cmdline>{}</cmdline>",
+        escape(&direct.cmdline)
+    ));
+    out
+}
+
+/// The `<cpu>` element of a domain: the operator's choice, else `host-passthrough` on KVM
+/// and nothing under TCG (which cannot pass the host CPU through; QEMU's default model is
+/// the portable choice).
+pub(crate) fn cpu_element(cpu: Option<&CpuChoice>, domain_type: DomainType) -> String {
+    match (cpu, domain_type) {
+        (Some(cpu), _) => cpu.to_xml(),
+        (None, DomainType::Kvm) => "\n  <cpu mode='host-passthrough' check='none'/>".to_owned(),
+        (None, DomainType::Qemu) => String::new(),
+    }
+}
+
+/// The domain XML for `spec`, its volumes at `paths`.
+#[must_use]
+pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
+    let name = escape(&spec.name);
+    let overlay = escape(paths.overlay);
+    let seed = seed_disk(spec.platform.seed_bus, &escape(paths.seed));
+    let (vcpu, memory) = (spec.vcpu, spec.memory_mib);
+    let tag = spec.tag.to_domain_xml();
+    let kind = spec.platform.domain_type.as_str();
+    let boot = boot_elements(&spec.platform);
+    let (firmware, firmware_choice) = firmware_elements(spec.platform.firmware);
+    let cpu = cpu_element(spec.cpu.as_ref(), spec.platform.domain_type);
+    let nic: String = spec.nics.iter().map(Nic::to_xml).collect();
+    format!(
+        "<domain type='{kind}'>
+  <name>{name}</name>
+  <metadata>{tag}</metadata>
+  <memory unit='MiB'>{memory}</memory>
+  <currentMemory unit='MiB'>{memory}</currentMemory>
+  <vcpu placement='static'>{vcpu}</vcpu>{SYSINFO}
+  <os{firmware}>
+    <type arch='x86_64' machine='q35'>hvm</type>{firmware_choice}
+    {boot}
+    <smbios mode='sysinfo'/>
+  </os>
+  <features><acpi/><apic/></features>{cpu}
+  <clock offset='utc'/>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <on_crash>restart</on_crash>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='{overlay}'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>{seed}{nic}
+    <channel type='unix'>
+      <source mode='bind'/>
+      <target type='virtio' name='{AGENT_CHANNEL}'/>
+    </channel>
+    <serial type='pty'/>
+    <console type='pty'/>
+  </devices>
+</domain>
+"
+    )
+}
+
+/// `spec`'s overlay volume: backed by the base image, of the size the base asks for.
+#[must_use]
+pub fn overlay(spec: &DomainSpec) -> String {
+    let (disks, base) = (&spec.disks, &spec.disks.base);
+    overlay_volume(&disks.overlay, base.overlay_bytes, &base.path, &base.format)
+}
+
+/// `spec`'s seed volume, sized for a seed image of `bytes`.
+#[must_use]
+pub fn seed(spec: &DomainSpec, bytes: u64) -> String {
+    seed_volume(&spec.disks.seed, bytes)
+}
+
+/// A qcow2 overlay volume backed by the base image. It is thin (allocation 0): qcow2 grows
+/// on write, and a pool must not be charged the full virtual size per machine.
+#[must_use]
+pub fn overlay_volume(name: &str, capacity: u64, base_path: &str, base_format: &str) -> String {
+    let (name, base_path, base_format) = (escape(name), escape(base_path), escape(base_format));
+    format!(
+        "<volume type='file'>
+  <name>{name}</name>
+  <capacity unit='bytes'>{capacity}</capacity>
+  <allocation unit='bytes'>0</allocation>
+  <target><format type='qcow2'/></target>
+  <backingStore>
+    <path>{base_path}</path>
+    <format type='{base_format}'/>
+  </backingStore>
+</volume>
+"
+    )
+}
+
+/// A raw volume sized for the seed ISO.
+#[must_use]
+pub fn seed_volume(name: &str, capacity: u64) -> String {
+    let name = escape(name);
+    format!(
+        "<volume type='file'>
+  <name>{name}</name>
+  <capacity unit='bytes'>{capacity}</capacity>
+  <target><format type='raw'/></target>
+</volume>
+"
+    )
+}
+
+/// The `<target><format type=…/>` of a volume description, if present and non-empty.
+#[must_use]
+pub fn volume_format(volume_xml: &str) -> Option<String> {
+    let document = roxmltree::Document::parse(volume_xml).ok()?;
+    let target = document
+        .root_element()
+        .children()
+        .find(|n| n.has_tag_name("target"))?;
+    let format = target.children().find(|n| n.has_tag_name("format"))?;
+    format
+        .attribute("type")
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+#[path = "xml_tests.rs"]
+mod tests;

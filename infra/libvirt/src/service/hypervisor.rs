@@ -1,0 +1,394 @@
+//! The `Hypervisor` port on top of the libvirt building blocks: which host a call goes
+//! to, which blocking sequence it runs there, and what describe reports.
+//!
+//! Machines map to hosts by zone and to domains by name: the name comes from the host ref
+//! when the record has one, else it is derived from the provider label and machine id
+//! (the compensating Delete of a failed Create has no host ref). Every domain touched is
+//! first proven ours by its tag (`domains::owned`). Describe scans all hosts concurrently,
+//! each bounded by a timeout, so an unreachable or slow host only withholds its own slots.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use bigfleet_libvirt_domain::{Machine, MachineState};
+use bigfleet_libvirt_ports::{
+    Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DomainRef, DrainRequest,
+    Hypervisor, HypervisorError,
+};
+use futures::FutureExt;
+use tracing::{info, warn};
+
+use super::{Inner, LibvirtHypervisor};
+use crate::drift::describe::{self, HostView, Scan};
+use crate::drift::orphans::Orphan;
+use crate::drift::tracked::Busy;
+use crate::guest::addresses;
+use crate::guest::agent;
+use crate::guest::bootstrap::{self as guest, DomainAgent};
+use crate::host::connection::Host;
+use crate::host::error::{maybe_done, nothing_done, refused};
+use crate::host::lanes::Lane;
+use crate::metrics::DriftLabels;
+use crate::service::lifecycle::{self, CreateSpec};
+use crate::storage::volumes;
+use bigfleet_libvirt_config::naming::domain_name;
+use bigfleet_libvirt_system::Stopwatch;
+
+fn prefixed(what: &str, error: HypervisorError) -> HypervisorError {
+    HypervisorError {
+        message: format!("{what}: {}", error.message),
+        ..error
+    }
+}
+
+impl<C: Clock> LibvirtHypervisor<C> {
+    fn host(&self, zone: &str) -> Result<Arc<Host>, HypervisorError> {
+        self.inner.hosts.get(zone).cloned().ok_or_else(|| {
+            refused(format!(
+                "no libvirt connection is configured for zone {zone:?}; add {zone}=<uri> to \
+                 --connect"
+            ))
+        })
+    }
+
+    /// The host and domain name a machine lives at.
+    fn target(&self, machine: &Machine) -> Result<(Arc<Host>, String), HypervisorError> {
+        let placed = machine
+            .host
+            .as_ref()
+            .filter(|h| h.is_set())
+            .and_then(|h| h.reference.parse::<DomainRef>().ok());
+        match placed {
+            Some(placed) => Ok((self.host(&placed.zone)?, placed.name)),
+            None => Ok((
+                self.host(&machine.zone)?,
+                domain_name(&self.inner.config.provider, machine.id.as_str()),
+            )),
+        }
+    }
+
+    /// Waits for the guest agent and records how long it took (the `agent_ready` phase).
+    async fn agent_ready(&self, what: &str, agent: &DomainAgent) -> Result<(), HypervisorError> {
+        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        let watch = Stopwatch::start();
+        agent::wait_ready(agent, clock, policy)
+            .await
+            .map_err(|e| maybe_done(format!("{what}: {e}")))?;
+        self.inner
+            .metrics
+            .observe_phase("agent_ready", watch.seconds());
+        Ok(())
+    }
+
+    /// The Configure log line, with the guest's addresses read once through its agent; a
+    /// failure to read them is a warning and never fails the Configure.
+    async fn log_addresses(&self, agent: &DomainAgent, machine: &Machine, cluster: &str) {
+        match addresses::read(agent, &self.inner.clock).await {
+            Ok(found) => info!(
+                machine = %machine.id, domain = %agent.name, cluster, addresses = %addresses::summary(&found),
+                "configured"
+            ),
+            Err(e) => warn!(
+                machine = %machine.id, domain = %agent.name, cluster, error = %e,
+                "configured, but the guest's addresses could not be read through its agent"
+            ),
+        }
+    }
+
+    async fn power_on(
+        &self,
+        what: &str,
+        lane: Lane,
+        machine: &Machine,
+    ) -> Result<Arc<Host>, HypervisorError> {
+        let (host, name) = self.target(machine)?;
+        let (settings, id) = (Arc::clone(&self.inner.settings), machine.id.to_string());
+        host.call(lane, move |s| lifecycle::power_on(s, &settings, &name, &id))
+            .await
+            .map_err(|e| prefixed(what, e))?;
+        Ok(host)
+    }
+
+    async fn retag(
+        &self,
+        what: &str,
+        lane: Lane,
+        machine: &Machine,
+        cluster: &str,
+    ) -> Result<(), HypervisorError> {
+        let (host, name) = self.target(machine)?;
+        let (settings, id) = (Arc::clone(&self.inner.settings), machine.id.to_string());
+        let cluster = cluster.to_owned();
+        host.call(lane, move |s| {
+            lifecycle::retag(s, &settings, &name, &id, &cluster)
+        })
+        .await
+        .map_err(|e| prefixed(what, e))
+    }
+
+    /// Scans one host, or `None` when it is unreachable, fails, or is too slow.
+    async fn scan(&self, host: &Arc<Host>) -> Option<Scan> {
+        host.session().ok()?;
+        let pool = self.inner.config.options.storage_pool.clone();
+        let clock = &self.inner.clock;
+        let deadline = clock
+            .now()
+            .saturating_add(self.inner.config.describe_timeout);
+        // Biased: a scan that completes with the deadline is still used.
+        let scanned = futures::select_biased! {
+            scanned = host.call(Lane::Read, move |s| describe::scan(s, &pool)).fuse() => scanned,
+            () = clock.sleep_until(deadline).fuse() => {
+                warn!(zone = %host.zone, "describe: host too slow; its slots are withheld");
+                return None;
+            }
+        };
+        scanned
+            .inspect_err(|e| warn!(zone = %host.zone, error = %e, "describe: scan failed"))
+            .ok()
+    }
+
+    fn report_drift(&self, views: &BTreeMap<String, HostView<'_>>, orphans: &[Orphan]) {
+        let known = self.inner.known().clone();
+        let drift = describe::drift(&self.inner.config.provider, &known, views);
+        for zone in views.keys() {
+            let found = drift.get(zone).cloned().unwrap_or_default();
+            for id in &found.vanished {
+                warn!(zone, machine_id = %id, "managed domain vanished outside the provider");
+            }
+            for id in &found.stopped {
+                warn!(zone, machine_id = %id, "managed domain is not running");
+            }
+            let in_zone = |kind: &str| {
+                orphans
+                    .iter()
+                    .filter(|o| o.zone() == zone && o.kind() == kind)
+                    .count()
+            };
+            let counts = [
+                ("vanished", found.vanished.len()),
+                ("stopped", found.stopped.len()),
+                ("orphan_domain", in_zone("orphan_domain")),
+                ("orphan_volume", in_zone("orphan_volume")),
+            ];
+            for (kind, count) in counts {
+                let labels = DriftLabels {
+                    zone: zone.clone(),
+                    kind: kind.to_owned(),
+                };
+                let count = i64::try_from(count).unwrap_or(i64::MAX);
+                self.inner.metrics.drift.get_or_create(&labels).set(count);
+            }
+        }
+    }
+
+    fn find_orphans(&self, scans: &BTreeMap<String, Scan>) -> Vec<Orphan> {
+        let config = &self.inner.config;
+        let slot_ids: BTreeSet<String> = config.slots.iter().map(|m| m.id.to_string()).collect();
+        let known = self.inner.known().clone();
+        let mut found = Vec::new();
+        for (zone, scan) in scans {
+            let host = &self.inner.hosts[zone];
+            let pending = |name: &str| host.ledger().is_pending(name);
+            found.extend(describe::orphans(
+                &config.provider,
+                zone,
+                scan,
+                &slot_ids,
+                &known,
+                &pending,
+            ));
+        }
+        found
+    }
+
+    async fn handle_orphans(&self, zones: &BTreeSet<String>, found: &[Orphan]) {
+        let gc = self.inner.config.options.gc;
+        let now = self.inner.clock.now();
+        let verdict = self.inner.book().observe(now, zones, found, gc.grace);
+        for orphan in &verdict.new {
+            warn!(?orphan, grace = ?gc.grace, "orphan found: ours by tag, unknown to the provider");
+        }
+        if !gc.collect {
+            for orphan in &verdict.newly_due {
+                info!(
+                    ?orphan,
+                    "dry run: would collect this orphan (pass --gc-orphans)"
+                );
+            }
+            return;
+        }
+        for orphan in verdict.due {
+            match self.collect(&orphan).await {
+                Ok(()) => {
+                    info!(?orphan, "orphan collected");
+                    self.inner.book().collected(&orphan);
+                }
+                Err(e) => warn!(?orphan, error = %e, "orphan collection failed"),
+            }
+        }
+    }
+
+    async fn collect(&self, orphan: &Orphan) -> Result<(), HypervisorError> {
+        let host = self.host(orphan.zone())?;
+        let settings = Arc::clone(&self.inner.settings);
+        match orphan.clone() {
+            Orphan::Domain {
+                name, machine_id, ..
+            } => {
+                let owner = Arc::clone(&host);
+                host.call(Lane::Teardown, move |s| {
+                    lifecycle::delete(s, &owner, &settings, &name, &machine_id)
+                })
+                .await
+            }
+            Orphan::Volume { name, .. } => {
+                host.call(Lane::Teardown, move |s| {
+                    let pool =
+                        volumes::pool(s, &settings.options.storage_pool).map_err(nothing_done)?;
+                    volumes::delete(&pool, &name)
+                        .map(|_| ())
+                        .map_err(maybe_done)
+                })
+                .await
+            }
+        }
+    }
+}
+
+impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
+    async fn describe(&self) -> Result<Vec<Machine>, HypervisorError> {
+        let inner: &Inner<C> = &self.inner;
+        let scanned = futures::future::join_all(inner.hosts.iter().map(|(zone, host)| {
+            self.scan(host)
+                .map(move |scan| scan.map(|s| (zone.clone(), s)))
+        }))
+        .await;
+        let scans: BTreeMap<String, Scan> = scanned.into_iter().flatten().collect();
+        let provider = &inner.config.provider;
+        let mut views = BTreeMap::new();
+        for (zone, scan) in &scans {
+            let host = &inner.hosts[zone];
+            let mut ledger = host.ledger();
+            if let Some(node) = scan.node {
+                ledger.refresh(node, scan.committed(provider));
+            }
+            let free = ledger.free(&inner.config.options.capacity);
+            views.insert(zone.clone(), HostView { scan, free });
+        }
+        let machines =
+            describe::inventory(provider, &inner.config.slots, &inner.config.catalog, &views);
+        let orphans = self.find_orphans(&scans);
+        self.report_drift(&views, &orphans);
+        {
+            let mut known = inner.known();
+            for machine in machines.iter().filter(|m| m.state == MachineState::Idle) {
+                known.insert(machine.id.to_string(), machine.zone.clone());
+            }
+        }
+        let zones: BTreeSet<String> = scans.keys().cloned().collect();
+        self.handle_orphans(&zones, &orphans).await;
+        Ok(machines)
+    }
+
+    async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
+        let machine = &request.machine;
+        let config = &self.inner.config;
+        let shape = config.catalog.get(&machine.instance_type).ok_or_else(|| {
+            refused(format!(
+                "create: unknown instance_type {:?}",
+                machine.instance_type
+            ))
+        })?;
+        let host = self.host(&machine.zone)?;
+        let spec = CreateSpec {
+            name: domain_name(&config.provider, machine.id.as_str()),
+            machine_id: machine.id.to_string(),
+            instance_type: machine.instance_type.clone(),
+            operation_id: request.operation_id.to_string(),
+            vcpu: shape.vcpu,
+            memory_mib: shape.memory_mib,
+        };
+        let placed = DomainRef::new(machine.zone.clone(), spec.name.clone());
+        let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
+        host.call(Lane::Create, move |s| {
+            lifecycle::create(s, &owner, &settings, &spec)
+        })
+        .await
+        .map_err(|e| prefixed(&format!("create domain {}", machine.instance_type), e))?;
+        self.inner
+            .known()
+            .insert(machine.id.to_string(), machine.zone.clone());
+        Ok(Created {
+            host: placed.host_ref(&config.provider),
+            resources: None,
+            allocatable: None,
+        })
+    }
+
+    async fn configure(&self, request: ConfigureRequest) -> Result<(), HypervisorError> {
+        let machine = &request.machine;
+        let host = self.power_on("configure", Lane::Create, machine).await?;
+        let (_, name) = self.target(machine)?;
+        let agent = DomainAgent { host, name };
+        let blob = request.bootstrap_blob.expose();
+        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        self.agent_ready("configure", &agent).await?;
+        let watch = Stopwatch::start();
+        guest::bootstrap(&agent, clock, policy, &request.cluster_id, blob)
+            .await
+            .map_err(|e| maybe_done(format!("configure: {e}")))?;
+        self.inner
+            .metrics
+            .observe_phase("bootstrap", watch.seconds());
+        // Only a successful bootstrap binds the domain to the cluster.
+        self.retag("configure", Lane::Create, machine, &request.cluster_id)
+            .await?;
+        self.log_addresses(&agent, machine, &request.cluster_id)
+            .await;
+        Ok(())
+    }
+
+    async fn drain(&self, request: DrainRequest) -> Result<(), HypervisorError> {
+        let machine = &request.machine;
+        let host = self.power_on("drain", Lane::Teardown, machine).await?;
+        let (_, name) = self.target(machine)?;
+        let agent = DomainAgent { host, name };
+        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        self.agent_ready("drain", &agent).await?;
+        let watch = Stopwatch::start();
+        guest::drain(&agent, clock, policy, request.grace_period_seconds)
+            .await
+            .map_err(|e| maybe_done(format!("drain: {e}")))?;
+        self.inner.metrics.observe_phase("drain", watch.seconds());
+        self.retag("drain", Lane::Teardown, machine, "").await
+    }
+
+    async fn delete(&self, request: DeleteRequest) -> Result<(), HypervisorError> {
+        let machine = &request.machine;
+        let (host, name) = self.target(machine)?;
+        let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
+        let id = machine.id.to_string();
+        let _busy = Busy::mark(&self.inner.tracked, &id);
+        let watch = Stopwatch::start();
+        host.call(Lane::Teardown, move |s| {
+            lifecycle::delete(s, &owner, &settings, &name, &id)
+        })
+        .await
+        .map_err(|e| prefixed("delete", e))?;
+        self.inner.metrics.observe_phase("delete", watch.seconds());
+        self.inner.known().remove(machine.id.as_str());
+        Ok(())
+    }
+
+    /// The restore hand-off: tells the adapter which machines the provider's records place on a host (after a
+    /// restart from durable state), so vanished or stopped domains can be reported and
+    /// their domains are never taken for orphans.
+    fn restored(&self, machines: &[Arc<Machine>]) {
+        let mut known = self.inner.known();
+        for machine in machines {
+            if machine.host.as_ref().is_some_and(|h| h.is_set()) {
+                known.insert(machine.id.to_string(), machine.zone.clone());
+            }
+        }
+    }
+}

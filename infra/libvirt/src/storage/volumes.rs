@@ -1,0 +1,193 @@
+//! The storage volumes a domain owns: its qcow2 overlay and its cloud-init seed, both in
+//! `--storage-pool` and named after the domain, so they can be found (and collected) from
+//! the domain name alone. The base image is read, never written or deleted.
+//!
+//! Creation is create-or-adopt: an existing volume of the right name is adopted and
+//! reported as *not created*, so a rollback deletes only what this attempt made (a
+//! concurrent or earlier attempt's disks are never pulled away).
+
+use tracing::warn;
+use virt::storage_pool::StoragePool;
+use virt::storage_vol::StorageVol;
+use virt::stream::Stream;
+
+use crate::host::error::{is_missing_volume, is_volume_exists, text};
+use crate::host::session::{BaseImage, Session};
+use crate::render::xml;
+
+pub use crate::render::spec::{overlay_name, owner_of, seed_name};
+
+/// Upload chunk size for the seed ISO.
+const UPLOAD_CHUNK: usize = 256 * 1024;
+
+/// Looks up the storage pool.
+pub(crate) fn pool(session: &Session, name: &str) -> Result<StoragePool, String> {
+    session
+        .conn
+        .lookup_storage_pool_by_name(name)
+        .map_err(|e| format!("look up storage pool {name:?}: {}", text(&e)))
+}
+
+/// The base image facts, cached per connection.
+pub(crate) fn base_image(
+    session: &Session,
+    pool: &StoragePool,
+    image: &str,
+) -> Result<BaseImage, String> {
+    let mut cache = session
+        .base
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(base) = cache.as_ref() {
+        return Ok(base.clone());
+    }
+    let volume = pool.lookup_storage_vol_by_name(image).map_err(|e| {
+        format!(
+            "look up base image volume {image:?} (--image): {}",
+            text(&e)
+        )
+    })?;
+    let path = volume
+        .path()
+        .map_err(|e| format!("base image path: {}", text(&e)))?;
+    let capacity = volume
+        .info()
+        .map_err(|e| format!("base image info: {}", text(&e)))?
+        .capacity;
+    let format = volume
+        .xml_desc(0)
+        .ok()
+        .and_then(|desc| xml::volume_format(&desc))
+        .unwrap_or_else(|| {
+            warn!(image, "base image format unreadable; assuming qcow2");
+            "qcow2".to_owned()
+        });
+    let base = BaseImage {
+        path,
+        capacity,
+        format,
+    };
+    *cache = Some(base.clone());
+    Ok(base)
+}
+
+/// Creates the volume described by `volume_xml`, or adopts an existing one of that name.
+/// Returns the volume and whether this call created it.
+pub(crate) fn create_or_adopt(
+    pool: &StoragePool,
+    name: &str,
+    volume_xml: &str,
+) -> Result<(StorageVol, bool), String> {
+    match pool.lookup_storage_vol_by_name(name) {
+        Ok(volume) => return Ok((volume, false)),
+        Err(e) if is_missing_volume(&e) => {}
+        Err(e) => return Err(format!("look up volume {name}: {}", text(&e))),
+    }
+    match StorageVol::create_xml(pool, volume_xml, 0) {
+        Ok(volume) => Ok((volume, true)),
+        Err(e) if is_volume_exists(&e) => pool
+            .lookup_storage_vol_by_name(name)
+            .map(|volume| (volume, false))
+            .map_err(|e| format!("adopt volume {name}: {}", text(&e))),
+        Err(e) => Err(format!("create volume {name}: {}", text(&e))),
+    }
+}
+
+/// Writes `bytes` into the volume from offset 0. The test driver keeps no volume contents
+/// and cannot stream, so there the upload is skipped (nothing could read it back anyway).
+pub(crate) fn upload(session: &Session, volume: &StorageVol, bytes: &[u8]) -> Result<(), String> {
+    if session.test_driver {
+        return Ok(());
+    }
+    let stream =
+        Stream::new(&session.conn, 0).map_err(|e| format!("open upload stream: {}", text(&e)))?;
+    let length = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    if let Err(e) = volume.upload(&stream, 0, length, 0) {
+        let _ = stream.abort();
+        return Err(format!("start upload: {}", text(&e)));
+    }
+    for chunk in bytes.chunks(UPLOAD_CHUNK) {
+        let mut sent = 0;
+        while sent < chunk.len() {
+            match stream.send(&chunk[sent..]) {
+                Ok(n) if n > 0 => sent += n.unsigned_abs(),
+                Ok(_) => {
+                    let _ = stream.abort();
+                    return Err("upload stream accepted no data".to_owned());
+                }
+                Err(e) => {
+                    let _ = stream.abort();
+                    return Err(format!("upload: {}", text(&e)));
+                }
+            }
+        }
+    }
+    stream
+        .finish()
+        .map_err(|e| format!("finish upload: {}", text(&e)))
+}
+
+/// Deletes one volume by name. `Ok(false)` when it did not exist.
+pub(crate) fn delete(pool: &StoragePool, name: &str) -> Result<bool, String> {
+    match pool.lookup_storage_vol_by_name(name) {
+        Ok(volume) => match volume.delete(0) {
+            Ok(()) => Ok(true),
+            Err(e) if is_missing_volume(&e) => Ok(false),
+            Err(e) => Err(format!("delete volume {name}: {}", text(&e))),
+        },
+        Err(e) if is_missing_volume(&e) => Ok(false),
+        Err(e) => Err(format!("look up volume {name}: {}", text(&e))),
+    }
+}
+
+/// Deletes a domain's overlay and seed (whichever exist). Every volume is attempted; the
+/// errors are joined.
+pub(crate) fn delete_domain_volumes(
+    session: &Session,
+    pool_name: &str,
+    domain: &str,
+) -> Result<(), String> {
+    let pool = pool(session, pool_name)?;
+    let errors: Vec<String> = [overlay_name(domain), seed_name(domain)]
+        .iter()
+        .filter_map(|name| delete(&pool, name).err())
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// Every volume name in the pool (refreshed first, so files changed behind libvirt's back
+/// are seen).
+pub(crate) fn list(session: &Session, pool_name: &str) -> Result<Vec<String>, String> {
+    let pool = pool(session, pool_name)?;
+    let _ = pool.refresh(0);
+    pool.list_volumes()
+        .map_err(|e| format!("list volumes in pool {pool_name:?}: {}", text(&e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::session::OVERLAY_FLOOR_BYTES;
+
+    #[test]
+    fn names_round_trip_to_their_domain() {
+        assert_eq!(owner_of(&overlay_name("bigfleet-ab")), Some("bigfleet-ab"));
+        assert_eq!(owner_of(&seed_name("bigfleet-ab")), Some("bigfleet-ab"));
+        assert_eq!(owner_of("base.qcow2"), None);
+    }
+
+    #[test]
+    fn overlays_have_a_floor() {
+        let base = |capacity| BaseImage {
+            path: "/b".into(),
+            capacity,
+            format: "qcow2".into(),
+        };
+        assert_eq!(base(1 << 30).overlay_capacity(), OVERLAY_FLOOR_BYTES);
+        assert_eq!(base(100 << 30).overlay_capacity(), 100 << 30);
+    }
+}
