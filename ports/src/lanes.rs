@@ -5,8 +5,9 @@
 //! daemon, unseen by us, and a saturated connection stops having its keepalives read. So
 //! every call this process makes to a host passes through one [`Lanes`] first, which keeps
 //! at most the host budget (`--host-budget`, default [`DEFAULT_HOST_BUDGET`]) in flight and
-//! decides who goes next. The liveness probe and the golden-image check at dial time run
-//! outside the lanes; they are the headroom the default leaves under libvirtd's 5.
+//! decides who goes next. The liveness probe takes its slot too ([`Lanes::try_acquire`]: a
+//! probe that finds none waits for a call to be answered instead); only the golden-image
+//! check at dial time, before any call can reach the connection, runs outside the lanes.
 //!
 //! Every call names its [`Lane`]: `teardown` (Delete, Drain, orphan collection), `create`
 //! (Create, Configure's power-on and retag), `read` (describe's scan, the drift watch) and
@@ -41,10 +42,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::channel::oneshot;
 
-/// The default per-host budget: libvirtd's default `max_client_requests` (5) minus one,
-/// left for the supervisor's liveness probe (`virConnectGetLibVersion`), which runs
-/// outside the lanes, so that probe and the keepalive replies always find the daemon
-/// reading this connection.
+/// The default per-host budget: four calls in flight per host, the liveness probe among
+/// them. The adapter spreads them over its connections to the host so that none carries
+/// more than two (with a volume upload's data packet beside each, four requests), below
+/// libvirtd's default `max_client_requests` of 5, at which libvirtd stops reading the
+/// connection.
 pub const DEFAULT_HOST_BUDGET: usize = 4;
 
 /// The default agent share: one slot per host for guest-agent calls.
@@ -392,6 +394,23 @@ impl Lanes {
         drop(queued);
         waited();
         permit
+    }
+
+    /// Takes a slot of `lane` at once, or none: only when no call of `lane` waits and one
+    /// more fits the budget (rules 1–3). The liveness probe asks this way, so its call is
+    /// counted with the others and never goes out beyond the budget.
+    #[must_use]
+    pub fn try_acquire(self: &Arc<Self>, lane: Lane) -> Option<Permit> {
+        let mut state = self.lock();
+        if !state.queues[lane.index()].is_empty() || !self.budget.fits(lane, &state.in_flight) {
+            return None;
+        }
+        state.in_flight[lane.index()] += 1;
+        self.publish(&state);
+        Some(Permit {
+            lanes: Some(Arc::clone(self)),
+            lane,
+        })
     }
 
     /// Grants slots while the first waiter of some lane fits (rule 4).

@@ -239,6 +239,38 @@ async fn a_dropped_wait_leaves_the_queue_and_frees_nothing_twice() {
     assert_eq!(rig.lanes.in_flight(), [0; 4]);
 }
 
+#[tokio::test(start_paused = true)]
+async fn try_acquire_takes_only_a_free_slot_and_never_jumps_its_lanes_queue() {
+    let rig = Rig::new(4, 1);
+    let first = rig.lanes.acquire(Lane::Create).await;
+    let second = rig.lanes.acquire(Lane::Create).await;
+    let teardown = rig.lanes.acquire(Lane::Teardown).await;
+    // The read lane's reserved slot is free: the probe may take it.
+    let probe = rig
+        .lanes
+        .try_acquire(Lane::Read)
+        .expect("the read lane's slot is free");
+    assert_eq!(rig.lanes.in_flight(), [1, 2, 1, 0]);
+    // The budget is full: nothing more, whatever the lane.
+    assert!(rig.lanes.try_acquire(Lane::Read).is_none());
+    assert!(rig.lanes.try_acquire(Lane::Teardown).is_none());
+    // A read waiting in its queue keeps its turn when a slot frees.
+    let mut waiting = Box::pin(rig.lanes.acquire(Lane::Read));
+    assert!(futures::poll!(&mut waiting).is_pending());
+    drop(first);
+    assert!(
+        rig.lanes.try_acquire(Lane::Read).is_none(),
+        "the freed slot went to the queued read"
+    );
+    let std::task::Poll::Ready(read) = futures::poll!(&mut waiting) else {
+        panic!("the queued read was not granted the freed slot");
+    };
+    assert_eq!(rig.lanes.in_flight(), [1, 1, 2, 0]);
+    drop((second, teardown, probe));
+    assert_eq!(rig.lanes.in_flight(), [0, 0, 1, 0]);
+    drop(read);
+}
+
 #[test]
 fn budgets_are_validated() {
     assert!(

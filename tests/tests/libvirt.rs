@@ -128,6 +128,18 @@ fn the_host_and_agent_budgets_are_checked() {
         error.contains("--agent-budget must be between 1"),
         "{error}"
     );
+    let error = refuse(&["--host-connections=0"]);
+    assert!(
+        error.contains("--host-connections must be at least 1; leave it unset"),
+        "{error}"
+    );
+    assert!(error.contains("2 for --host-budget 4"), "{error}");
+    let error = refuse(&["--host-budget=3", "--host-connections=4"]);
+    assert!(
+        error.contains("--host-connections 4 is more than --host-budget 3"),
+        "{error}"
+    );
+    assert!(error.contains("use 3 or fewer"), "{error}");
     // The environment variable is the same flag.
     let output = Command::new(binary())
         .arg("offerings")
@@ -147,7 +159,11 @@ fn the_host_and_agent_budgets_are_checked() {
     // In range, the plan is accepted.
     let output = Command::new(binary())
         .arg("offerings")
-        .args(with(&["--host-budget=8", "--agent-budget=2"]))
+        .args(with(&[
+            "--host-budget=8",
+            "--agent-budget=2",
+            "--host-connections=3",
+        ]))
         .output()
         .expect("run bigfleet-libvirt");
     let stderr = String::from_utf8_lossy(&output.stderr);

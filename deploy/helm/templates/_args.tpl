@@ -33,6 +33,9 @@ and the doctor hook Job checks exactly them.
 {{- if not (kindIs "invalid" .Values.libvirt.agentBudget) }}
 - {{ printf "--agent-budget=%s" (toString .Values.libvirt.agentBudget) | quote }}
 {{- end }}
+{{- if not (kindIs "invalid" .Values.libvirt.hostConnections) }}
+- {{ printf "--host-connections=%s" (toString .Values.libvirt.hostConnections) | quote }}
+{{- end }}
 - {{ printf "--seed-count=%s" (toString .Values.seedCount) | quote }}
 - {{ printf "--price-per-vcpu-hour=%s" (toString .Values.pricing.perVCPUHour) | quote }}
 - {{ printf "--price-per-gib-hour=%s" (toString .Values.pricing.perGiBHour) | quote }}

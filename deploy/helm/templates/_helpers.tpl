@@ -120,4 +120,8 @@ repository:tag.
 {{- if and (not (kindIs "invalid" $host)) (not (kindIs "invalid" $agent)) (gt (int64 $agent) (int64 $host)) }}
 {{- fail (printf "libvirt.agentBudget (%v) must be at most libvirt.hostBudget (%v): the guest-agent calls are a share of the host's budget" $agent $host) }}
 {{- end }}
+{{- $conns := .Values.libvirt.hostConnections }}
+{{- if and (not (kindIs "invalid" $conns)) (gt (int64 $conns) (int64 (default 4 $host))) }}
+{{- fail (printf "libvirt.hostConnections (%v) must be at most libvirt.hostBudget (%v): a connection no call can use stays idle" $conns (default 4 $host)) }}
+{{- end }}
 {{- end }}

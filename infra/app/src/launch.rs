@@ -14,7 +14,7 @@ use bigfleet_libvirt_ports::ProviderConfig;
 use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsFiles;
 use bigfleet_libvirt_libvirt::golden;
-use bigfleet_libvirt_libvirt::{Budget, CapacityPolicy, DomainConfig, GcPolicy};
+use bigfleet_libvirt_libvirt::{Budget, CapacityPolicy, DomainConfig, GcPolicy, host_connections};
 
 use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
 
@@ -309,8 +309,9 @@ fn select_backend(flags: &Flags, connections: &[HostConnection]) -> Result<Backe
     Ok(backend)
 }
 
-/// The libvirt backend's options; the allocation ratios must be finite and positive, and
-/// the budgets `1 ≤ --agent-budget ≤ --host-budget`.
+/// The libvirt backend's options; the allocation ratios must be finite and positive, the
+/// budgets `1 ≤ --agent-budget ≤ --host-budget`, and `1 ≤ --host-connections ≤
+/// --host-budget` when set.
 fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
     for (name, value) in [
         ("--cpu-allocation-ratio", flags.cpu_allocation_ratio),
@@ -322,6 +323,7 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
             )));
         }
     }
+    let budget = Budget::new(flags.host_budget, flags.agent_budget).map_err(flag)?;
     Ok(DomainConfig {
         image: flags.image.clone(),
         image_source: None,
@@ -343,7 +345,8 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
             collect: flags.gc_orphans,
             grace: flags.orphan_grace,
         },
-        budget: Budget::new(flags.host_budget, flags.agent_budget).map_err(flag)?,
+        budget,
+        connections: host_connections(budget, flags.host_connections).map_err(flag)?,
     })
 }
 

@@ -65,6 +65,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
         capacity: settings.capacity,
         slots,
         budget: settings.budget,
+        connections: settings.connections,
     }
 }
 

@@ -584,7 +584,7 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
         "--set",
         "libvirt.cpu=Skylake-Server\\,+pcid\\,-hle",
         "--set",
-        "libvirt.hostBudget=3,libvirt.agentBudget=2",
+        "libvirt.hostBudget=3,libvirt.agentBudget=2,libvirt.hostConnections=3",
     ]);
     assert_eq!(nics(&set), ["--nic=bridge=br0", "--nic=direct=eth1:vepa"]);
     assert_eq!(
@@ -593,6 +593,7 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
     );
     assert_eq!(set.arg("--host-budget").as_deref(), Some("3"));
     assert_eq!(set.arg("--agent-budget").as_deref(), Some("2"));
+    assert_eq!(set.arg("--host-connections").as_deref(), Some("3"));
     let (ok, stderr) = binary_with_chart_args(&set.args(), &[]);
     assert!(ok, "{stderr}");
 
@@ -605,6 +606,11 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
     assert_eq!(file.arg("--cpu").as_deref(), Some("host-model"));
     assert_eq!(file.arg("--host-budget").as_deref(), Some("6"));
     assert_eq!(file.arg("--agent-budget").as_deref(), Some("6"));
+    assert_eq!(
+        file.arg("--host-connections"),
+        None,
+        "unset: the binary sizes it"
+    );
     let (ok, stderr) = binary_with_chart_args(&file.args(), &[]);
     assert!(ok, "{stderr}");
 }
@@ -625,6 +631,12 @@ fn bad_nic_cpu_and_budget_values_are_refused_at_render_time() {
         ("libvirt.hostBudget=0", "/libvirt/hostBudget"),
         ("libvirt.agentBudget=0", "/libvirt/agentBudget"),
         ("libvirt.hostBudget=many", "/libvirt/hostBudget"),
+        ("libvirt.hostConnections=0", "/libvirt/hostConnections"),
+        (
+            "libvirt.hostBudget=2,libvirt.hostConnections=3",
+            "libvirt.hostConnections (3)",
+        ),
+        ("libvirt.hostConnections=5", "libvirt.hostConnections (5)"),
         (
             "libvirt.hostBudget=2,libvirt.agentBudget=3",
             "libvirt.agentBudget (3)",

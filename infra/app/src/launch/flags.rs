@@ -348,6 +348,10 @@ pub struct Flags {
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_AGENT_BUDGET",
           default_value_t = bigfleet_libvirt_ports::lanes::DEFAULT_AGENT_BUDGET)]
     pub agent_budget: usize,
+    /// libvirt: connections per host, over which --host-budget's calls are spread (unset:
+    /// enough that none carries more than two calls, e.g. 2 for --host-budget 4).
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HOST_CONNECTIONS")]
+    pub host_connections: Option<usize>,
     /// Fake only: shortest simulated hypervisor latency.
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_FAKE_DELAY_MIN", default_value = "20ms",
           value_parser = parse_duration)]

@@ -154,4 +154,6 @@ pub struct Expectations {
     pub slots: Vec<(String, Vec<Slots>)>,
     /// `--host-budget` and `--agent-budget`.
     pub budget: Budget,
+    /// Connections per host (`--host-connections`, resolved).
+    pub connections: usize,
 }

@@ -14,6 +14,7 @@ fn want() -> Expectations {
         user_data: None,
         capacity: CapacityPolicy::default(),
         budget: crate::host::lanes::Budget::default(),
+        connections: 2,
         slots: vec![(
             "a".to_owned(),
             vec![Slots {
@@ -262,26 +263,42 @@ fn a_cpu_mode_that_aborts_blocks_with_qemus_words_and_a_named_model_as_fix() {
 }
 
 #[test]
-fn a_host_budget_at_libvirtds_limit_warns_and_names_the_setting() {
+fn a_connection_loaded_to_libvirtds_limit_warns_and_names_the_settings() {
     let mut host = good();
     let (s, detail, _) = status(&judge(&want(), &[host.clone()]), "a", "host budget");
     assert_eq!(s, Status::Ok, "{detail}");
+    assert!(
+        detail.contains("at most 2 call(s) on a connection"),
+        "{detail}"
+    );
     assert!(detail.contains("default max_client_requests"), "{detail}");
     assert!(detail.contains("no admin API"), "{detail}");
-    // Unknown limit: libvirtd's default 5 is the yardstick.
+    // Unknown limit: libvirtd's default 5 is the yardstick. Six calls over two
+    // connections put three on one: six requests with uploads.
     let mut over = want();
     over.budget = crate::host::lanes::Budget::new(6, 1).unwrap();
     let report = judge(&over, &[host.clone()]);
     let (s, detail, fix) = status(&report, "a", "host budget");
     assert_eq!(s, Status::Warn, "{detail}");
-    assert!(detail.contains("--host-budget 6 is not below"), "{detail}");
+    assert!(
+        detail.contains("at most 3 call(s) on a connection, 6 requests"),
+        "{detail}"
+    );
+    assert!(fix.contains("set --host-connections 3"), "{fix}");
     assert!(fix.contains("lower --host-budget to 4"), "{fix}");
     assert!(
         fix.contains("max_client_requests in the host's libvirtd.conf"),
         "{fix}"
     );
     assert_eq!(report.exit_code(), 2, "a warning, not a blocker");
+    // The same budget over three connections fits.
+    over.connections = 3;
+    assert_eq!(
+        status(&judge(&over, &[host.clone()]), "a", "host budget").0,
+        Status::Ok
+    );
     // A limit read from the host wins over the default, both ways.
+    over.connections = 2;
     host.max_client_requests = Probe::Found(20);
     assert_eq!(
         status(&judge(&over, &[host.clone()]), "a", "host budget").0,
@@ -290,5 +307,5 @@ fn a_host_budget_at_libvirtds_limit_warns_and_names_the_setting() {
     host.max_client_requests = Probe::Found(3);
     let (s, _, fix) = status(&judge(&want(), &[host]), "a", "host budget");
     assert_eq!(s, Status::Warn);
-    assert!(fix.contains("lower --host-budget to 2"), "{fix}");
+    assert!(fix.contains("set --host-connections 4"), "{fix}");
 }

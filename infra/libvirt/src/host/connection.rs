@@ -1,8 +1,12 @@
-//! One libvirt host (zone): its connection, its health, and how blocking calls reach it.
+//! One libvirt host (zone): its connections, its health, and how blocking calls reach it.
 //!
 //! libvirt's API is blocking, so every call runs on tokio's blocking pool, behind the
 //! host's lanes (`lanes`: the per-host budget, `--host-budget`, and who goes next), which
-//! bound how many calls one host has in flight (docs/design.md §5.3). A
+//! bound how many calls one host has in flight (docs/design.md §5.3). The host keeps
+//! `--host-connections` connections, dialled and replaced together, and gives each call
+//! the one with the fewest calls on it, so no connection carries more than
+//! ⌈budget ÷ connections⌉ calls: libvirtd's `max_client_requests` counts requests per
+//! connection, and a call that uploads a volume has its data packets counted beside it. A
 //! dropped future never cuts a call short: the closure runs to completion on its thread and
 //! its slot is released when it really ends, so a deadline can never leave a half-made
 //! domain behind a call that "returned". Each host is isolated: its own connection, its own
@@ -28,9 +32,10 @@
 //! fails (docs/libvirt.md §2.3).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 
+use bigfleet_libvirt_config::HostConnection;
 use bigfleet_libvirt_ports::{Clock, HypervisorError};
 use futures::FutureExt;
 use tokio::sync::{Notify, watch};
@@ -74,9 +79,21 @@ impl Health {
 const SATURATED_PROBE_TICK: std::time::Duration = std::time::Duration::from_millis(250);
 
 struct Slot {
-    session: Option<Arc<Session>>,
+    /// The live connections, all of one generation; empty while there are none.
+    sessions: Vec<Arc<Session>>,
     generation: u64,
     last_error: String,
+}
+
+/// A call's hold on one connection: counted in its `calls` until dropped.
+pub(crate) struct Lease {
+    pub(crate) session: Arc<Session>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.session.calls.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// One libvirt host.
@@ -84,6 +101,8 @@ pub(crate) struct Host {
     pub(crate) zone: String,
     uri: String,
     policy: HostPolicy,
+    /// Connections dialled per generation (`--host-connections`).
+    connections: usize,
     lanes: Arc<Lanes>,
     slot: Mutex<Slot>,
     health: watch::Sender<Health>,
@@ -124,21 +143,22 @@ impl Drop for Exclusive<'_> {
 
 impl Host {
     pub(crate) fn new(
-        zone: &str,
-        uri: &str,
+        at: &HostConnection,
         policy: HostPolicy,
         budget: Budget,
+        connections: usize,
         lane_metrics: LaneMetrics,
         metrics: LibvirtMetrics,
         golden: Option<Arc<dyn Gate>>,
     ) -> Arc<Self> {
         let host = Self {
-            zone: zone.to_owned(),
-            uri: uri.to_owned(),
-            lanes: Lanes::new(zone, budget, Arc::new(lane_metrics)),
+            zone: at.zone.clone(),
+            uri: at.uri.clone(),
+            lanes: Lanes::new(&at.zone, budget, Arc::new(lane_metrics)),
             policy,
+            connections: connections.max(1),
             slot: Mutex::new(Slot {
-                session: None,
+                sessions: Vec::new(),
                 generation: 0,
                 last_error: "not connected yet".to_owned(),
             }),
@@ -234,18 +254,42 @@ impl Host {
         }
     }
 
-    /// The live session, or a fast failure naming the host's state.
+    /// A live session (the first connection), or a fast failure naming the host's state.
     pub(crate) fn session(&self) -> Result<Arc<Session>, HypervisorError> {
         let slot = self.slot();
-        slot.session.clone().ok_or_else(|| {
-            nothing_done(format!(
-                "libvirt host for zone {:?} is {} ({}); the provider reconnects with backoff, \
-                 retry once it is healthy",
-                self.zone,
-                self.health().name(),
-                slot.last_error
-            ))
-        })
+        slot.sessions
+            .first()
+            .cloned()
+            .ok_or_else(|| self.down(&slot))
+    }
+
+    /// The live connection with the fewest calls on it, counted for as long as the lease
+    /// is held. Picking the least-loaded one under the slot's lock keeps every connection
+    /// at or below ⌈calls in flight ÷ connections⌉.
+    pub(crate) fn lease(&self) -> Result<Lease, HypervisorError> {
+        let slot = self.slot();
+        let session = (slot.sessions.iter())
+            .min_by_key(|s| s.calls.load(Ordering::SeqCst))
+            .cloned()
+            .ok_or_else(|| self.down(&slot))?;
+        session.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(Lease { session })
+    }
+
+    /// The connections of the live generation (none while down).
+    #[cfg(test)]
+    pub(crate) fn sessions(&self) -> Vec<Arc<Session>> {
+        self.slot().sessions.clone()
+    }
+
+    fn down(&self, slot: &Slot) -> HypervisorError {
+        nothing_done(format!(
+            "libvirt host for zone {:?} is {} ({}); the provider reconnects with backoff, \
+             retry once it is healthy",
+            self.zone,
+            self.health().name(),
+            slot.last_error
+        ))
     }
 
     /// Runs `f` on a blocking thread against the live connection, once `lane` has a slot
@@ -257,12 +301,13 @@ impl Host {
     {
         self.session()?;
         let permit = self.lanes.acquire(lane).await;
-        // The session current once the slot is ours: a wait may span a reconnect.
-        let session = self.session()?;
+        // A connection current once the slot is ours: a wait may span a reconnect.
+        let lease = self.lease()?;
         let host = Arc::clone(self);
         let joined = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let result = f(&session);
+            let session = &lease.session;
+            let result = f(session);
             if result.is_ok() {
                 host.answered.fetch_add(1, Ordering::SeqCst);
             } else if !session.conn.is_alive().unwrap_or(false) {
@@ -279,11 +324,11 @@ impl Host {
     pub(crate) fn lost(&self, generation: u64, reason: &str) {
         let old = {
             let mut slot = self.slot();
-            if slot.generation != generation || slot.session.is_none() {
+            if slot.generation != generation || slot.sessions.is_empty() {
                 return;
             }
             slot.last_error = reason.to_owned();
-            slot.session.take()
+            std::mem::take(&mut slot.sessions)
         };
         warn!(zone = %self.zone, reason, "libvirt host unreachable; reconnecting");
         self.publish(Health::Unreachable);
@@ -311,23 +356,31 @@ impl Host {
         self.lost(generation, "severed by a test");
     }
 
-    /// Dials once, makes sure the golden image is there (with `--image-source`) and installs
-    /// the session. A host whose golden image is not in order gets no session: its slots
-    /// stay out of the inventory, exactly as while it is unreachable, and the check runs
-    /// again on the next dial.
+    /// Dials the host's connections, makes sure the golden image is there (with
+    /// `--image-source`) and installs them. A host whose golden image is not in order gets
+    /// no session: its slots stay out of the inventory, exactly as while it is unreachable,
+    /// and the check runs again on the next dial. All connections or none: one that cannot
+    /// be dialled fails the whole dial, and the others are closed.
     async fn open(&self) -> Result<(), String> {
         ensure_event_loop();
         let uri = self.uri.clone();
         let zone = self.zone.clone();
         let golden = self.golden.clone();
+        let extra = self.connections - 1;
         let opened = tokio::task::spawn_blocking(move || {
             let (conn, test_driver, node) = dial(&uri, &zone)?;
             let checked = golden.map(|gate| gate.check(&conn, test_driver, &zone));
-            Ok::<_, String>((conn, test_driver, node, checked))
+            let mut more = Vec::with_capacity(extra);
+            for n in 0..extra {
+                let (other, _, _) = dial(&uri, &zone)
+                    .map_err(|e| format!("connection {} of {}: {e}", n + 2, extra + 1))?;
+                more.push(other);
+            }
+            Ok::<_, String>((conn, more, test_driver, node, checked))
         })
         .await
         .map_err(|e| format!("libvirt worker: {e}"))??;
-        let (conn, test_driver, node, checked) = opened;
+        let (conn, more, test_driver, node, checked) = opened;
         match checked {
             None => {}
             Some(Ok(ensured)) => {
@@ -338,7 +391,7 @@ impl Host {
                 warn!(zone = %self.zone, state = refusal.state(), reason = refusal.reason(),
                     "golden image not in order; this host's slots are withheld");
                 self.publish_golden(refusal.state());
-                drop(tokio::task::spawn_blocking(move || drop(conn)));
+                drop(tokio::task::spawn_blocking(move || drop((conn, more))));
                 return Err(format!(
                     "slots withheld: {} (checked again on the next reconnect)",
                     refusal.reason()
@@ -349,14 +402,21 @@ impl Host {
         let replaced = {
             let mut slot = self.slot();
             slot.generation += 1;
-            let session = Arc::new(Session {
-                conn,
-                generation: slot.generation,
-                test_driver,
-                base: Mutex::new(None),
-            });
+            let generation = slot.generation;
+            let sessions = std::iter::once(conn)
+                .chain(more)
+                .map(|conn| {
+                    Arc::new(Session {
+                        conn,
+                        generation,
+                        test_driver,
+                        base: Mutex::new(None),
+                        calls: AtomicUsize::new(0),
+                    })
+                })
+                .collect();
             slot.last_error.clear();
-            slot.session.replace(session)
+            std::mem::replace(&mut slot.sessions, sessions)
         };
         // A redial replaces a live session: closing it may block, never on an async worker.
         drop(tokio::task::spawn_blocking(move || drop(replaced)));
@@ -370,21 +430,28 @@ impl Host {
         self.publish(Health::Unreachable);
     }
 
-    /// Probes a healthy connection; a failed or slow probe marks it lost.
+    /// Probes a healthy host; a failed or slow probe marks it lost.
     ///
     /// A call answered since the last probe already proves the host alive, so no probe
-    /// goes out. While every slot of the budget is taken, the probe sends nothing either: a
-    /// call of its own would be the connection's fifth request, which makes libvirtd stop
-    /// reading the connection ("Client hit max requests limit"); it waits for one of the
-    /// calls in flight to be answered instead, within the same timeout.
+    /// goes out. The probe's call takes a slot of the budget like any other
+    /// ([`Lanes::try_acquire`] on the read lane), so it never adds a request beyond what
+    /// the connections were sized for (libvirtd stops reading a connection at its
+    /// `max_client_requests`, "Client hit max requests limit"). While no slot is free it
+    /// sends nothing and waits for one of the calls in flight to be answered instead,
+    /// within the same timeout. Every connection must still be open; one of them, the
+    /// least busy, is asked for the library version.
     async fn probe<C: Clock>(self: &Arc<Self>, clock: &C) {
         let Ok(session) = self.session() else { return };
         let generation = session.generation;
+        drop(session);
         if self.answered_since_last_probe() {
             return;
         }
         let deadline = clock.now().saturating_add(self.policy.probe_timeout);
-        while self.saturated() {
+        let permit = loop {
+            if let Some(permit) = self.lanes.try_acquire(Lane::Read) {
+                break permit;
+            }
             if self.answered_since_last_probe() {
                 return;
             }
@@ -397,9 +464,16 @@ impl Host {
                 .saturating_add(SATURATED_PROBE_TICK)
                 .min(deadline);
             clock.sleep_until(tick).await;
+        };
+        let sessions = self.slot().sessions.clone();
+        let Ok(lease) = self.lease() else { return };
+        if lease.session.generation != generation {
+            return;
         }
         let check = tokio::task::spawn_blocking(move || {
-            session.conn.is_alive().unwrap_or(false) && session.conn.lib_version().is_ok()
+            let _permit = permit;
+            sessions.iter().all(|s| s.conn.is_alive().unwrap_or(false))
+                && lease.session.conn.lib_version().is_ok()
         });
         // Biased: an answer that arrives with the deadline still counts.
         let alive = futures::select_biased! {
@@ -415,11 +489,6 @@ impl Host {
     fn answered_since_last_probe(&self) -> bool {
         let now = self.answered.load(Ordering::SeqCst);
         self.answered_at_probe.swap(now, Ordering::SeqCst) != now
-    }
-
-    /// Whether every slot of the host's budget is in use.
-    fn saturated(&self) -> bool {
-        self.lanes.in_flight().iter().sum::<usize>() >= self.lanes.budget().host
     }
 }
 

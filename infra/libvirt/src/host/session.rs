@@ -2,6 +2,7 @@
 //! cached on it: the base image's facts ([`BaseImage`]), which `storage::volumes` reads.
 
 use std::sync::Mutex;
+use std::sync::atomic::AtomicUsize;
 
 use virt::connect::Connect;
 
@@ -17,6 +18,9 @@ pub(crate) struct Session {
     pub(crate) test_driver: bool,
     /// The base image facts, read once per connection.
     pub(crate) base: Mutex<Option<BaseImage>>,
+    /// Calls (and the probe) running on this connection now; the host gives each new call
+    /// the connection with the fewest.
+    pub(crate) calls: AtomicUsize,
 }
 
 /// What the adapter needs to know about `--image`.

@@ -48,6 +48,11 @@ pub struct DomainConfig {
     pub gc: GcPolicy,
     /// Calls in flight per host, and the agent's share (`--host-budget`, `--agent-budget`).
     pub budget: Budget,
+    /// Connections per host, over which those calls are spread (`--host-connections`,
+    /// resolved by [`host_connections`](super::policies::host_connections)). A host on
+    /// libvirt's `test` driver gets one whatever this says: that driver keeps a separate
+    /// in-memory host per connection.
+    pub connections: usize,
 }
 
 impl Default for DomainConfig {
@@ -67,6 +72,7 @@ impl Default for DomainConfig {
             capacity: CapacityPolicy::default(),
             gc: GcPolicy::default(),
             budget: Budget::default(),
+            connections: super::policies::host_connections(Budget::default(), None).unwrap_or(1),
         }
     }
 }

@@ -12,4 +12,6 @@ pub use config::{DomainConfig, LibvirtConfig};
 pub use devices::{CpuChoice, CpuMode, NicSource};
 pub use golden::GoldenImage;
 pub use platform::{DirectKernel, DomainType, Firmware, Platform, SeedBus};
-pub use policies::{AgentPolicy, Budget, CapacityPolicy, GcPolicy, HostPolicy};
+pub use policies::{
+    AgentPolicy, Budget, CapacityPolicy, GcPolicy, HostPolicy, REQUESTS_PER_CALL, host_connections,
+};

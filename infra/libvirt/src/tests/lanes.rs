@@ -5,6 +5,7 @@
 // The tests wait in real time for blocking threads and run the held calls as tasks.
 #![allow(clippy::disallowed_methods)]
 
+use std::collections::BTreeSet;
 use std::sync::{Condvar, Mutex};
 
 use super::*;
@@ -179,4 +180,97 @@ async fn the_budget_flag_bounds_calls_in_flight() {
         text.contains("bigfleet_libvirt_host_budget{zone=\"rack1\"} 6"),
         "{text}"
     );
+}
+
+/// A host of three connections on the shared `test:///default` (the adapter gives a
+/// test-driver URI one connection, because a node file's host is per connection; the
+/// default host is shared, so three connections see one host).
+fn three_connection_host(budget: Budget) -> Arc<Host> {
+    let policy = HostPolicy {
+        probe_interval: Duration::from_millis(200),
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(100),
+        watch_interval: Duration::ZERO,
+        ..HostPolicy::default()
+    };
+    let at = HostConnection {
+        zone: "spread".to_owned(),
+        uri: "test:///default".to_owned(),
+    };
+    Host::new(
+        &at,
+        policy,
+        budget,
+        3,
+        crate::metrics::lanes::LaneMetrics::default(),
+        LibvirtMetrics::unexposed(),
+        None,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_spread_over_the_hosts_connections_and_a_loss_redials_them_all() {
+    let host = three_connection_host(Budget::new(6, 1).unwrap());
+    let supervisor = tokio::spawn(crate::host::connection::supervise(
+        Arc::downgrade(&host),
+        SystemClock,
+        1,
+    ));
+    within("the first dial", host.healthy()).await;
+    let first = host.sessions();
+    assert_eq!(first.len(), 3);
+    let gate = Arc::new(Gate::default());
+    let _open = OpenOnDrop(Arc::clone(&gate));
+    let used = Arc::new(Mutex::new(BTreeSet::new()));
+    let calls: Vec<_> = (0..6)
+        .map(|n| {
+            let (host, gate, used) = (Arc::clone(&host), Arc::clone(&gate), Arc::clone(&used));
+            let lane = if n % 2 == 0 {
+                Lane::Teardown
+            } else {
+                Lane::Read
+            };
+            tokio::spawn(async move {
+                host.call(lane, move |session| {
+                    let address = std::ptr::from_ref(session) as usize;
+                    used.lock().unwrap().insert(address);
+                    gate.enter();
+                    Ok(())
+                })
+                .await
+                .unwrap();
+            })
+        })
+        .collect();
+    until_running(&gate, 6).await;
+    // Six calls over three connections: two on each, none on one connection alone.
+    let loads: Vec<usize> = (host.sessions().iter())
+        .map(|s| s.calls.load(std::sync::atomic::Ordering::SeqCst))
+        .collect();
+    assert_eq!(loads, [2, 2, 2]);
+    gate.open();
+    for call in calls {
+        call.await.unwrap();
+    }
+    assert_eq!(
+        used.lock().unwrap().len(),
+        3,
+        "every connection carried calls"
+    );
+    assert!(
+        (host.sessions().iter()).all(|s| s.calls.load(std::sync::atomic::Ordering::SeqCst) == 0)
+    );
+    // A lost connection takes its siblings with it: all three are dialled again together.
+    host.sever();
+    assert!(host.sessions().is_empty());
+    within("the redial", host.healthy()).await;
+    let second = host.sessions();
+    assert_eq!(second.len(), 3);
+    assert!(
+        second
+            .iter()
+            .all(|s| s.generation == first[0].generation + 1),
+        "one new generation for all connections"
+    );
+    supervisor.abort();
 }
