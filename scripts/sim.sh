@@ -22,6 +22,7 @@ bugs=(
     bug-transition-after-commit
     bug-detached-transition-span
     bug-lanes-over-budget
+    bug-spread-busiest
 )
 
 sim() { # [--features F] -- runner args

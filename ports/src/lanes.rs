@@ -42,12 +42,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::channel::oneshot;
 
-/// The default per-host budget: four calls in flight per host, the liveness probe among
-/// them. The adapter spreads them over its connections to the host so that none carries
-/// more than two (with a volume upload's data packet beside each, four requests), below
-/// libvirtd's default `max_client_requests` of 5, at which libvirtd stops reading the
-/// connection.
-pub const DEFAULT_HOST_BUDGET: usize = 4;
+/// The default per-host budget: six calls in flight per host, the liveness probe among
+/// them, so that with a slot reserved for teardown and one for reads four Creates run at
+/// once, as many as a host's libvirtd starts comfortably side by side. The adapter spreads
+/// them over three connections (`spread.rs`), two calls on each (with a volume upload's
+/// data packet beside each, four requests), below libvirtd's default `max_client_requests`
+/// of 5, at which libvirtd stops reading a connection; six is far below its default
+/// `max_workers` of 20.
+pub const DEFAULT_HOST_BUDGET: usize = 6;
 
 /// The default agent share: one slot per host for guest-agent calls.
 pub const DEFAULT_AGENT_BUDGET: usize = 1;

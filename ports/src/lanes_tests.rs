@@ -285,7 +285,7 @@ fn budgets_are_validated() {
     );
     assert!(Budget::new(4, 5).unwrap_err().contains("--host-budget (4)"));
     assert_eq!(Budget::new(1, 1).unwrap(), Budget { host: 1, agent: 1 });
-    assert_eq!(Budget::default(), Budget { host: 4, agent: 1 });
+    assert_eq!(Budget::default(), Budget { host: 6, agent: 1 });
 }
 
 #[test]
@@ -298,8 +298,8 @@ fn reservations_shape_each_lane_at_the_default_budget() {
         }
         in_flight[lane.index()]
     };
-    assert_eq!(most(Lane::Teardown), 3);
-    assert_eq!(most(Lane::Read), 3);
-    assert_eq!(most(Lane::Create), 2);
+    assert_eq!(most(Lane::Teardown), 5);
+    assert_eq!(most(Lane::Read), 5);
+    assert_eq!(most(Lane::Create), 4);
     assert_eq!(most(Lane::Agent), 1);
 }

@@ -12,6 +12,7 @@ mod hypervisor;
 pub mod lanes;
 mod provider;
 mod spawn;
+pub mod spread;
 mod store;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;

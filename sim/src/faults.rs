@@ -9,6 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use bigfleet_libvirt_ports::lanes::{Budget, LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS};
+use bigfleet_libvirt_ports::spread;
 
 use crate::rng::{Ratio, SimRng};
 
@@ -86,14 +87,25 @@ pub struct Libvirtd {
     /// Each host's `max_client_requests`: requests of one client connection a host serves
     /// at once; more wait in the daemon until one finishes.
     pub max_client_requests: Vec<usize>,
-    /// The provider's per-host budget (`--host-budget`, `--agent-budget`), drawn at most
-    /// the smallest limit minus one (the headroom the product's default leaves for its
-    /// liveness probe) and validated by the product's `Budget::new`.
+    /// The provider's per-host budget (`--host-budget`, `--agent-budget`), drawn up to
+    /// [`MOST_HOST_BUDGET`] and validated by the product's `Budget::new`.
     pub budget: Budget,
+    /// The provider's connections per host (`--host-connections`): the product's default
+    /// for the budget, or a count drawn between what keeps every connection within the
+    /// smallest limit and the budget, validated by the product's `host_connections`.
+    pub connections: usize,
 }
 
+/// The largest `--host-budget` drawn (libvirtd's default `max_workers` is 20).
+pub const MOST_HOST_BUDGET: u64 = 8;
+
+/// libvirtd's default `max_workers`: the calls one daemon executes at once, all clients
+/// together. No host may have more of the provider's calls in flight.
+pub const LIBVIRTD_DEFAULT_MAX_WORKERS: usize = 20;
+
 impl Libvirtd {
-    /// Draws the limits of `hosts` hosts and a budget that keeps below every one.
+    /// Draws the limits of `hosts` hosts, a budget, and connections that spread the
+    /// budget's calls so that no connection exceeds the smallest limit.
     fn draw(rng: &mut SimRng, hosts: usize) -> Self {
         let default = u64::try_from(LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS).expect("small");
         let max_client_requests: Vec<usize> = (0..hosts)
@@ -107,8 +119,7 @@ impl Libvirtd {
             })
             .collect();
         let lowest = max_client_requests.iter().copied().min().unwrap_or(2);
-        let high = u64::try_from(lowest - 1).expect("small");
-        let host = rng.between(1, high);
+        let host = rng.between(1, MOST_HOST_BUDGET);
         let agent = rng.between(1, host);
         let budget = Budget::new(
             usize::try_from(host).expect("small"),
@@ -118,7 +129,25 @@ impl Libvirtd {
         Self {
             max_client_requests,
             budget,
+            connections: spread::host_connections(budget, None)
+                .expect("the default is valid")
+                .max(budget.host.div_ceil(lowest)),
         }
+    }
+
+    /// Half the runs keep the product's default connections; the others draw a count
+    /// between the fewest that keep within the smallest limit and the budget. Drawn last in
+    /// the plan, so the draws before it stay as they were.
+    fn draw_connections(&mut self, rng: &mut SimRng) {
+        if rng.chance(Ratio::new(1, 2)) {
+            return;
+        }
+        let lowest = self.max_client_requests.iter().copied().min().unwrap_or(2);
+        let fewest = u64::try_from(self.budget.host.div_ceil(lowest)).expect("small");
+        let most = u64::try_from(self.budget.host).expect("small");
+        let drawn = usize::try_from(rng.between(fewest, most)).expect("small");
+        self.connections =
+            spread::host_connections(self.budget, Some(drawn)).expect("a valid count");
     }
 }
 
@@ -253,8 +282,9 @@ impl FaultPlan {
         let zombie_life = (secs(1), secs(rng.between(5, 60)));
         net.cancel = rng.swarm_rate(CANCEL_RATES);
         // Drawn after everything else, so adding it left the earlier draws as they were.
-        let libvirtd = Libvirtd::draw(&mut rng, hosts);
+        let mut libvirtd = Libvirtd::draw(&mut rng, hosts);
         host.stalls = stall(&mut rng, hosts, fault_phase);
+        libvirtd.draw_connections(&mut rng);
         Self {
             seed,
             hosts,
@@ -370,8 +400,9 @@ impl fmt::Display for FaultPlan {
         let l = &self.libvirtd;
         write!(
             f,
-            "\n  libvirtd: max_client_requests={:?} host_budget={} agent_budget={}",
-            l.max_client_requests, l.budget.host, l.budget.agent
+            "\n  libvirtd: max_client_requests={:?} host_budget={} agent_budget={} \
+             host_connections={}",
+            l.max_client_requests, l.budget.host, l.budget.agent, l.connections
         )?;
         write!(
             f,

@@ -31,14 +31,19 @@ pub enum Event {
     },
     /// A request of the provider's connection `connection` arrived at host `host`, which
     /// then had `in_flight` requests of that connection (this one included) not yet
-    /// finished, queued in the daemon or executing.
+    /// finished, queued in the daemon or executing, and `host_in_flight` of all that
+    /// provider process's connections to it.
     HostLoad {
         /// The host's index (`zone-<host>`).
         host: usize,
-        /// Which provider process's connection (one per `SimHypervisor`).
+        /// Which connection: the provider process's (one per `SimHypervisor`) times
+        /// [`CONNECTIONS_PER_PROCESS`](crate::fakes::hypervisor::CONNECTIONS_PER_PROCESS),
+        /// plus its index among that process's connections to the host.
         connection: u64,
         /// Its requests on the host right after this one arrived.
         in_flight: usize,
+        /// The process's requests on the host, all its connections together.
+        host_in_flight: usize,
     },
     /// The provider asked host `host` for a call (an operation on one domain; describe's
     /// scans aside), numbered `call` in the run.

@@ -43,6 +43,7 @@ fn features() -> Vec<&'static str> {
             "bug-lanes-over-budget",
             cfg!(feature = "bug-lanes-over-budget"),
         ),
+        ("bug-spread-busiest", cfg!(feature = "bug-spread-busiest")),
     ];
     all.into_iter()
         .filter(|(_, on)| *on)

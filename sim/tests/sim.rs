@@ -243,6 +243,7 @@ fn a_budget_over_max_client_requests_is_caught_and_queued_in_the_daemon() {
     plan.host.service = (Duration::from_millis(200), Duration::from_millis(800));
     plan.libvirtd.max_client_requests = vec![1; plan.hosts];
     plan.libvirtd.budget = Budget { host: 3, agent: 1 };
+    plan.libvirtd.connections = 1;
     let report = on_own_thread(move || run_plan(plan, true));
     assert!(
         report
@@ -265,4 +266,33 @@ fn a_budget_over_max_client_requests_is_caught_and_queued_in_the_daemon() {
         traced(&report, "the request waits in the daemon"),
         "some request waited for a daemon worker"
     );
+}
+
+/// Goal: several connections per host let a budget above one connection's
+/// `max_client_requests` run without any connection exceeding it. Method: as above (hosts
+/// that serve one request per connection, a budget of 3), but three connections per host:
+/// the product's spread puts one call on each, so the `host-budget` invariant holds and no
+/// request waits in the daemon.
+#[test]
+fn a_budget_spread_over_enough_connections_keeps_every_connection_within_its_limit() {
+    let mut plan = quiet_plan(16);
+    plan.workers = 3;
+    plan.host.service = (Duration::from_millis(200), Duration::from_millis(800));
+    plan.libvirtd.max_client_requests = vec![1; plan.hosts];
+    plan.libvirtd.budget = Budget { host: 3, agent: 1 };
+    plan.libvirtd.connections = 3;
+    let report = on_own_thread(move || run_plan(plan, true));
+    assert!(
+        !report
+            .violations
+            .counts
+            .contains_key(&Invariant::HostBudget),
+        "{:#?}",
+        report.violations.first
+    );
+    assert!(
+        !traced(&report, "the request waits in the daemon"),
+        "a request waited for a daemon worker"
+    );
+    assert!(report.stats.host_operations > 0, "{:?}", report.stats);
 }

@@ -93,7 +93,8 @@ impl Checkers {
                 host,
                 connection,
                 in_flight,
-            } => hosts::on_load(self, at, host, connection, in_flight),
+                host_in_flight,
+            } => hosts::on_load(self, at, host, connection, (in_flight, host_in_flight)),
             Event::HostCall {
                 call,
                 host,

@@ -18,8 +18,9 @@
 //! ends (`Event::HostCall`, `Event::HostCallEnd`; the `hosts-keep-serving` checker judges
 //! them).
 //!
-//! Each provider process's `SimHypervisor` is one connection to every host, and every call
-//! it makes passes through the product's per-host [`Lanes`] first, on the lane the libvirt
+//! Each provider process's `SimHypervisor` keeps `--host-connections` connections to every
+//! host, and every call it makes passes through the product's per-host [`Lanes`] first, then
+//! takes a connection by the product's [`Spread`] (the least busy), on the lane the libvirt
 //! adapter uses for the same call: Create and Configure on `create`, Drain and Delete (the
 //! compensation and orphan collection included) on `teardown`, describe on `read`, the
 //! guest-agent readiness check on `agent`. The permit travels with the request into the
@@ -30,10 +31,11 @@
 //! without answering.
 //!
 //! Each host models libvirtd's `max_client_requests` (drawn per host, `FaultPlan::libvirtd`):
-//! it counts the requests of each connection not yet finished, appends the count to the
-//! history as each one arrives (`Event::HostLoad`; the `host-budget` checker judges it), and
-//! executes at most that many at once: a request over the limit waits in the daemon until
-//! one finishes.
+//! it counts the requests of each connection not yet finished, appends the count (and the
+//! process's count over all its connections) to the history as each one arrives
+//! (`Event::HostLoad`; the `host-budget` checker judges it), and executes at most that many
+//! of one connection at once: a request over the limit waits in the daemon until one of
+//! its connection finishes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -42,6 +44,7 @@ use std::time::Duration;
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_domain::{HostRef, Machine, MachineId, MachineState};
 use bigfleet_libvirt_ports::lanes::{Lane, Lanes, NoObserver, Permit};
+use bigfleet_libvirt_ports::spread::{Link, Spread};
 use bigfleet_libvirt_ports::{
     ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
     HypervisorError, ReadinessRequest, SideEffects,
@@ -113,12 +116,18 @@ struct Job {
     keepalive: Duration,
 }
 
-/// The provider's view of the hosts: one connection to each, behind its lanes.
+/// Connection numbers per provider process: connection `i` of process `p` is
+/// `p × CONNECTIONS_PER_PROCESS + i`.
+pub const CONNECTIONS_PER_PROCESS: u64 = 100;
+
+/// The provider's view of the hosts: its connections to each, behind its lanes.
 #[derive(Clone)]
 pub struct SimHypervisor {
     world: Arc<World>,
-    connection: u64,
+    /// This process's number; its connections are numbered from it.
+    process: u64,
     lanes: Arc<Vec<Arc<Lanes>>>,
+    spreads: Arc<Vec<Arc<Spread>>>,
 }
 
 fn draw_fault(rng: &mut SimRng, faults: &HostFaults, op: &Op) -> Fault {
@@ -144,7 +153,7 @@ impl SimHypervisor {
     /// A new connection to the hosts of `world`, with the run's budget on each.
     #[must_use]
     pub fn new(world: Arc<World>) -> Self {
-        let connection = {
+        let process = {
             let mut hosts = world.hosts();
             hosts.connections += 1;
             hosts.connections
@@ -153,11 +162,30 @@ impl SimHypervisor {
         let lanes = (0..world.plan.hosts)
             .map(|host| Lanes::new(&format!("zone-{host}"), budget, Arc::new(NoObserver)))
             .collect();
+        let spreads = (0..world.plan.hosts)
+            .map(|_| Spread::new(world.plan.libvirtd.connections))
+            .collect();
         Self {
             world,
-            connection,
+            process,
             lanes: Arc::new(lanes),
+            spreads: Arc::new(spreads),
         }
+    }
+
+    /// The number of this process's connection `link` (see [`CONNECTIONS_PER_PROCESS`]).
+    fn connection(&self, link: &Link) -> u64 {
+        self.process * CONNECTIONS_PER_PROCESS + u64::try_from(link.index()).expect("small")
+    }
+
+    /// This process's requests on `host` not yet finished, all its connections together.
+    fn process_load(&self, hosts: &crate::hosts::Hosts, host: usize) -> usize {
+        let first = self.process * CONNECTIONS_PER_PROCESS;
+        (hosts
+            .load
+            .range((host, first)..(host, first + CONNECTIONS_PER_PROCESS)))
+        .map(|(_, load)| load.in_flight)
+        .sum()
     }
 
     fn host_ref(&self, zone: usize, domain: &Domain) -> HostRef {
@@ -193,16 +221,18 @@ impl SimHypervisor {
             call.end = CallEnd::Answered;
             return refused;
         }
+        let link = self.spreads[host].lease();
         let job = self.schedule(host, op, machine, fault, now);
         call.held = job.held;
         // From here the host has it: it ends when the host is done with it.
         call.end = CallEnd::Unanswered;
         let (answer, reply) = oneshot::channel();
-        drop(
-            self.world
-                .host_node(host)
-                .spawn(self.clone().serve(job, answer, permit, call)),
-        );
+        drop(self.world.host_node(host).spawn(self.clone().serve(
+            job,
+            answer,
+            (permit, link),
+            call,
+        )));
         match reply.await {
             Ok(result) => result,
             // No answer is coming: hang until the caller's deadline drops this future.
@@ -288,14 +318,14 @@ impl SimHypervisor {
 
     /// The host side of one call: arrive, wait for one of the daemon's workers, execute at
     /// the scheduled time (or as soon as a worker is free after it), then answer (or not);
-    /// a stall holds the execution and the answer until the host resumes. `_permit`, the
-    /// call's slot in the provider's lanes, is dropped when this ends, and `call` records
-    /// the end.
+    /// a stall holds the execution and the answer until the host resumes. The permit, the
+    /// call's slot in the provider's lanes, and the link, its connection, are dropped when
+    /// this ends, and `call` records the end.
     async fn serve(
         self,
         job: Job,
         answer: oneshot::Sender<HostResult>,
-        _permit: Permit,
+        (_permit, link): (Permit, Link),
         mut call: HostCall,
     ) {
         let Job {
@@ -306,12 +336,12 @@ impl SimHypervisor {
             ..
         } = &job;
         madsim::time::sleep(job.arrive_at.saturating_sub(elapsed())).await;
-        self.arrive(*host).await;
+        self.arrive(*host, &link).await;
         madsim::time::sleep(job.execute_at.saturating_sub(elapsed())).await;
         // A worker freed during a stall (a request that waited in the daemon) waits it out.
         call.held |= self.hold(*host).await;
         let result = self.execute(*host, op, machine, *fault);
-        self.finish(*host);
+        self.finish(*host, &link);
         if *fault == Fault::Hang {
             return; // The host never answers; the caller's deadline ends the call.
         }
@@ -350,13 +380,14 @@ impl SimHypervisor {
         true
     }
 
-    /// A request of this connection arrives at `host`: counted, recorded, and once one of
+    /// A request on connection `link` arrives at `host`: counted, recorded, and once one of
     /// the daemon's `max_client_requests` workers for the connection is free, executing.
-    async fn arrive(&self, host: usize) {
+    async fn arrive(&self, host: usize, link: &Link) {
         let limit = self.world.plan.libvirtd.max_client_requests[host];
-        let worker = {
+        let connection = self.connection(link);
+        let (in_flight, host_in_flight, worker) = {
             let mut hosts = self.world.hosts();
-            let load = hosts.load.entry((host, self.connection)).or_default();
+            let load = hosts.load.entry((host, connection)).or_default();
             load.in_flight += 1;
             let in_flight = load.in_flight;
             let worker = if load.executing < limit {
@@ -367,30 +398,29 @@ impl SimHypervisor {
                 load.waiting.push_back(free);
                 Some(freed)
             };
-            (in_flight, worker)
+            (in_flight, self.process_load(&hosts, host), worker)
         };
-        let (in_flight, worker) = worker;
         self.world.record(Event::HostLoad {
             host,
-            connection: self.connection,
+            connection,
             in_flight,
+            host_in_flight,
         });
         if let Some(freed) = worker {
             self.world.trace(format!(
-                "host zone-{host}: connection {} over max_client_requests={limit}, the \
-                 request waits in the daemon",
-                self.connection
+                "host zone-{host}: connection {connection} over max_client_requests={limit}, \
+                 the request waits in the daemon"
             ));
             // The finishing request hands its worker over; host tasks are never killed.
             let _ = freed.await;
         }
     }
 
-    /// A request of this connection finished on `host`: its worker goes to the next
-    /// waiting request, if any.
-    fn finish(&self, host: usize) {
+    /// A request on connection `link` finished on `host`: its worker goes to the next
+    /// waiting request of that connection, if any.
+    fn finish(&self, host: usize, link: &Link) {
         let mut hosts = self.world.hosts();
-        let load = hosts.load.entry((host, self.connection)).or_default();
+        let load = hosts.load.entry((host, self.connection(link))).or_default();
         load.in_flight -= 1;
         load.executing -= 1;
         while let Some(next) = load.waiting.pop_front() {
@@ -403,16 +433,19 @@ impl SimHypervisor {
 
     /// Describe's scan of `host`, a request that arrives and finishes at once (it reads
     /// what the world holds and never waits for a daemon worker): counted and recorded.
-    fn scan(&self, host: usize) {
-        let in_flight = {
+    fn scan(&self, host: usize, link: &Link) {
+        let connection = self.connection(link);
+        let (in_flight, host_in_flight) = {
             let mut hosts = self.world.hosts();
-            let load = hosts.load.entry((host, self.connection)).or_default();
-            load.in_flight + 1
+            let load = hosts.load.entry((host, connection)).or_default();
+            let in_flight = load.in_flight + 1;
+            (in_flight, self.process_load(&hosts, host) + 1)
         };
         self.world.record(Event::HostLoad {
             host,
-            connection: self.connection,
+            connection,
             in_flight,
+            host_in_flight,
         });
     }
 
@@ -550,9 +583,10 @@ impl Hypervisor for SimHypervisor {
         if down_at(elapsed()).is_none() {
             for host in 0..world.plan.hosts {
                 let _permit = self.lanes[host].acquire(Lane::Read).await;
+                let link = self.spreads[host].lease();
                 // A stalled host answers the scan when it resumes.
                 self.hold(host).await;
-                self.scan(host);
+                self.scan(host, &link);
             }
         }
         match down_at(elapsed()) {

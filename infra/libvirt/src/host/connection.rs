@@ -4,7 +4,7 @@
 //! host's lanes (`lanes`: the per-host budget, `--host-budget`, and who goes next), which
 //! bound how many calls one host has in flight (docs/design.md §5.3). The host keeps
 //! `--host-connections` connections, dialled and replaced together, and gives each call
-//! the one with the fewest calls on it, so no connection carries more than
+//! the one with the fewest calls on it (`ports/src/spread.rs`), so no connection carries more than
 //! ⌈budget ÷ connections⌉ calls: libvirtd's `max_client_requests` counts requests per
 //! connection, and a call that uploads a volume has its data packets counted beside it. A
 //! dropped future never cuts a call short: the closure runs to completion on its thread and
@@ -32,10 +32,11 @@
 //! fails (docs/libvirt.md §2.3).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 
 use bigfleet_libvirt_config::HostConnection;
+use bigfleet_libvirt_ports::spread::{Link, Spread};
 use bigfleet_libvirt_ports::{Clock, HypervisorError};
 use futures::FutureExt;
 use tokio::sync::{Notify, watch};
@@ -81,19 +82,16 @@ const SATURATED_PROBE_TICK: std::time::Duration = std::time::Duration::from_mill
 struct Slot {
     /// The live connections, all of one generation; empty while there are none.
     sessions: Vec<Arc<Session>>,
+    /// The calls on each of them.
+    spread: Arc<Spread>,
     generation: u64,
     last_error: String,
 }
 
-/// A call's hold on one connection: counted in its `calls` until dropped.
+/// A call's hold on one connection: counted on it until dropped.
 pub(crate) struct Lease {
     pub(crate) session: Arc<Session>,
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.session.calls.fetch_sub(1, Ordering::SeqCst);
-    }
+    _link: Link,
 }
 
 /// One libvirt host.
@@ -159,6 +157,7 @@ impl Host {
             connections: connections.max(1),
             slot: Mutex::new(Slot {
                 sessions: Vec::new(),
+                spread: Spread::new(1),
                 generation: 0,
                 last_error: "not connected yet".to_owned(),
             }),
@@ -263,23 +262,26 @@ impl Host {
             .ok_or_else(|| self.down(&slot))
     }
 
-    /// The live connection with the fewest calls on it, counted for as long as the lease
-    /// is held. Picking the least-loaded one under the slot's lock keeps every connection
-    /// at or below ⌈calls in flight ÷ connections⌉.
+    /// The live connection with the fewest calls on it ([`Spread`]), counted for as long
+    /// as the lease is held, so every connection stays at or below ⌈calls in flight ÷
+    /// connections⌉.
     pub(crate) fn lease(&self) -> Result<Lease, HypervisorError> {
         let slot = self.slot();
-        let session = (slot.sessions.iter())
-            .min_by_key(|s| s.calls.load(Ordering::SeqCst))
-            .cloned()
-            .ok_or_else(|| self.down(&slot))?;
-        session.calls.fetch_add(1, Ordering::SeqCst);
-        Ok(Lease { session })
+        if slot.sessions.is_empty() {
+            return Err(self.down(&slot));
+        }
+        let link = slot.spread.lease();
+        Ok(Lease {
+            session: Arc::clone(&slot.sessions[link.index()]),
+            _link: link,
+        })
     }
 
-    /// The connections of the live generation (none while down).
+    /// The connections of the live generation (none while down), and the calls on each.
     #[cfg(test)]
-    pub(crate) fn sessions(&self) -> Vec<Arc<Session>> {
-        self.slot().sessions.clone()
+    pub(crate) fn sessions(&self) -> (Vec<Arc<Session>>, Vec<usize>) {
+        let slot = self.slot();
+        (slot.sessions.clone(), slot.spread.loads())
     }
 
     fn down(&self, slot: &Slot) -> HypervisorError {
@@ -403,7 +405,7 @@ impl Host {
             let mut slot = self.slot();
             slot.generation += 1;
             let generation = slot.generation;
-            let sessions = std::iter::once(conn)
+            let sessions: Vec<Arc<Session>> = std::iter::once(conn)
                 .chain(more)
                 .map(|conn| {
                     Arc::new(Session {
@@ -411,10 +413,10 @@ impl Host {
                         generation,
                         test_driver,
                         base: Mutex::new(None),
-                        calls: AtomicUsize::new(0),
                     })
                 })
                 .collect();
+            slot.spread = Spread::new(sessions.len());
             slot.last_error.clear();
             std::mem::replace(&mut slot.sessions, sessions)
         };

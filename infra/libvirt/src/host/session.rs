@@ -2,7 +2,6 @@
 //! cached on it: the base image's facts ([`BaseImage`]), which `storage::volumes` reads.
 
 use std::sync::Mutex;
-use std::sync::atomic::AtomicUsize;
 
 use virt::connect::Connect;
 
@@ -18,9 +17,6 @@ pub(crate) struct Session {
     pub(crate) test_driver: bool,
     /// The base image facts, read once per connection.
     pub(crate) base: Mutex<Option<BaseImage>>,
-    /// Calls (and the probe) running on this connection now; the host gives each new call
-    /// the connection with the fewest.
-    pub(crate) calls: AtomicUsize,
 }
 
 /// What the adapter needs to know about `--image`.

@@ -5,40 +5,7 @@ use std::time::Duration;
 
 pub use bigfleet_libvirt_ports::lanes::Budget;
 
-/// Calls one connection carries at most when the provider sizes a host's connections
-/// itself (`--host-connections` unset).
-pub const CALLS_PER_CONNECTION: usize = 2;
-
-/// The requests one call may have in flight on its connection: the call itself, and the
-/// data packet of a volume upload (a seed image) that libvirtd counts until it is written.
-/// So [`CALLS_PER_CONNECTION`] calls are four requests, below libvirtd's default
-/// `max_client_requests` of 5, at which it stops reading the connection.
-pub const REQUESTS_PER_CALL: usize = 2;
-
-/// The connections each host gets: `requested` (`--host-connections`), or when unset
-/// enough that none carries more than [`CALLS_PER_CONNECTION`] of the `budget`'s calls.
-///
-/// # Errors
-///
-/// When `requested` is 0 or more than the budget (a connection no call can use).
-pub fn host_connections(budget: Budget, requested: Option<usize>) -> Result<usize, String> {
-    let auto = budget.host.div_ceil(CALLS_PER_CONNECTION);
-    match requested {
-        None => Ok(auto),
-        Some(0) => Err(format!(
-            "--host-connections must be at least 1; leave it unset to let the provider \
-             size it ({auto} for --host-budget {}: at most {CALLS_PER_CONNECTION} calls per \
-             connection)",
-            budget.host
-        )),
-        Some(n) if n > budget.host => Err(format!(
-            "--host-connections {n} is more than --host-budget {}: at most that many calls \
-             are in flight, so the other connections would stay idle; use {} or fewer",
-            budget.host, budget.host
-        )),
-        Some(n) => Ok(n),
-    }
-}
+pub use bigfleet_libvirt_ports::spread::{REQUESTS_PER_CALL, host_connections};
 
 /// How hosts are connected to and watched.
 #[derive(Clone, Debug)]
