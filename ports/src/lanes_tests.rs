@@ -285,7 +285,7 @@ fn budgets_are_validated() {
     );
     assert!(Budget::new(4, 5).unwrap_err().contains("--host-budget (4)"));
     assert_eq!(Budget::new(1, 1).unwrap(), Budget { host: 1, agent: 1 });
-    assert_eq!(Budget::default(), Budget { host: 6, agent: 1 });
+    assert_eq!(Budget::default(), Budget { host: 7, agent: 1 });
 }
 
 #[test]
@@ -298,8 +298,16 @@ fn reservations_shape_each_lane_at_the_default_budget() {
         }
         in_flight[lane.index()]
     };
-    assert_eq!(most(Lane::Teardown), 5);
+    assert_eq!(most(Lane::Teardown), 6);
     assert_eq!(most(Lane::Read), 5);
     assert_eq!(most(Lane::Create), 4);
     assert_eq!(most(Lane::Agent), 1);
+    // With Creates holding all they may, two Deletes and a read still start.
+    let mut in_flight = [0; 4];
+    in_flight[Lane::Create.index()] = 4;
+    assert!(!budget.fits(Lane::Create, &in_flight));
+    assert!(budget.fits(Lane::Teardown, &in_flight));
+    in_flight[Lane::Teardown.index()] = 1;
+    assert!(budget.fits(Lane::Teardown, &in_flight));
+    assert!(budget.fits(Lane::Read, &in_flight));
 }

@@ -85,7 +85,10 @@ impl Sizes {
             queued: size("REAL_LIBVIRT_QUEUED", 12),
             deletes: size("REAL_LIBVIRT_DELETES", 2),
             stuck: size("REAL_LIBVIRT_STUCK", 4),
-            budget: size("REAL_LIBVIRT_BUDGET", 4),
+            budget: size(
+                "REAL_LIBVIRT_BUDGET",
+                bigfleet_libvirt_ports::lanes::DEFAULT_HOST_BUDGET,
+            ),
         }
     }
 
@@ -274,7 +277,8 @@ async fn warm(
 }
 
 /// The provider's own mean `define` and `start` phase times over the whole run (ms), from
-/// its `/metrics` histogram, beside the bare sequence's steps.
+/// its `/metrics` histogram, beside the bare sequence's steps, and the mean wait for a slot
+/// of each lane (ms; all zones together), where a Create's time goes before its calls.
 async fn provider_phases(server: &harness::Server) -> serde_json::Value {
     let Some(addr) = server.metrics_addr else {
         return serde_json::Value::Null;
@@ -293,6 +297,23 @@ async fn provider_phases(server: &harness::Server) -> serde_json::Value {
         if let (Some(sum), Some(count)) = (sum, count) {
             out.insert(
                 phase.to_owned(),
+                serde_json::json!((sum / count * 1e6).round() / 1e3),
+            );
+        }
+    }
+    for lane in ["create", "teardown", "read", "agent"] {
+        let sum_count = |suffix: &str| -> f64 {
+            let name = format!("bigfleet_libvirt_host_queue_wait_seconds_{suffix}{{");
+            let lane = format!("lane=\"{lane}\"}}");
+            text.lines()
+                .filter(|l| l.starts_with(&name) && l.contains(&lane))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        let (sum, count) = (sum_count("sum"), sum_count("count"));
+        if count > 0.0 {
+            out.insert(
+                format!("{lane}_lane_wait"),
                 serde_json::json!((sum / count * 1e6).round() / 1e3),
             );
         }

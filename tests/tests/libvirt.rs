@@ -133,7 +133,7 @@ fn the_host_and_agent_budgets_are_checked() {
         error.contains("--host-connections must be at least 1; leave it unset"),
         "{error}"
     );
-    assert!(error.contains("3 for --host-budget 6"), "{error}");
+    assert!(error.contains("4 for --host-budget 7"), "{error}");
     let error = refuse(&["--host-budget=3", "--host-connections=4"]);
     assert!(
         error.contains("--host-connections 4 is more than --host-budget 3"),

@@ -7,9 +7,11 @@
 //! - neither the provider's log nor either libvirtd's log shows libvirt throttling the
 //!   provider (libvirtd's "Client hit max requests limit" warning, "too many") or a
 //!   keepalive disconnect while it runs;
-//! - the Deletes finish first: on each zone, every Delete reaches Speculative before half of
-//!   the Creates acked ahead of it reach Idle (a Delete queued behind the Creates finishes
-//!   only after most of them).
+//! - the Deletes overtake the queue: on each zone, every Delete reaches Speculative before
+//!   three quarters of the Creates acked ahead of it reach Idle. A Delete queued behind the
+//!   Creates would finish only after all 16; served at once, it finishes while the Creates
+//!   already running (4 per host at the default budget) and those started beside it as
+//!   slots free finish, about 4 to 8 (half was the bound while 2 Creates ran at once).
 //!
 //! Completion times come from polling each machine's Get every 20 ms from the moment its
 //! call was acked. Needs the real-QEMU tier, so it is `#[ignore]`d in the ordinary suite;
@@ -151,7 +153,7 @@ async fn host_lanes() {
 }
 
 /// Per zone (the Creates and Deletes are in zone order, a then b): every Delete finished
-/// before half of that zone's Creates. Returns what did not.
+/// before three quarters of that zone's Creates. Returns what did not.
 fn check_order(created: &[Instant], deleted: &[Instant]) -> Vec<String> {
     let mut wrong = Vec::new();
     for (zone, (creates, deletes)) in created
@@ -161,19 +163,19 @@ fn check_order(created: &[Instant], deleted: &[Instant]) -> Vec<String> {
     {
         let mut creates = creates.to_vec();
         creates.sort();
-        let half = creates[CREATES / 2 - 1];
+        let bound = creates[CREATES * 3 / 4 - 1];
         let last_delete = deletes.iter().max().expect("Deletes");
         let overtaken = creates.iter().filter(|c| *c < last_delete).count();
         println!(
             "host_lanes: zone {zone}: {overtaken} of {CREATES} queued Creates were Idle before the \
              last Delete was done"
         );
-        if *last_delete >= half {
+        if *last_delete >= bound {
             wrong.push(format!(
                 "zone {zone}: the Deletes waited behind the Creates acked before them: \
                  {overtaken} of {CREATES} Creates were Idle before the last Delete was done \
                  (at most {} may be)",
-                CREATES / 2 - 1
+                CREATES * 3 / 4 - 1
             ));
         }
     }

@@ -121,7 +121,7 @@ repository:tag.
 {{- fail (printf "libvirt.agentBudget (%v) must be at most libvirt.hostBudget (%v): the guest-agent calls are a share of the host's budget" $agent $host) }}
 {{- end }}
 {{- $conns := .Values.libvirt.hostConnections }}
-{{- if and (not (kindIs "invalid" $conns)) (gt (int64 $conns) (int64 (default 6 $host))) }}
-{{- fail (printf "libvirt.hostConnections (%v) must be at most libvirt.hostBudget (%v): a connection no call can use stays idle" $conns (default 6 $host)) }}
+{{- if and (not (kindIs "invalid" $conns)) (gt (int64 $conns) (int64 (default 7 $host))) }}
+{{- fail (printf "libvirt.hostConnections (%v) must be at most libvirt.hostBudget (%v): a connection no call can use stays idle" $conns (default 7 $host)) }}
 {{- end }}
 {{- end }}

@@ -349,7 +349,7 @@ pub struct Flags {
           default_value_t = bigfleet_libvirt_ports::lanes::DEFAULT_AGENT_BUDGET)]
     pub agent_budget: usize,
     /// libvirt: connections per host, over which --host-budget's calls are spread (unset:
-    /// enough that none carries more than two calls: 3 for the default --host-budget 6).
+    /// enough that none carries more than two calls: 4 for the default --host-budget 7).
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HOST_CONNECTIONS")]
     pub host_connections: Option<usize>,
     /// Fake only: shortest simulated hypervisor latency.

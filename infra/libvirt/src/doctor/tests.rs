@@ -14,7 +14,7 @@ fn want() -> Expectations {
         user_data: None,
         capacity: CapacityPolicy::default(),
         budget: crate::host::lanes::Budget::default(),
-        connections: 3,
+        connections: 4,
         slots: vec![(
             "a".to_owned(),
             vec![Slots {
@@ -276,6 +276,7 @@ fn a_connection_loaded_to_libvirtds_limit_warns_and_names_the_settings() {
     // Unknown limit: libvirtd's default 5 is the yardstick. Six calls over two
     // connections put three on one: six requests with uploads.
     let mut over = want();
+    over.budget = crate::host::lanes::Budget::new(6, 1).unwrap();
     over.connections = 2;
     let report = judge(&over, &[host.clone()]);
     let (s, detail, fix) = status(&report, "a", "host budget");
@@ -307,5 +308,5 @@ fn a_connection_loaded_to_libvirtds_limit_warns_and_names_the_settings() {
     host.max_client_requests = Probe::Found(3);
     let (s, _, fix) = status(&judge(&want(), &[host]), "a", "host budget");
     assert_eq!(s, Status::Warn);
-    assert!(fix.contains("set --host-connections 6"), "{fix}");
+    assert!(fix.contains("set --host-connections 7"), "{fix}");
 }

@@ -104,7 +104,7 @@ async fn a_delete_and_a_describe_overtake_sixteen_queued_creates() {
     let gate = Arc::new(Gate::default());
     let _open = OpenOnDrop(Arc::clone(&gate));
     // At the default budget, all but the teardown and read reservations run Creates.
-    let creating = Budget::default().host - 2;
+    let creating = Budget::default().host - 3;
     let storm = held(&host, &gate, Lane::Create, 16 + creating);
     until_running(&gate, creating).await;
     within("queueing", async {
