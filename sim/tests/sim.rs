@@ -231,6 +231,19 @@ fn a_stalled_host_holds_up_no_other_and_serves_again() {
     assert!(s.judged_after_stall > 0, "host 0 was judged after: {s:?}");
 }
 
+/// No faults, busy shards, hosts that serve one request per connection at a time and slow
+/// service, and a provider budget of 3 built past `Budget::new`'s checks, over
+/// `connections` connections per host.
+fn budget_of_three_on_one_request_hosts(connections: usize) -> RunReport {
+    let mut plan = quiet_plan(16);
+    plan.workers = 3;
+    plan.host.service = (Duration::from_millis(200), Duration::from_millis(800));
+    plan.libvirtd.max_client_requests = vec![1; plan.hosts];
+    plan.libvirtd.budget = Budget { host: 3, agent: 1 };
+    plan.libvirtd.connections = connections;
+    on_own_thread(move || run_plan(plan, true))
+}
+
 /// Goal: the `host-budget` invariant sees a provider that keeps more in flight on a host
 /// than its libvirtd's `max_client_requests`, and the host makes the surplus wait in the
 /// daemon instead of running it. Method: no faults, busy shards, hosts that serve one
@@ -238,13 +251,7 @@ fn a_stalled_host_holds_up_no_other_and_serves_again() {
 /// past `Budget::new`'s checks (the misconfiguration `doctor` warns about).
 #[test]
 fn a_budget_over_max_client_requests_is_caught_and_queued_in_the_daemon() {
-    let mut plan = quiet_plan(16);
-    plan.workers = 3;
-    plan.host.service = (Duration::from_millis(200), Duration::from_millis(800));
-    plan.libvirtd.max_client_requests = vec![1; plan.hosts];
-    plan.libvirtd.budget = Budget { host: 3, agent: 1 };
-    plan.libvirtd.connections = 1;
-    let report = on_own_thread(move || run_plan(plan, true));
+    let report = budget_of_three_on_one_request_hosts(1);
     assert!(
         report
             .violations
@@ -275,13 +282,7 @@ fn a_budget_over_max_client_requests_is_caught_and_queued_in_the_daemon() {
 /// request waits in the daemon.
 #[test]
 fn a_budget_spread_over_enough_connections_keeps_every_connection_within_its_limit() {
-    let mut plan = quiet_plan(16);
-    plan.workers = 3;
-    plan.host.service = (Duration::from_millis(200), Duration::from_millis(800));
-    plan.libvirtd.max_client_requests = vec![1; plan.hosts];
-    plan.libvirtd.budget = Budget { host: 3, agent: 1 };
-    plan.libvirtd.connections = 3;
-    let report = on_own_thread(move || run_plan(plan, true));
+    let report = budget_of_three_on_one_request_hosts(3);
     assert!(
         !report
             .violations
