@@ -130,6 +130,7 @@ pub async fn run<C: Clock>(
                 network: None,
                 domains: Probe::Unsupported(String::new()),
                 cpu_trials: None,
+                max_workers: Probe::Unsupported(String::new()),
                 max_client_requests: Probe::Unsupported(String::new()),
             };
             futures::select_biased! {

@@ -105,6 +105,9 @@ pub struct HostFacts {
     /// API where the bindings allow it; the `virt` crate has none, so the probe reports
     /// it unsupported and the judgement assumes libvirtd's default).
     pub max_client_requests: Probe<usize>,
+    /// libvirtd's `max_workers`, the calls it executes at once for all clients together
+    /// (read the same way, so unsupported too).
+    pub max_workers: Probe<usize>,
 }
 
 /// One CPU choice tried on a throw-away paused domain (`doctor --trial-domain`).

@@ -1,7 +1,7 @@
 //! The doctor's judgement: the configuration-wide checks, then every host's checks in
 //! their fixed order, folded into one [`Report`].
 
-use super::budget::host_budget;
+use super::budget::{host_budget, host_workers};
 use super::checks::{capacity, domain_type, domains, network, storage, version};
 use super::facts::{Expectations, HostFacts, Slots};
 use super::report::{Check, Report, Status, check};
@@ -122,5 +122,6 @@ fn judge_host(want: &Expectations, host: &HostFacts, slots: &[Slots], out: &mut 
     out.push(capacity(want, zone, connection, slots));
     out.push(domains(zone, &host.domains));
     out.extend(super::trial::cpu_trials(zone, host.cpu_trials.as_deref()));
-    out.push(host_budget(want, zone, &host.max_client_requests));
+    out.push(host_budget(want, host, &host.max_client_requests));
+    out.push(host_workers(want, zone, &host.max_workers));
 }

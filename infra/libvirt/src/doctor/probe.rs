@@ -66,6 +66,7 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
         domains: skipped(),
         cpu_trials: None,
         max_client_requests: skipped(),
+        max_workers: skipped(),
     };
     let conn = match Connect::open(Some(uri)) {
         Ok(conn) => conn,
@@ -112,12 +113,13 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
             facts.cpu_trials = Some(trial_domain::run(&conn, &target.provider, plan));
         }
         facts.max_client_requests = Probe::Unsupported(NO_ADMIN_API.to_owned());
+        facts.max_workers = Probe::Unsupported(NO_ADMIN_API.to_owned());
     }
     drop(conn);
     facts
 }
 
-/// Why `max_client_requests` is not read: libvirt serves it only through its admin API
+/// Why `max_client_requests` and `max_workers` are not read: libvirt serves it only through its admin API
 /// (`virAdmConnectOpen` on the daemon's admin socket, local to the host), which the `virt`
 /// crate does not bind.
 const NO_ADMIN_API: &str = "libvirt's admin API is not available to the provider";

@@ -57,6 +57,7 @@ fn good() -> HostFacts {
         domains: Probe::Found(Domains::default()),
         cpu_trials: None,
         max_client_requests: Probe::Unsupported("no admin API".to_owned()),
+        max_workers: Probe::Unsupported("no admin API".to_owned()),
     }
 }
 
@@ -309,4 +310,31 @@ fn a_connection_loaded_to_libvirtds_limit_warns_and_names_the_settings() {
     let (s, _, fix) = status(&judge(&want(), &[host]), "a", "host budget");
     assert_eq!(s, Status::Warn);
     assert!(fix.contains("set --host-connections 7"), "{fix}");
+}
+
+#[test]
+fn a_budget_near_libvirtds_workers_warns_and_names_the_setting() {
+    let mut host = good();
+    let (s, detail, _) = status(&judge(&want(), &[host.clone()]), "a", "host workers");
+    assert_eq!(s, Status::Ok, "{detail}");
+    assert!(
+        detail.contains("--host-budget 7 leaves 13 of libvirtd's default max_workers"),
+        "{detail}"
+    );
+    let mut busy = want();
+    busy.budget = crate::host::lanes::Budget::new(16, 1).unwrap();
+    busy.connections = 8;
+    let report = judge(&busy, &[host.clone()]);
+    let (s, detail, fix) = status(&report, "a", "host workers");
+    assert_eq!(s, Status::Warn, "{detail}");
+    assert!(detail.contains("leaves 4 of"), "{detail}");
+    assert!(fix.contains("lower --host-budget to 15"), "{fix}");
+    assert!(fix.contains("raise max_workers"), "{fix}");
+    assert!(fix.contains("to 21 or more"), "{fix}");
+    // A value read from the host wins over the default.
+    host.max_workers = Probe::Found(40);
+    assert_eq!(
+        status(&judge(&busy, &[host]), "a", "host workers").0,
+        Status::Ok
+    );
 }

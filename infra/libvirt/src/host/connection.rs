@@ -494,6 +494,18 @@ impl Host {
     }
 }
 
+/// The connections a host at `uri` gets: `configured`, but one on libvirt's `test` driver,
+/// which keeps a separate in-memory host per connection (two connections would be two
+/// hosts), in this process (`test:///…`) or behind a daemon (`test+unix://…`).
+pub(crate) fn connections_for(uri: &str, configured: usize) -> usize {
+    let scheme = uri.split("://").next().unwrap_or_default();
+    if scheme == "test" || scheme.starts_with("test+") {
+        1
+    } else {
+        configured.max(1)
+    }
+}
+
 /// Opens the connection, turns libvirt's client keepalive off (see the module docs: its
 /// close is not ordered after the calls in flight) and reads the node info.
 fn dial(uri: &str, zone: &str) -> Result<(Connect, bool, Node), String> {

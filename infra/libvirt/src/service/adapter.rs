@@ -81,7 +81,7 @@ fn hosts(config: &LibvirtConfig, metrics: &LibvirtMetrics) -> BTreeMap<String, A
                 c,
                 config.hosts.clone(),
                 options.budget,
-                connections_for(&c.uri, options.connections),
+                connection::connections_for(&c.uri, options.connections),
                 metrics.lanes.clone(),
                 metrics.clone(),
                 golden.clone(),
@@ -89,18 +89,6 @@ fn hosts(config: &LibvirtConfig, metrics: &LibvirtMetrics) -> BTreeMap<String, A
             (c.zone.clone(), host)
         })
         .collect()
-}
-
-/// The connections a host at `uri` gets: `configured`, but one on libvirt's `test` driver,
-/// which keeps a separate in-memory host per connection (two connections would be two
-/// hosts).
-fn connections_for(uri: &str, configured: usize) -> usize {
-    let scheme = uri.split("://").next().unwrap_or_default();
-    if scheme == "test" || scheme.starts_with("test+") {
-        1
-    } else {
-        configured.max(1)
-    }
 }
 
 /// What the drift watch of `zone` reaches: its host and the tracked machines, weakly.
