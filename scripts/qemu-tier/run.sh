@@ -34,6 +34,9 @@
 #                                      the fault tests while ci runs them
 #   scripts/qemu-tier/run.sh virsh ... virsh against zone a's daemon (QEMU_TIER_ZONE=b or c: that
 #                                      zone's)
+#   scripts/qemu-tier/run.sh virt-admin ...
+#                                      virt-admin against zone a's daemon's admin socket (the
+#                                      same QEMU_TIER_ZONE), e.g. client-list libvirtd
 #   scripts/qemu-tier/run.sh shell     a shell inside the chroot (mounts it first)
 #
 # Environment: QEMU_TIER_DIR (default /var/tmp/bigfleet-qemu-tier) holds the chroot in
@@ -101,6 +104,13 @@ virsh)
     valid_zone "$zone"
     in_zone "$zone" chroot_pid libvirtd >/dev/null || die "zone $zone is not started; run: $0 start"
     in_zone "$zone" in_chroot virsh -c qemu:///system "$@"
+    ;;
+virt-admin)
+    shift
+    zone=${QEMU_TIER_ZONE:-a}
+    valid_zone "$zone"
+    in_zone "$zone" chroot_pid libvirtd >/dev/null || die "zone $zone is not started; run: $0 start"
+    in_zone "$zone" in_chroot virt-admin -c libvirtd:///system "$@"
     ;;
 shell)
     prepared || die "not prepared; run: $0 prepare"

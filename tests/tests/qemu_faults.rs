@@ -23,6 +23,13 @@ use crate::qemu_remote::{over_remote, port};
 use crate::qemu_zones::*;
 
 const HEALTH: &str = "bigfleet_libvirt_host_health";
+
+/// The connections the provider keeps to a host at the default budget
+/// (`--host-connections` unset).
+fn default_connections() -> usize {
+    use bigfleet_libvirt_ports::{lanes::Budget, spread::host_connections};
+    host_connections(Budget::default(), None).expect("the default is valid")
+}
 const DRIFT: &str = "bigfleet_libvirt_substrate_drift";
 
 /// The liveness probe's window: every 5 s, skipped once after an answered call, 20 s to
@@ -73,6 +80,12 @@ async fn host_loss() {
     reach(&mut c, &a[0], S::Idle, BOOT).await;
     let b0 = reach(&mut c, &b[0], S::Idle, BOOT).await;
     let b0_domain = domain_name(&b0);
+    // The provider holds the default number of connections to B, and nobody else does.
+    assert_eq!(
+        tier.daemon_clients(&tier.b),
+        default_connections(),
+        "clients of zone B's libvirtd"
+    );
 
     // SIGKILL zone B's libvirtd: unreachable within the liveness window.
     tier.libvirtd(&tier.b, "kill");
@@ -121,6 +134,18 @@ async fn host_loss() {
     // Restart B's daemon: the provider reconnects by itself.
     tier.libvirtd(&tier.b, "start");
     let reconnected = b_healthy_again(&server, &tier).await;
+    // Every connection was dialled again, once: the loss of the host, seen on each of its
+    // connections, was acted on once.
+    assert_eq!(
+        tier.daemon_clients(&tier.b),
+        default_connections(),
+        "clients of zone B's restarted libvirtd"
+    );
+    let lost = lines_of(&server)
+        .iter()
+        .filter(|l| l.contains("libvirt host unreachable; reconnecting") && l.contains("rackB"))
+        .count();
+    assert_eq!(lost, 1, "the loss of zone B was acted on once");
     let virt_b = Libvirt::open(&tier, &tier.b);
     let domain = virt_b.domain(&b0_domain).expect("B's machine survived");
     assert!(domain.is_active().unwrap(), "its QEMU outlived the daemon");

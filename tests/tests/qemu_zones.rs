@@ -167,6 +167,34 @@ impl Tier {
     }
 }
 
+impl Tier {
+    /// The clients connected to a zone's libvirtd now (`virt-admin client-list libvirtd`
+    /// through the tier script): one per open connection, whoever opened it.
+    pub fn daemon_clients(&self, zone: &Zone) -> usize {
+        let output = Command::new(&self.script)
+            .env("QEMU_TIER_ZONE", zone.tier)
+            .args(["virt-admin", "client-list", "libvirtd"])
+            .output()
+            .expect("run the tier script");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "virt-admin client-list on zone {}: {}{}",
+            zone.tier,
+            text,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // A header, a rule, then one line per client that starts with its numeric id.
+        text.lines()
+            .filter(|l| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|w| w.parse::<u64>().is_ok())
+            })
+            .count()
+    }
+}
+
 /// A direct connection to one zone's libvirtd.
 pub struct Libvirt {
     conn: Connect,
