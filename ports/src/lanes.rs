@@ -132,8 +132,9 @@ impl Budget {
         if host == 0 {
             return Err(format!(
                 "--host-budget must be at least 1 (the default is {DEFAULT_HOST_BUDGET}: \
-                 libvirtd's default max_client_requests of \
-                 {LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS} minus one)"
+                 4 Creates at once per host beside 2 Deletes and a read, spread over \
+                 --host-connections so that no connection reaches libvirtd's \
+                 max_client_requests)"
             ));
         }
         if agent == 0 || agent > host {

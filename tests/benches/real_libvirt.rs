@@ -22,7 +22,7 @@
 //! asserted: it fails only when a call errors. The p99 of a handful of samples is their
 //! maximum. Sizes: `REAL_LIBVIRT_C1` (3), `REAL_LIBVIRT_C8_PER_ZONE` (4),
 //! `REAL_LIBVIRT_QUEUED` (12), `REAL_LIBVIRT_DELETES` (2), `REAL_LIBVIRT_STUCK` (4),
-//! `REAL_LIBVIRT_BUDGET` (4). The defaults keep the run within 90 s on the 2-core machine
+//! `REAL_LIBVIRT_BUDGET` (the product's default `--host-budget`). The defaults keep the run within 90 s on the 2-core machine
 //! (docs/benchmarks.md: how many samples each ratio rests on); the earlier ones (5, 8, 16,
 //! 4, 8) took about 200 s and gave ratios within the same spread.
 //!

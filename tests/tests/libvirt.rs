@@ -117,7 +117,7 @@ fn the_host_and_agent_budgets_are_checked() {
         error.contains("--host-budget must be at least 1"),
         "{error}"
     );
-    assert!(error.contains("the default is 4"), "{error}");
+    assert!(error.contains("the default is 7"), "{error}");
     let error = refuse(&["--host-budget=2", "--agent-budget=3"]);
     assert!(
         error.contains("--agent-budget must be between 1 and --host-budget (2), got 3"),

@@ -636,7 +636,7 @@ fn bad_nic_cpu_and_budget_values_are_refused_at_render_time() {
             "libvirt.hostBudget=2,libvirt.hostConnections=3",
             "libvirt.hostConnections (3)",
         ),
-        ("libvirt.hostConnections=5", "libvirt.hostConnections (5)"),
+        ("libvirt.hostConnections=8", "libvirt.hostConnections (8)"),
         (
             "libvirt.hostBudget=2,libvirt.agentBudget=3",
             "libvirt.agentBudget (3)",
