@@ -8,6 +8,11 @@
 //!    same `MachineList`, measured (a) with the generated client (includes decode) and (b) with
 //!    a raw-bytes codec (server latency as seen on the wire). Target: List <= 2x encode.
 //! 3. `since_revision` delta latency for 100 changed machines among 100k. Target: <= 1 ms.
+//! 4. The binary as shipped (release, default flags, its logging, tracing and metrics), in
+//!    its own process, against the echo in a process of its own: Get, Create and Configure
+//!    at concurrency 64, throughput, p50/p99 and each server's CPU per call
+//!    (`provider/shipped.rs`). Targets (issue 40): Get throughput >= 1x and p50 <= 1.2x,
+//!    Configure p99 <= 2x, Create throughput >= 0.8x and CPU per call <= 2x.
 //!
 //! Beside the yardsticks, BigFleet's certification budgets (B1106, B1107): Get and Create
 //! p99 <= 250 ms at concurrency 1, full List p99 <= 2 s and the slowest full List <= 3 s.
@@ -36,12 +41,17 @@ mod clients;
 mod delta;
 #[path = "common/flags.rs"]
 mod flags;
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/harness/mod.rs"]
+mod harness;
 #[path = "provider/list.rs"]
 mod list;
 #[path = "common/results.rs"]
 mod results;
 #[path = "provider/server.rs"]
 mod server;
+#[path = "provider/shipped.rs"]
+mod shipped;
 
 use crate::results::say;
 use std::sync::Arc;
@@ -342,6 +352,10 @@ async fn bench(sizes: Sizes) -> Result<(), BoxError> {
     running.shutdown().await?;
     echo_running.shutdown().await?;
 
+    let t = Instant::now();
+    let shipped_rows = shipped::measure_shipped(&sizes).await?;
+    eprintln!("shipped: done in {}", fmt_d(t.elapsed()));
+
     say!();
     say!(
         "bigfleet-libvirt provider benchmark{} — in-process provider (fake hypervisor, 0 latency, in-memory store), loopback gRPC, {} cores, load average {} at start / {} at end",
@@ -353,6 +367,7 @@ async fn bench(sizes: Sizes) -> Result<(), BoxError> {
     print_ack_table(&ack_rows, sizes.rounds, &mut verdicts);
     print_list_table(&list_rows, sizes.list_reps, &mut verdicts);
     print_delta(&delta, &mut verdicts);
+    shipped::print_shipped(&shipped_rows, sizes.workers, &mut verdicts);
 
     say!();
     say!("== Summary ==");
@@ -377,6 +392,9 @@ async fn bench(sizes: Sizes) -> Result<(), BoxError> {
 }
 
 fn main() -> Result<(), BoxError> {
+    if let Some(served) = shipped::echo_process() {
+        return served;
+    }
     // `cargo bench` passes `--bench`; anything else (e.g. `cargo test --benches`) is a smoke
     // run with the small sizes.
     let under_cargo_bench = std::env::args().any(|a| a == "--bench");
