@@ -41,7 +41,7 @@ mod clients;
 mod delta;
 #[path = "common/flags.rs"]
 mod flags;
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 #[path = "../tests/harness/mod.rs"]
 mod harness;
 #[path = "provider/list.rs"]
@@ -335,16 +335,7 @@ async fn bench(sizes: Sizes) -> Result<(), BoxError> {
     ack_rows
         .extend(ack_lifecycle(&provider, &echo, &cn_chunks, sizes.rounds, &sequence, &blob).await?);
     eprintln!("ack c={}: done in {}", sizes.workers, fmt_d(t.elapsed()));
-    ack_rows.sort_by_key(|r| {
-        let order = [
-            Rpc::Create,
-            Rpc::Configure,
-            Rpc::Drain,
-            Rpc::Delete,
-            Rpc::Get,
-        ];
-        (order.iter().position(|o| *o == r.rpc), r.concurrency)
-    });
+    ack::in_table_order(&mut ack_rows);
 
     drop(c);
     drop(provider);

@@ -81,11 +81,7 @@ async fn host_loss() {
     let b0 = reach(&mut c, &b[0], S::Idle, BOOT).await;
     let b0_domain = domain_name(&b0);
     // The provider holds the default number of connections to B, and nobody else does.
-    assert_eq!(
-        tier.daemon_clients(&tier.b),
-        default_connections(),
-        "clients of zone B's libvirtd"
-    );
+    assert_connections(&tier, "zone B's libvirtd");
 
     // SIGKILL zone B's libvirtd: unreachable within the liveness window.
     tier.libvirtd(&tier.b, "kill");
@@ -134,18 +130,7 @@ async fn host_loss() {
     // Restart B's daemon: the provider reconnects by itself.
     tier.libvirtd(&tier.b, "start");
     let reconnected = b_healthy_again(&server, &tier).await;
-    // Every connection was dialled again, once: the loss of the host, seen on each of its
-    // connections, was acted on once.
-    assert_eq!(
-        tier.daemon_clients(&tier.b),
-        default_connections(),
-        "clients of zone B's restarted libvirtd"
-    );
-    let lost = lines_of(&server)
-        .iter()
-        .filter(|l| l.contains("libvirt host unreachable; reconnecting") && l.contains("rackB"))
-        .count();
-    assert_eq!(lost, 1, "the loss of zone B was acted on once");
+    assert_redialled_once(&tier, &server);
     let virt_b = Libvirt::open(&tier, &tier.b);
     let domain = virt_b.domain(&b0_domain).expect("B's machine survived");
     assert!(domain.is_active().unwrap(), "its QEMU outlived the daemon");
@@ -155,16 +140,33 @@ async fn host_loss() {
     }
     assert_eq!(virt_b.domains(), Vec::<String>::new(), "zone B is clean");
 
-    println!("host_loss timings:");
     println!(
-        "  zone B unreachable after SIGKILL   {detected:>9.2?} (liveness window {LIVENESS_WINDOW:?})"
+        "host_loss timings:\n  zone B unreachable after SIGKILL   {detected:>9.2?} (liveness \
+         window {LIVENESS_WINDOW:?})\n  Create on B → Failed               {fail_fast:>9.2?}\n  \
+         zone A configure/drain/delete      {configured:.2?} / {drained:.2?} / {deleted:.2?}\n  \
+         zone B healthy after restart       {reconnected:>9.2?}\n  Create on B → Idle after \
+         reconnect {create_after:>9.2?}"
     );
-    println!("  Create on B → Failed               {fail_fast:>9.2?}");
-    println!(
-        "  zone A configure/drain/delete      {configured:.2?} / {drained:.2?} / {deleted:.2?}"
+}
+
+/// Every connection to zone B was dialled again, once: the loss of the host, seen on each of
+/// its connections, was acted on once.
+fn assert_redialled_once(tier: &Tier, server: &Server) {
+    assert_connections(tier, "zone B's restarted libvirtd");
+    let lost = lines_of(server)
+        .iter()
+        .filter(|l| l.contains("libvirt host unreachable; reconnecting") && l.contains("rackB"))
+        .count();
+    assert_eq!(lost, 1, "the loss of zone B was acted on once");
+}
+
+/// Zone B's daemon has exactly the provider's default connections as clients.
+fn assert_connections(tier: &Tier, what: &str) {
+    assert_eq!(
+        tier.daemon_clients(&tier.b),
+        default_connections(),
+        "clients of {what}"
     );
-    println!("  zone B healthy after restart       {reconnected:>9.2?}");
-    println!("  Create on B → Idle after reconnect {create_after:>9.2?}");
 }
 
 /// Waits until the provider reports zone B healthy again and returns how long it took

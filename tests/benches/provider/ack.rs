@@ -223,3 +223,15 @@ pub(crate) fn print_ack_table(rows: &[AckRow], rounds: usize, verdicts: &mut Vec
         settles.join(", ")
     );
 }
+
+/// Sorts the rows as the table shows them: by RPC in lifecycle order, then concurrency.
+pub(crate) fn in_table_order(rows: &mut [AckRow]) {
+    let order = [
+        Rpc::Create,
+        Rpc::Configure,
+        Rpc::Drain,
+        Rpc::Delete,
+        Rpc::Get,
+    ];
+    rows.sort_by_key(|r| (order.iter().position(|o| *o == r.rpc), r.concurrency));
+}

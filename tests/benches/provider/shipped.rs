@@ -175,60 +175,69 @@ async fn round(
     Ok(())
 }
 
-/// Runs the phase: `sizes.rounds` rounds of `sizes.workers` × `sizes.calls_per_worker`
-/// calls per RPC and server, the two servers alternating which goes first.
-pub(crate) async fn measure_shipped(sizes: &Sizes) -> Result<Vec<ShippedRow>, BoxError> {
-    let per_round = sizes.workers * sizes.calls_per_worker;
-    let seeds = (per_round * sizes.rounds + 64).max(8_000);
-    let server = Server::start(&[&format!("--seed-count={seeds}")]);
-    let pid = server.pid().ok_or("the provider has no process id")?;
+/// Both servers, connected: the binary as shipped, with `ids` its Speculative slots, and
+/// the echo answering with one of its machines.
+struct Servers {
+    server: Server,
+    echo_process: EchoProcess,
+    shipped: tonic::transport::Channel,
+    echo: tonic::transport::Channel,
+    ids: Vec<String>,
+}
+
+async fn start_servers(needed: usize) -> Result<Servers, BoxError> {
+    let server = Server::start(&[&format!("--seed-count={}", (needed + 64).max(8_000))]);
     let shipped = connect(server.addr).await?;
     let mut c = client(&shipped);
-    let ids: Vec<String> = (c.list(list_filter(&[pb::MachineState::Speculative], 0, Vec::new())))
-        .await?
-        .into_inner()
-        .machines
-        .into_iter()
+    let speculative = list_filter(&[pb::MachineState::Speculative], 0, Vec::new());
+    let ids: Vec<String> = (c.list(speculative).await?.into_inner().machines.into_iter())
         .map(|m| m.id)
         .collect();
-    if ids.len() < per_round * sizes.rounds {
-        return Err(format!(
-            "{} Speculative slots, need {}",
-            ids.len(),
-            per_round * sizes.rounds
-        )
-        .into());
+    if ids.len() < needed {
+        return Err(format!("{} Speculative slots, need {needed}", ids.len()).into());
     }
     let sample = c
         .get(pb::MachineRef { id: ids[0].clone() })
         .await?
         .into_inner();
     let echo_process = EchoProcess::start(&sample)?;
-    let echo_pid = echo_process.child.id();
     let echo = connect(echo_process.addr).await?;
+    Ok(Servers {
+        server,
+        echo_process,
+        shipped,
+        echo,
+        ids,
+    })
+}
+
+/// Runs the phase: `sizes.rounds` rounds of `sizes.workers` × `sizes.calls_per_worker`
+/// calls per RPC and server, the two servers alternating which goes first. Create takes the
+/// Speculative slots, Configure the same machines once Idle, Get them again.
+pub(crate) async fn measure_shipped(sizes: &Sizes) -> Result<Vec<ShippedRow>, BoxError> {
+    let per_round = sizes.workers * sizes.calls_per_worker;
+    let servers = start_servers(per_round * sizes.rounds).await?;
+    let pids = (
+        servers.echo_process.child.id(),
+        servers
+            .server
+            .pid()
+            .ok_or("the provider has no process id")?,
+    );
     let sequence = Arc::new(AtomicI64::new(1));
     let blob: Arc<Vec<u8>> = Arc::new((0..1024u32).map(|i| (i % 251) as u8).collect());
-    let chunked = |ids: &[String]| -> Vec<Vec<String>> {
-        ids.chunks(sizes.calls_per_worker)
-            .map(<[String]>::to_vec)
-            .collect()
-    };
-    let rounds: Vec<Vec<Vec<String>>> = (ids[..per_round * sizes.rounds].chunks(per_round))
-        .map(chunked)
+    let used = &servers.ids[..per_round * sizes.rounds];
+    let rounds: Vec<Vec<Vec<String>>> = (used.chunks(per_round))
+        .map(|ids| (ids.chunks(sizes.calls_per_worker).map(<[String]>::to_vec)).collect())
         .collect();
     // Warm both: one round of Gets each, not counted.
-    for channel in [&echo, &shipped] {
+    for channel in [&servers.echo, &servers.shipped] {
         run_batch(channel, Rpc::Get, &rounds[0], &sequence, &blob).await?;
     }
     let mut rows = Vec::new();
     for rpc in [Rpc::Create, Rpc::Configure, Rpc::Get] {
         if rpc == Rpc::Configure {
-            settle(
-                &mut c,
-                &ids[..per_round * sizes.rounds],
-                pb::MachineState::Idle,
-            )
-            .await?;
+            settle(&mut client(&servers.shipped), used, pb::MachineState::Idle).await?;
         }
         let mut row = ShippedRow {
             rpc,
@@ -238,35 +247,17 @@ pub(crate) async fn measure_shipped(sizes: &Sizes) -> Result<Vec<ShippedRow>, Bo
         };
         for (n, chunks) in rounds.iter().enumerate() {
             let echo_first = n % 2 == 0;
-            for first in [echo_first, !echo_first] {
-                if first {
-                    round(
-                        &mut row.echo,
-                        echo_pid,
-                        &echo,
-                        rpc,
-                        chunks,
-                        &sequence,
-                        &blob,
-                    )
-                    .await?;
+            for echo in [echo_first, !echo_first] {
+                let (side, pid, channel) = if echo {
+                    (&mut row.echo, pids.0, &servers.echo)
                 } else {
-                    round(
-                        &mut row.shipped,
-                        pid,
-                        &shipped,
-                        rpc,
-                        chunks,
-                        &sequence,
-                        &blob,
-                    )
-                    .await?;
-                }
+                    (&mut row.shipped, pids.1, &servers.shipped)
+                };
+                round(side, pid, channel, rpc, chunks, &sequence, &blob).await?;
             }
         }
         rows.push(row);
     }
-    drop((c, echo, shipped, echo_process, server));
     Ok(rows)
 }
 
@@ -317,35 +308,46 @@ pub(crate) fn print_shipped(rows: &[ShippedRow], workers: usize, verdicts: &mut 
                 .map(|f| format!(" (first: {f})"))
                 .unwrap_or_default(),
         );
-        let mut goal = |what: &str, measured: f64, target: &str, pass: bool| {
-            verdicts.push(Verdict {
-                what: format!("shipped {} c={workers} {what}", row.rpc.name()),
-                measured: format!("{measured:.2}x"),
-                target: target.to_owned(),
-                pass,
-            });
-        };
-        match row.rpc {
-            Rpc::Get => {
-                goal(
-                    "throughput / echo",
-                    throughput,
-                    ">= 1.0x",
-                    throughput >= 1.0,
-                );
-                goal("p50 / echo", p50, "<= 1.2x", p50 <= 1.2);
-            }
-            Rpc::Create => {
-                goal(
-                    "throughput / echo",
-                    throughput,
-                    ">= 0.8x",
-                    throughput >= 0.8,
-                );
-                goal("cpu per call / echo", cpu, "<= 2.0x", cpu <= 2.0);
-            }
-            Rpc::Configure => goal("p99 / echo", p99, "<= 2.0x", p99 <= 2.0),
-            Rpc::Drain | Rpc::Delete => {}
+        goals(row, workers, (throughput, p50, p99, cpu), verdicts);
+    }
+}
+
+/// The goals for one row: `(throughput, p50, p99, cpu)` are its ratios to the echo.
+fn goals(
+    row: &ShippedRow,
+    workers: usize,
+    ratios: (f64, f64, f64, f64),
+    verdicts: &mut Vec<Verdict>,
+) {
+    let (throughput, p50, p99, cpu) = ratios;
+    let mut goal = |what: &str, measured: f64, target: &str, pass: bool| {
+        verdicts.push(Verdict {
+            what: format!("shipped {} c={workers} {what}", row.rpc.name()),
+            measured: format!("{measured:.2}x"),
+            target: target.to_owned(),
+            pass,
+        });
+    };
+    match row.rpc {
+        Rpc::Get => {
+            goal(
+                "throughput / echo",
+                throughput,
+                ">= 1.0x",
+                throughput >= 1.0,
+            );
+            goal("p50 / echo", p50, "<= 1.2x", p50 <= 1.2);
         }
+        Rpc::Create => {
+            goal(
+                "throughput / echo",
+                throughput,
+                ">= 0.8x",
+                throughput >= 0.8,
+            );
+            goal("cpu per call / echo", cpu, "<= 2.0x", cpu <= 2.0);
+        }
+        Rpc::Configure => goal("p99 / echo", p99, "<= 2.0x", p99 <= 2.0),
+        Rpc::Drain | Rpc::Delete => {}
     }
 }

@@ -5,7 +5,7 @@
 
 use super::facts::{Expectations, HostFacts, Probe};
 use super::report::{Check, Status, check};
-use crate::host::connection::connections_for;
+use crate::host::dial::connections_for;
 use crate::host::lanes::LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS;
 use crate::options::REQUESTS_PER_CALL;
 

@@ -51,7 +51,7 @@ fn answer<T>(result: Result<T, VirtError>, missing: ErrorNumber) -> Probe<T> {
 pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
     // Remote transports need libvirt's event loop: without it a large answer (domain
     // capabilities) over qemu+libssh:// never arrives.
-    crate::host::connection::ensure_event_loop();
+    crate::host::dial::ensure_event_loop();
     fn skipped<T>() -> Probe<T> {
         Probe::Unsupported("no connection".to_owned())
     }

@@ -1,5 +1,5 @@
-//! One libvirt host and everything about reaching it: the supervised connection and its
-//! health (`connection`), the dial's refusals as one line with the fix (`credentials`,
+//! One libvirt host and everything about reaching it: the supervised connections and their
+//! health (`connection`), opening them (`dial`), the dial's refusals as one line with the fix (`credentials`,
 //! `tls_peer`), the reconnect backoff (`backoff`), the per-host lanes (`lanes`), libvirt's
 //! errors sorted by what they mean for the caller (`error`), what a host can run and what
 //! is committed on it (`capacity`), our domains on it (`domains`), the check a fresh connection
@@ -9,6 +9,7 @@ pub(crate) mod backoff;
 pub(crate) mod capacity;
 pub(crate) mod connection;
 pub(crate) mod credentials;
+pub(crate) mod dial;
 pub(crate) mod domains;
 pub(crate) mod error;
 pub mod fixture;

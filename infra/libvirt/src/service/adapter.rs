@@ -12,6 +12,7 @@ use crate::drift::orphans::OrphanBook;
 use crate::drift::tracked::Tracked;
 use crate::drift::watch::{self, Watched};
 use crate::host::connection::{self, Health, Host};
+use crate::host::dial;
 use crate::host::gate::Gate;
 use crate::metrics::LibvirtMetrics;
 use crate::options::{DomainConfig, LibvirtConfig};
@@ -81,7 +82,7 @@ fn hosts(config: &LibvirtConfig, metrics: &LibvirtMetrics) -> BTreeMap<String, A
                 c,
                 config.hosts.clone(),
                 options.budget,
-                connection::connections_for(&c.uri, options.connections),
+                dial::connections_for(&c.uri, options.connections),
                 metrics.lanes.clone(),
                 metrics.clone(),
                 golden.clone(),
