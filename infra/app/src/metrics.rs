@@ -235,12 +235,12 @@ mod tests {
         let g = &m.grpc;
         g.grpc_requests
             .get_or_create(&GrpcLabels {
-                method: s("Get"),
-                code: s("OK"),
+                method: "Get",
+                code: "OK",
             })
             .inc();
         g.grpc_duration
-            .get_or_create(&MethodLabels { method: s("Get") })
+            .get_or_create(&MethodLabels { method: "Get" })
             .observe(0.1);
         g.authz_denied
             .get_or_create(&AuthzLabels {

@@ -151,7 +151,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
             Err(status::internal())
         });
         let code = status::outcome_name(result.as_ref().err());
-        span.record("code", code.as_str());
+        span.record("code", code);
         if let Err(e) = &result {
             span.record("outcome", "error");
             span.record("otel.status_code", "ERROR");
@@ -159,15 +159,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         } else {
             span.record("outcome", "ok");
         }
-        let labels = GrpcLabels {
-            method: method.to_owned(),
-            code: code.clone(),
-        };
+        let labels = GrpcLabels { method, code };
         self.metrics.grpc_requests.get_or_create(&labels).inc();
         let seconds = watch.seconds();
-        let method_labels = MethodLabels {
-            method: method.to_owned(),
-        };
+        let method_labels = MethodLabels { method };
         self.metrics
             .grpc_duration
             .get_or_create(&method_labels)

@@ -54,10 +54,25 @@ pub fn for_store_error(error: &StoreError) -> Status {
 /// The name of an answer's gRPC code as metric labels and logs show it (`OK`, `NotFound`,
 /// `FailedPrecondition`, …): `None` is a success.
 #[must_use]
-pub fn outcome_name(error: Option<&Status>) -> String {
-    match error.map(Status::code) {
-        None | Some(Code::Ok) => "OK".to_owned(),
-        Some(other) => format!("{other:?}"),
+pub fn outcome_name(error: Option<&Status>) -> &'static str {
+    match error.map_or(Code::Ok, Status::code) {
+        Code::Ok => "OK",
+        Code::Cancelled => "Cancelled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
     }
 }
 
@@ -97,6 +112,22 @@ mod tests {
     use super::for_provider_error;
     use bigfleet_libvirt_domain::{FenceKey, FenceMark, Kind, MachineState, MutateError};
     use bigfleet_libvirt_ports::{ProviderError, StoreError};
+
+    /// The label values stay what `{:?}` of the code printed before they became static.
+    #[test]
+    fn every_code_is_named_as_its_debug_form() {
+        for n in 0..=16 {
+            let code = tonic::Code::from_i32(n);
+            let status = tonic::Status::new(code, "x");
+            let expected = if code == tonic::Code::Ok {
+                "OK".to_owned()
+            } else {
+                format!("{code:?}")
+            };
+            assert_eq!(super::outcome_name(Some(&status)), expected);
+        }
+        assert_eq!(super::outcome_name(None), "OK");
+    }
 
     #[test]
     fn every_error_maps_to_its_documented_code() {
