@@ -177,15 +177,20 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
     }
 
     /// The span of one call (`rpc`), a child of the caller's span when the call carries W3C
-    /// trace context (see `trace_context`). The id is the caller's: the span (and so every
-    /// log line in it) carries it bounded.
-    fn rpc_span<T>(method: &'static str, machine_id: &str, request: &Request<T>) -> tracing::Span {
+    /// trace context (see `trace_context`). The ids are the caller's: the span (and so every
+    /// log line in it) carries them bounded. A mutation's shard is given here, at creation,
+    /// not recorded later: the JSON log layer rewrites a span's fields on every record.
+    fn rpc_span<T>(
+        method: &'static str,
+        (machine_id, shard_id): (&str, Option<&str>),
+        request: &Request<T>,
+    ) -> tracing::Span {
         let span = info_span!(
             "rpc",
             method,
             machine_id = %EchoField(machine_id),
             operation_id = tracing::field::Empty,
-            shard_id = tracing::field::Empty,
+            shard_id = shard_id.map(|s| tracing::field::display(EchoField(s))),
             zone = tracing::field::Empty,
             identity = tracing::field::Empty,
             code = tracing::field::Empty,
@@ -243,10 +248,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         mutation: bigfleet_libvirt_domain::Mutation,
         blob: bigfleet_libvirt_ports::BootstrapBlob,
     ) -> Result<Mutated, Status> {
-        // Runs inside the rpc span (see `observe`): the span carries the shard, and once
-        // answered the operation id and zone; the timeline the call and its answer.
+        // Runs inside the rpc span (see `observe`): the span carries the shard (given when
+        // it was made), and once answered the operation id and zone; the timeline the call
+        // and its answer.
         let span = tracing::Span::current();
-        span.record("shard_id", EchoField(&mutation.token.shard_id).to_string());
         let received = Received::arrive(&self.metrics.timeline, &mutation);
         let answer = self.decide(method, peer, mutation, blob).await;
         match &answer {
@@ -437,7 +442,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         request: Request<pb::CreateRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let peer = self.peer(&request);
-        let span = Self::rpc_span("Create", &request.get_ref().machine_id, &request);
+        let ids = (
+            request.get_ref().machine_id.as_str(),
+            Some(request.get_ref().shard_id.as_str()),
+        );
+        let span = Self::rpc_span("Create", ids, &request);
         let mutation = convert::create(request.into_inner());
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
         let body = self.mutate("Create", peer, mutation, blob);
@@ -449,7 +458,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         request: Request<pb::ConfigureRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let peer = self.peer(&request);
-        let span = Self::rpc_span("Configure", &request.get_ref().machine_id, &request);
+        let ids = (
+            request.get_ref().machine_id.as_str(),
+            Some(request.get_ref().shard_id.as_str()),
+        );
+        let span = Self::rpc_span("Configure", ids, &request);
         let (mutation, blob) = convert::configure(request.into_inner());
         let body = self.mutate("Configure", peer, mutation, blob);
         self.observe_mutation("Configure", span, body).await
@@ -460,7 +473,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         request: Request<pb::DrainRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let peer = self.peer(&request);
-        let span = Self::rpc_span("Drain", &request.get_ref().machine_id, &request);
+        let ids = (
+            request.get_ref().machine_id.as_str(),
+            Some(request.get_ref().shard_id.as_str()),
+        );
+        let span = Self::rpc_span("Drain", ids, &request);
         let mutation = convert::drain(request.into_inner());
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
         let body = self.mutate("Drain", peer, mutation, blob);
@@ -472,7 +489,11 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         request: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let peer = self.peer(&request);
-        let span = Self::rpc_span("Delete", &request.get_ref().machine_id, &request);
+        let ids = (
+            request.get_ref().machine_id.as_str(),
+            Some(request.get_ref().shard_id.as_str()),
+        );
+        let span = Self::rpc_span("Delete", ids, &request);
         let mutation = convert::delete(request.into_inner());
         let blob = bigfleet_libvirt_ports::BootstrapBlob::default();
         let body = self.mutate("Delete", peer, mutation, blob);
@@ -481,7 +502,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
 
     async fn get(&self, request: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
         let peer = self.peer(&request);
-        let span = Self::rpc_span("Get", &request.get_ref().id, &request);
+        let span = Self::rpc_span("Get", (&request.get_ref().id, None), &request);
         let id = request.into_inner().id;
         let body = async {
             self.authorize("Get", peer.as_ref(), Access::Read)?;
@@ -507,7 +528,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
         request: Request<pb::ListFilter>,
     ) -> Result<Response<EncodedMachineList>, Status> {
         let peer = self.peer(&request);
-        let span = Self::rpc_span("List", "", &request);
+        let span = Self::rpc_span("List", ("", None), &request);
         let query = convert::list_query(&request.into_inner());
         let body = async {
             self.authorize("List", peer.as_ref(), Access::Read)?;
