@@ -106,12 +106,20 @@ async fn write_history(server: &Server) -> Served {
     }
 }
 
-fn stop(mut server: Server) {
-    server.terminate();
-    assert!(
-        server.wait(Duration::from_secs(30)).is_some(),
-        "the provider stops on SIGTERM"
-    );
+/// SIGTERM and wait for the exit on a blocking thread, so this test's runtime stays free to
+/// close the connections of the clients dropped before: the provider's graceful stop waits
+/// for open connections (up to its 10 s drain period), and a runtime blocked in `wait`
+/// would keep them open until then.
+async fn stop(mut server: Server) {
+    tokio::task::spawn_blocking(move || {
+        server.terminate();
+        assert!(
+            server.wait(Duration::from_secs(30)).is_some(),
+            "the provider stops on SIGTERM"
+        );
+    })
+    .await
+    .expect("the stopping thread");
 }
 
 fn text(value: &Value, key: &str) -> String {
@@ -170,7 +178,7 @@ async fn inspect_shows_what_get_served_and_leaves_the_file_untouched() {
     );
     assert!(running.stdout.is_empty(), "prints no partial report");
 
-    stop(server);
+    stop(server).await;
     let before = std::fs::read(dir.path().join(STATE)).unwrap();
     let report = json(dir.path(), &[]);
     let table = stdout(&inspect(dir.path(), &[]));
@@ -288,7 +296,7 @@ async fn inspect_table_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path());
     write_history(&server).await;
-    stop(server);
+    stop(server).await;
     let table = stdout(&inspect(dir.path(), &[]));
     insta::assert_snapshot!("state_inspect_table", table);
 }
@@ -318,7 +326,7 @@ async fn inspect_names_an_unknown_machine() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path());
     write_history(&server).await;
-    stop(server);
+    stop(server).await;
     let output = inspect(dir.path(), &["--machine", "no/such\u{1b}id"]);
     assert!(!output.status.success());
     let error = String::from_utf8_lossy(&output.stderr);
