@@ -162,8 +162,60 @@ fn the_host_and_agent_budgets_are_checked() {
         .args(with(&[
             "--host-budget=8",
             "--agent-budget=2",
-            "--host-connections=3",
+            "--host-connections=4",
         ]))
+        .output()
+        .expect("run bigfleet-libvirt");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+}
+
+#[test]
+fn the_connections_are_checked_against_the_stated_max_client_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let connect = format!("--connect={}", node(dir.path()));
+    let with = |extra: &[&'static str]| {
+        let mut args = vec![connect.clone(), "--image=base.qcow2".to_owned()];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args
+    };
+    let refuse = |extra: &[&'static str]| {
+        let args = with(extra);
+        refused(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    // The spread must keep every connection below the hosts' stated max_client_requests.
+    let error = refuse(&["--host-budget=8", "--host-connections=3"]);
+    assert!(
+        error.contains("--host-connections 3 puts up to 3 of --host-budget 8's calls"),
+        "{error}"
+    );
+    assert!(
+        error.contains("not below --host-max-client-requests 5"),
+        "{error}"
+    );
+    assert!(
+        error.contains("use --host-connections 4 or more"),
+        "{error}"
+    );
+    let error = refuse(&["--host-max-client-requests=2"]);
+    assert!(
+        error.contains("--host-max-client-requests 2 is below 3"),
+        "{error}"
+    );
+    assert!(
+        error.contains("raise max_client_requests in the hosts' libvirtd.conf"),
+        "{error}"
+    );
+    let error = refuse(&["--host-max-client-requests=3", "--host-connections=4"]);
+    assert!(
+        error.contains("not below --host-max-client-requests 3"),
+        "{error}"
+    );
+    // One connection per call fits a limit of 3 (the environment variable is the flag).
+    let output = Command::new(binary())
+        .arg("offerings")
+        .args(with(&["--host-connections=7"]))
+        .env("BIGFLEET_LIBVIRT_HOST_MAX_CLIENT_REQUESTS", "3")
         .output()
         .expect("run bigfleet-libvirt");
     let stderr = String::from_utf8_lossy(&output.stderr);

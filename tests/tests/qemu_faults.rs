@@ -1,6 +1,7 @@
 //! Issue 19 — real faults on real libvirtd: the `bigfleet-libvirt` binary over the tier's
 //! two real daemons (zones `rackA` and `rackB`, see `qemu_zones`), each test named after
-//! its scenario: `host_loss`, `daemon_restart`, `out_of_band`, `orphan_gc`, `uefi`.
+//! its scenario: `host_loss`, `one_connection_lost`, `daemon_restart`, `out_of_band`, `orphan_gc`,
+//! `uefi`.
 //!
 //! Transports (issue 25): `host_loss` and `daemon_restart` reach both zones over their local
 //! sockets (they SIGKILL and restart zone b's libvirtd); `out_of_band` and `orphan_gc` drive
@@ -146,6 +147,67 @@ async fn host_loss() {
          zone A configure/drain/delete      {configured:.2?} / {drained:.2?} / {deleted:.2?}\n  \
          zone B healthy after restart       {reconnected:>9.2?}\n  Create on B → Idle after \
          reconnect {create_after:>9.2?}"
+    );
+}
+
+/// One of the provider's connections to zone B closed by the daemon (the others stay
+/// open): the host is healthy only while all its connections are, so the provider marks
+/// it unreachable once, dials every connection again (none of the old clients is left),
+/// and serves zone B again.
+#[tokio::test]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
+async fn one_connection_lost() {
+    let tier = Tier::from_env();
+    let dir = tempfile::tempdir().unwrap();
+    let server = tier.provider(dir.path(), "e2e-one-conn", (0, 1), &[]);
+    let mut c = server.client().await;
+    let b = ids_in(&mut c, "rackB").await;
+    gauge_until(
+        &server,
+        HEALTH,
+        &health(&tier.b, "healthy"),
+        1.0,
+        LIVENESS_WINDOW,
+    )
+    .await;
+    let before = tier.daemon_client_ids(&tier.b);
+    assert_eq!(
+        before.len(),
+        default_connections(),
+        "the provider's clients of zone B"
+    );
+
+    let start = Instant::now();
+    tier.disconnect_client(&tier.b, before[1]);
+    // The loss is acted on once, then every connection is dialled again.
+    let seen = until(
+        "the provider acts on the lost connection",
+        LIVENESS_WINDOW,
+        || {
+            lines_of(&server).iter().any(|l| {
+                l.contains("libvirt host unreachable; reconnecting") && l.contains("rackB")
+            })
+        },
+    )
+    .await;
+    let back = b_healthy_again(&server, &tier).await;
+    let redialled = until(
+        "zone B's clients are all new",
+        Duration::from_secs(60),
+        || {
+            let now = tier.daemon_client_ids(&tier.b);
+            now.len() == default_connections() && now.iter().all(|id| !before.contains(id))
+        },
+    )
+    .await;
+    assert_redialled_once(&tier, &server);
+    let (_, create_after) = create_until(&mut c, &b[0], S::Idle).await;
+    delete_until_speculative(&mut c, &b[0]).await;
+    println!(
+        "one_connection_lost: loss acted on {seen:.2?} after the disconnect (all clients new \
+         after {redialled:.2?}, healthy {back:.2?}); Create on B → Idle after it {create_after:.2?}; \
+         {:.2?} in all",
+        start.elapsed()
     );
 }
 

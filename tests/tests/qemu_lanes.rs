@@ -1,4 +1,6 @@
-//! Issue 27 — per-host lanes on real libvirtd: `host_lanes` puts 32 Creates and then 8
+//! Issue 27 — per-host lanes on real libvirtd (and issue 41: `host_lanes_at_a_lower_limit`
+//! runs the same load against a daemon at a lower `max_client_requests`, see
+//! docs/testing.md): `host_lanes` puts 32 Creates and then 8
 //! Deletes in flight across the tier's two zones (`qemu_zones`), whose libvirtd runs with
 //! `max_client_requests = 5` and keepalive as shipped (scripts/qemu-tier/zones.sh writes
 //! both into each zone's libvirtd.conf), and checks that
@@ -110,14 +112,82 @@ async fn joined(tasks: Vec<tokio::task::JoinHandle<Instant>>) -> Vec<Instant> {
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn host_lanes() {
     let tier = Tier::from_env();
+    let (wrong, _server) = lanes(&tier, "e2e-lanes", &[]).await;
+    assert!(wrong.is_empty(), "host_lanes: {wrong:#?}");
+}
+
+#[tokio::test]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
+async fn host_lanes_at_a_lower_limit() {
+    let tier = Tier::from_env();
+    let conf = tier.b.root.join("etc/libvirt/libvirtd.conf");
+    let shipped = std::fs::read_to_string(&conf).expect("zone b's libvirtd.conf");
+
+    // At 2 no spread fits (one call with its upload is two requests): the provider told so
+    // refuses to start, naming the setting to raise.
+    limit_zone_b(&tier, &shipped, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let args = tier.provider_args(
+        dir.path(),
+        "e2e-limit2",
+        (1, 1),
+        &["--host-max-client-requests=2"],
+    );
+    let output = std::process::Command::new(binary())
+        .args(&args)
+        .output()
+        .expect("run bigfleet-libvirt");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let mut wrong = Vec::new();
+    if output.status.success()
+        || !stderr.contains("raise max_client_requests in the hosts' libvirtd.conf")
+    {
+        wrong.push(format!("told of a limit of 2, the provider must refuse to start and name the setting: {:?}, {stderr}", output.status));
+    }
+
+    // At 3 the provider opens one connection per call of its budget (7) and the lanes load
+    // never makes the daemon throttle it.
+    limit_zone_b(&tier, &shipped, 3);
+    let (more, server) = lanes(&tier, "e2e-limit3", &["--host-max-client-requests=3"]).await;
+    wrong.extend(more);
+    let clients = tier.daemon_clients(&tier.b);
+    println!(
+        "host_lanes_at_a_lower_limit: zone b's libvirtd has {clients} clients at max_client_requests 3"
+    );
+    if clients != 7 {
+        wrong.push(format!("at max_client_requests 3 the provider should keep 7 connections to zone b (one per call of --host-budget 7), the daemon lists {clients} clients"));
+    }
+    drop(server);
+    std::fs::write(&conf, &shipped).unwrap();
+    tier.libvirtd(&tier.b, "term");
+    tier.libvirtd(&tier.b, "start");
+    assert!(wrong.is_empty(), "host_lanes_at_a_lower_limit: {wrong:#?}");
+}
+
+/// Restarts zone b's libvirtd with `max_client_requests = limit` (the rest as shipped).
+fn limit_zone_b(tier: &Tier, shipped: &str, limit: usize) {
+    let conf = tier.b.root.join("etc/libvirt/libvirtd.conf");
+    let lowered: Vec<String> = (shipped.lines())
+        .map(|l| {
+            if l.starts_with("max_client_requests ") {
+                format!("max_client_requests = {limit}")
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect();
+    std::fs::write(&conf, lowered.join("\n") + "\n").unwrap();
+    tier.libvirtd(&tier.b, "term");
+    tier.libvirtd(&tier.b, "start");
+}
+
+/// One run of the lanes load: what went wrong, and the provider (still running).
+async fn lanes(tier: &Tier, label: &str, extra: &[&str]) -> (Vec<String>, Server) {
     let dir = tempfile::tempdir().unwrap();
     let per_zone = u32::try_from(CREATES + DELETES).unwrap();
-    let server = tier.provider(
-        dir.path(),
-        "e2e-lanes",
-        (per_zone, per_zone),
-        &["--cpu-allocation-ratio=64"],
-    );
+    let mut flags = vec!["--cpu-allocation-ratio=64"];
+    flags.extend_from_slice(extra);
+    let server = tier.provider(dir.path(), label, (per_zone, per_zone), &flags);
     let mut c = server.client().await;
     let zones = [&tier.a, &tier.b];
     let mut ids = Vec::new();
@@ -139,7 +209,7 @@ async fn host_lanes() {
     let deleted = fire(&c, &victims, true).await;
     let (created, deleted) = (joined(created).await, joined(deleted).await);
     println!(
-        "host_lanes: {} Creates and {} Deletes done in {:?}",
+        "{label}: {} Creates and {} Deletes done in {:?}",
         creates.len(),
         victims.len(),
         started.elapsed()
@@ -149,7 +219,7 @@ async fn host_lanes() {
 
     // Leave the hosts as they were, then report everything that went wrong.
     joined(fire(&c, &creates, true).await).await;
-    assert!(wrong.is_empty(), "host_lanes: {wrong:#?}");
+    (wrong, server)
 }
 
 /// Per zone (the Creates and Deletes are in zone order, a then b): every Delete finished

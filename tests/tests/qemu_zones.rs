@@ -97,6 +97,19 @@ impl Tier {
         per_zone: (u32, u32),
         extra: &[&str],
     ) -> Server {
+        let args = self.provider_args(dir, label, per_zone, extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Server::start(&args)
+    }
+
+    /// The flags [`Tier::provider`] starts the provider with (its files written to `dir`).
+    pub fn provider_args(
+        &self,
+        dir: &Path,
+        label: &str,
+        per_zone: (u32, u32),
+        extra: &[&str],
+    ) -> Vec<String> {
         let types = dir.join(format!("{label}-types.json"));
         std::fs::write(
             &types,
@@ -133,8 +146,7 @@ impl Tier {
             "--host-reserve-memory-mib=0".to_owned(),
         ];
         args.extend(extra.iter().map(|a| (*a).to_owned()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Server::start(&args)
+        args
     }
 
     /// `scripts/qemu-tier/run.sh libvirtd <zone> <action>` (kill, term or start).
@@ -171,6 +183,11 @@ impl Tier {
     /// The clients connected to a zone's libvirtd now (`virt-admin client-list libvirtd`
     /// through the tier script): one per open connection, whoever opened it.
     pub fn daemon_clients(&self, zone: &Zone) -> usize {
+        self.daemon_client_ids(zone).len()
+    }
+
+    /// The ids of the clients connected to a zone's libvirtd now (`virt-admin client-list`).
+    pub fn daemon_client_ids(&self, zone: &Zone) -> Vec<u64> {
         let output = Command::new(&self.script)
             .env("QEMU_TIER_ZONE", zone.tier)
             .args(["virt-admin", "client-list", "libvirtd"])
@@ -186,12 +203,29 @@ impl Tier {
         );
         // A header, a rule, then one line per client that starts with its numeric id.
         text.lines()
-            .filter(|l| {
-                l.split_whitespace()
-                    .next()
-                    .is_some_and(|w| w.parse::<u64>().is_ok())
-            })
-            .count()
+            .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+            .collect()
+    }
+
+    /// Disconnects one client of a zone's libvirtd (`virt-admin client-disconnect`): the
+    /// daemon closes that connection and no other.
+    pub fn disconnect_client(&self, zone: &Zone, id: u64) {
+        let status = Command::new(&self.script)
+            .env("QEMU_TIER_ZONE", zone.tier)
+            .args([
+                "virt-admin",
+                "client-disconnect",
+                "libvirtd",
+                &id.to_string(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("run the tier script");
+        assert!(
+            status.success(),
+            "virt-admin client-disconnect {id} on zone {}: {status}",
+            zone.tier
+        );
     }
 }
 

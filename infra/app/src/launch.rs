@@ -14,7 +14,7 @@ use bigfleet_libvirt_ports::ProviderConfig;
 use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsFiles;
 use bigfleet_libvirt_libvirt::golden;
-use bigfleet_libvirt_libvirt::{Budget, CapacityPolicy, DomainConfig, GcPolicy, host_connections};
+use bigfleet_libvirt_libvirt::{Budget, CapacityPolicy, DomainConfig, GcPolicy, fit_connections};
 
 use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
 
@@ -346,7 +346,13 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
             grace: flags.orphan_grace,
         },
         budget,
-        connections: host_connections(budget, flags.host_connections).map_err(flag)?,
+        connections: fit_connections(
+            budget,
+            flags.host_connections,
+            flags.host_max_client_requests,
+        )
+        .map_err(flag)?,
+        max_client_requests: flags.host_max_client_requests,
     })
 }
 

@@ -66,6 +66,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
         slots,
         budget: settings.budget,
         connections: settings.connections,
+        max_client_requests: settings.max_client_requests,
     }
 }
 

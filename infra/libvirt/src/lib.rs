@@ -46,7 +46,7 @@ pub use metrics::lanes::LaneMetrics;
 pub use options::{
     AgentPolicy, Budget, CapacityPolicy, CpuChoice, CpuMode, DirectKernel, DomainConfig,
     DomainType, Firmware, GcPolicy, HostPolicy, LibvirtConfig, NicSource, Platform, SeedBus,
-    host_connections,
+    fit_connections,
 };
 pub use render::ownership::{NAMESPACE, Tag};
 pub use render::{devices, xml};

@@ -585,6 +585,8 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
         "libvirt.cpu=Skylake-Server\\,+pcid\\,-hle",
         "--set",
         "libvirt.hostBudget=3,libvirt.agentBudget=2,libvirt.hostConnections=3",
+        "--set",
+        "libvirt.hostMaxClientRequests=4",
     ]);
     assert_eq!(nics(&set), ["--nic=bridge=br0", "--nic=direct=eth1:vepa"]);
     assert_eq!(
@@ -594,6 +596,7 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
     assert_eq!(set.arg("--host-budget").as_deref(), Some("3"));
     assert_eq!(set.arg("--agent-budget").as_deref(), Some("2"));
     assert_eq!(set.arg("--host-connections").as_deref(), Some("3"));
+    assert_eq!(set.arg("--host-max-client-requests").as_deref(), Some("4"));
     let (ok, stderr) = binary_with_chart_args(&set.args(), &[]);
     assert!(ok, "{stderr}");
 
@@ -611,6 +614,7 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
         None,
         "unset: the binary sizes it"
     );
+    assert_eq!(file.arg("--host-max-client-requests"), None);
     let (ok, stderr) = binary_with_chart_args(&file.args(), &[]);
     assert!(ok, "{stderr}");
 }
@@ -637,6 +641,10 @@ fn bad_nic_cpu_and_budget_values_are_refused_at_render_time() {
             "libvirt.hostConnections (3)",
         ),
         ("libvirt.hostConnections=8", "libvirt.hostConnections (8)"),
+        (
+            "libvirt.hostMaxClientRequests=2",
+            "/libvirt/hostMaxClientRequests",
+        ),
         (
             "libvirt.hostBudget=2,libvirt.agentBudget=3",
             "libvirt.agentBudget (3)",

@@ -352,6 +352,12 @@ pub struct Flags {
     /// enough that none carries more than two calls: 4 for the default --host-budget 7).
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HOST_CONNECTIONS")]
     pub host_connections: Option<usize>,
+    /// libvirt: the hosts' libvirtd `max_client_requests` (libvirtd.conf, virtqemud.conf),
+    /// which libvirt cannot report: the connections are sized so that none reaches it. At
+    /// least 3; the smallest value among the hosts.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_HOST_MAX_CLIENT_REQUESTS",
+          default_value_t = bigfleet_libvirt_ports::lanes::LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS)]
+    pub host_max_client_requests: usize,
     /// Fake only: shortest simulated hypervisor latency.
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_FAKE_DELAY_MIN", default_value = "20ms",
           value_parser = parse_duration)]

@@ -6,7 +6,6 @@
 use super::facts::{Expectations, HostFacts, Probe};
 use super::report::{Check, Status, check};
 use crate::host::dial::connections_for;
-use crate::host::lanes::LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS;
 use crate::options::REQUESTS_PER_CALL;
 
 /// libvirtd's default `max_workers` (libvirtd.conf / virtqemud.conf).
@@ -22,8 +21,9 @@ const SETTING: &str = "max_client_requests in the host's libvirtd.conf (virtqemu
                        the modular daemons)";
 
 /// Warns when one connection may carry as many requests as the host's limit (or
-/// libvirtd's default 5 when the limit cannot be read): the most calls the provider puts
-/// on one connection, each with an upload's data packet beside it.
+/// `--host-max-client-requests` when the limit cannot be read, which the start-up already
+/// kept the spread below): the most calls the provider puts on one connection, each with
+/// an upload's data packet beside it.
 pub(super) fn host_budget(want: &Expectations, host: &HostFacts, limit: &Probe<usize>) -> Check {
     let zone = host.zone.as_str();
     if host.uri.starts_with("test://") {
@@ -41,11 +41,18 @@ pub(super) fn host_budget(want: &Expectations, host: &HostFacts, limit: &Probe<u
     let connections = connections_for(&host.uri, want.connections);
     let share = budget.div_ceil(connections);
     let requests = share * REQUESTS_PER_CALL;
-    let (limit, source) = setting(
-        limit,
-        "max_client_requests",
-        LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS,
-    );
+    let (limit, source) = match limit {
+        Probe::Found(value) => (*value, "the host's max_client_requests".to_owned()),
+        _ => (
+            want.max_client_requests,
+            format!(
+                "--host-max-client-requests {} (libvirt does not report the host's \
+                 max_client_requests: keep the flag at the smallest value in the hosts' \
+                 libvirtd.conf or virtqemud.conf)",
+                want.max_client_requests
+            ),
+        ),
+    };
     let spread = format!(
         "--host-budget {budget} over --host-connections {connections} puts at most {share} \
          call(s) on a connection, {requests} requests with an upload's data beside each"
@@ -65,7 +72,7 @@ pub(super) fn host_budget(want: &Expectations, host: &HostFacts, limit: &Probe<u
     let per_connection = (limit.saturating_sub(1) / REQUESTS_PER_CALL).max(1);
     let fix = format!(
         "set --host-connections {} (or lower --host-budget to {}), or raise {SETTING} above \
-         {requests}",
+         {requests} and pass it as --host-max-client-requests",
         budget.div_ceil(per_connection).min(budget),
         connections * per_connection
     );

@@ -159,4 +159,6 @@ pub struct Expectations {
     pub budget: Budget,
     /// Connections per host (`--host-connections`, resolved).
     pub connections: usize,
+    /// The hosts' `max_client_requests` as stated (`--host-max-client-requests`).
+    pub max_client_requests: usize,
 }

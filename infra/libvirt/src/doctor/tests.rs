@@ -15,6 +15,7 @@ fn want() -> Expectations {
         capacity: CapacityPolicy::default(),
         budget: crate::host::lanes::Budget::default(),
         connections: 4,
+        max_client_requests: 5,
         slots: vec![(
             "a".to_owned(),
             vec![Slots {
@@ -272,9 +273,11 @@ fn a_connection_loaded_to_libvirtds_limit_warns_and_names_the_settings() {
         detail.contains("at most 2 call(s) on a connection"),
         "{detail}"
     );
-    assert!(detail.contains("default max_client_requests"), "{detail}");
-    assert!(detail.contains("no admin API"), "{detail}");
-    // Unknown limit: libvirtd's default 5 is the yardstick. Six calls over two
+    assert!(
+        detail.contains("below --host-max-client-requests 5 (libvirt does not report"),
+        "{detail}"
+    );
+    // Unknown limit: the stated --host-max-client-requests is the yardstick. Six calls over two
     // connections put three on one: six requests with uploads.
     let mut over = want();
     over.budget = crate::host::lanes::Budget::new(6, 1).unwrap();

@@ -26,8 +26,9 @@
 //! it, and libvirt 9.0's client then crashed the whole process (SIGSEGV in its I/O loop) when
 //! a host that had hung for longer than the keepalive window came back. The liveness probe
 //! takes keepalive's place: a host that stops answering is `unreachable` within
-//! `2 × probe_interval + probe_timeout` (a probe is skipped when a call was answered since the
-//! last one), its new calls fail at once, and the calls already on it
+//! `2 × probe_interval + probe_timeout` (a connection that answered a call since the last
+//! probe is not asked; the silent ones are asked in turn, so a single connection that stops
+//! answering is found too), its new calls fail at once, and the calls already on it
 //! return (and then release the connection) once the host answers again or the transport
 //! fails (docs/libvirt.md §2.3).
 
@@ -36,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 use bigfleet_libvirt_config::HostConnection;
-use bigfleet_libvirt_ports::spread::{Link, Spread};
+use bigfleet_libvirt_ports::spread::{Link, Probe, Spread};
 use bigfleet_libvirt_ports::{Clock, HypervisorError};
 use futures::FutureExt;
 use tokio::sync::{Notify, watch};
@@ -91,7 +92,7 @@ struct Slot {
 /// A call's hold on one connection: counted on it until dropped.
 pub(crate) struct Lease {
     pub(crate) session: Arc<Session>,
-    _link: Link,
+    link: Link,
 }
 
 /// One libvirt host.
@@ -115,10 +116,9 @@ pub(crate) struct Host {
     golden: Option<Arc<dyn Gate>>,
     /// A redial was asked for (SIGHUP): dial a fresh connection even while healthy.
     redial: AtomicBool,
-    /// Calls the host answered with success, counted: proof of life between probes.
+    /// Calls the host answered with success, counted: while the budget is saturated, a
+    /// call answered within the probe's timeout stands in for the probe.
     answered: AtomicU64,
-    /// `answered` as the last probe saw it.
-    answered_at_probe: AtomicU64,
 }
 
 /// Holds a domain name in [`Host::exclusive`] until dropped.
@@ -170,7 +170,6 @@ impl Host {
             golden,
             redial: AtomicBool::new(false),
             answered: AtomicU64::new(0),
-            answered_at_probe: AtomicU64::new(0),
         };
         host.publish(Health::Connecting);
         if host.golden.is_some() {
@@ -273,7 +272,7 @@ impl Host {
         let link = slot.spread.lease();
         Ok(Lease {
             session: Arc::clone(&slot.sessions[link.index()]),
-            _link: link,
+            link,
         })
     }
 
@@ -311,6 +310,7 @@ impl Host {
             let session = &lease.session;
             let result = f(session);
             if result.is_ok() {
+                lease.link.answered();
                 host.answered.fetch_add(1, Ordering::SeqCst);
             } else if !session.conn.is_alive().unwrap_or(false) {
                 host.lost(session.generation, "the connection dropped during a call");
@@ -434,27 +434,28 @@ impl Host {
 
     /// Probes a healthy host; a failed or slow probe marks it lost.
     ///
-    /// A call answered since the last probe already proves the host alive, so no probe
-    /// goes out. The probe's call takes a slot of the budget like any other
-    /// ([`Lanes::try_acquire`] on the read lane), so it never adds a request beyond what
-    /// the connections were sized for (libvirtd stops reading a connection at its
+    /// Each connection is judged on its own ([`Spread::probe`]): one that answered a call
+    /// since the last probe is alive; of those that did not, one is asked for the library
+    /// version, in turn, so an idle host's probes visit every connection (a connection
+    /// that stops answering is found even while the others carry the traffic). The
+    /// probe's call takes a slot of the budget like any other ([`Lanes::try_acquire`] on
+    /// the read lane) and a connection below its share, so it never adds a request beyond
+    /// what the connections were sized for (libvirtd stops reading a connection at its
     /// `max_client_requests`, "Client hit max requests limit"). While no slot is free it
     /// sends nothing and waits for one of the calls in flight to be answered instead,
-    /// within the same timeout. Every connection must still be open; one of them, the
-    /// least busy, is asked for the library version.
+    /// within the same timeout. Every connection must also still be open. A silent
+    /// connection whose every share is taken by calls in flight is left to those calls.
     async fn probe<C: Clock>(self: &Arc<Self>, clock: &C) {
         let Ok(session) = self.session() else { return };
         let generation = session.generation;
         drop(session);
-        if self.answered_since_last_probe() {
-            return;
-        }
+        let answered = self.answered.load(Ordering::SeqCst);
         let deadline = clock.now().saturating_add(self.policy.probe_timeout);
         let permit = loop {
             if let Some(permit) = self.lanes.try_acquire(Lane::Read) {
                 break permit;
             }
-            if self.answered_since_last_probe() {
+            if self.answered.load(Ordering::SeqCst) != answered {
                 return;
             }
             if clock.now() >= deadline {
@@ -467,15 +468,23 @@ impl Host {
                 .min(deadline);
             clock.sleep_until(tick).await;
         };
-        let sessions = self.slot().sessions.clone();
-        let Ok(lease) = self.lease() else { return };
-        if lease.session.generation != generation {
+        let (sessions, spread) = {
+            let slot = self.slot();
+            (slot.sessions.clone(), Arc::clone(&slot.spread))
+        };
+        if sessions.first().map(|s| s.generation) != Some(generation) {
             return;
         }
+        let share = self.lanes.budget().host.div_ceil(sessions.len());
+        let link = match spread.probe(share) {
+            Probe::Ask(link) => link,
+            Probe::Answered | Probe::Full => return,
+        };
+        let asked = Arc::clone(&sessions[link.index()]);
         let check = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
+            let (_permit, _link) = (permit, link);
             sessions.iter().all(|s| s.conn.is_alive().unwrap_or(false))
-                && lease.session.conn.lib_version().is_ok()
+                && asked.conn.lib_version().is_ok()
         });
         // Biased: an answer that arrives with the deadline still counts.
         let alive = futures::select_biased! {
@@ -485,12 +494,6 @@ impl Host {
         if !alive {
             self.lost(generation, "liveness probe failed or timed out");
         }
-    }
-
-    /// Whether a call was answered since the last time this was asked.
-    fn answered_since_last_probe(&self) -> bool {
-        let now = self.answered.load(Ordering::SeqCst);
-        self.answered_at_probe.swap(now, Ordering::SeqCst) != now
     }
 }
 

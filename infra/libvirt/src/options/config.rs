@@ -14,6 +14,7 @@ use super::devices::{CpuChoice, NicSource};
 use super::golden::GoldenImage;
 use super::platform::Platform;
 use super::policies::{AgentPolicy, Budget, CapacityPolicy, GcPolicy, HostPolicy};
+use bigfleet_libvirt_ports::lanes::LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS;
 
 /// The operator's choices for the libvirt backend: one field per libvirt flag, as the
 /// composition root's launch plan validated it, used here as is. A new libvirt flag is a
@@ -49,10 +50,13 @@ pub struct DomainConfig {
     /// Calls in flight per host, and the agent's share (`--host-budget`, `--agent-budget`).
     pub budget: Budget,
     /// Connections per host, over which those calls are spread (`--host-connections`,
-    /// resolved by [`host_connections`](super::policies::host_connections)). A host on
+    /// resolved by [`fit_connections`](super::policies::fit_connections)). A host on
     /// libvirt's `test` driver gets one whatever this says: that driver keeps a separate
     /// in-memory host per connection.
     pub connections: usize,
+    /// The hosts' libvirtd `max_client_requests` as the operator states it
+    /// (`--host-max-client-requests`); `connections` keeps every connection below it.
+    pub max_client_requests: usize,
 }
 
 impl Default for DomainConfig {
@@ -72,7 +76,13 @@ impl Default for DomainConfig {
             capacity: CapacityPolicy::default(),
             gc: GcPolicy::default(),
             budget: Budget::default(),
-            connections: super::policies::host_connections(Budget::default(), None).unwrap_or(1),
+            connections: super::policies::fit_connections(
+                Budget::default(),
+                None,
+                LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS,
+            )
+            .unwrap_or(1),
+            max_client_requests: LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS,
         }
     }
 }

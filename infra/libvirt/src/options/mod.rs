@@ -13,5 +13,5 @@ pub use devices::{CpuChoice, CpuMode, NicSource};
 pub use golden::GoldenImage;
 pub use platform::{DirectKernel, DomainType, Firmware, Platform, SeedBus};
 pub use policies::{
-    AgentPolicy, Budget, CapacityPolicy, GcPolicy, HostPolicy, REQUESTS_PER_CALL, host_connections,
+    AgentPolicy, Budget, CapacityPolicy, GcPolicy, HostPolicy, REQUESTS_PER_CALL, fit_connections,
 };

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 pub use bigfleet_libvirt_ports::lanes::Budget;
 
-pub use bigfleet_libvirt_ports::spread::{REQUESTS_PER_CALL, host_connections};
+pub use bigfleet_libvirt_ports::spread::{REQUESTS_PER_CALL, fit_connections};
 
 /// How hosts are connected to and watched.
 #[derive(Clone, Debug)]
