@@ -99,19 +99,39 @@ fn the_libvirt_backend_needs_an_image_and_refuses_fault_hooks() {
     assert!(error.contains("--cpu-allocation-ratio"), "{error}");
 }
 
-#[test]
-fn the_host_and_agent_budgets_are_checked() {
-    let dir = tempfile::tempdir().unwrap();
-    let connect = format!("--connect={}", node(dir.path()));
-    let with = |extra: &[&'static str]| {
-        let mut args = vec![connect.clone(), "--image=base.qcow2".to_owned()];
+/// `offerings` over a test-driver node with `--image` set: the flags a budget check needs.
+struct Plan {
+    connect: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Plan {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self {
+            connect: format!("--connect={}", node(dir.path())),
+            _dir: dir,
+        }
+    }
+
+    /// The plan's flags plus `extra`.
+    fn args(&self, extra: &[&str]) -> Vec<String> {
+        let mut args = vec![self.connect.clone(), "--image=base.qcow2".to_owned()];
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         args
-    };
-    let refuse = |extra: &[&'static str]| {
-        let args = with(extra);
+    }
+
+    /// The error `offerings` refuses the plan plus `extra` with.
+    fn refuse(&self, extra: &[&str]) -> String {
+        let args = self.args(extra);
         refused(&args.iter().map(String::as_str).collect::<Vec<_>>())
-    };
+    }
+}
+
+#[test]
+fn the_host_and_agent_budgets_are_checked() {
+    let plan = Plan::new();
+    let (with, refuse) = (|e: &[&str]| plan.args(e), |e: &[&str]| plan.refuse(e));
     let error = refuse(&["--host-budget=0"]);
     assert!(
         error.contains("--host-budget must be at least 1"),
@@ -172,17 +192,8 @@ fn the_host_and_agent_budgets_are_checked() {
 
 #[test]
 fn the_connections_are_checked_against_the_stated_max_client_requests() {
-    let dir = tempfile::tempdir().unwrap();
-    let connect = format!("--connect={}", node(dir.path()));
-    let with = |extra: &[&'static str]| {
-        let mut args = vec![connect.clone(), "--image=base.qcow2".to_owned()];
-        args.extend(extra.iter().map(|a| (*a).to_owned()));
-        args
-    };
-    let refuse = |extra: &[&'static str]| {
-        let args = with(extra);
-        refused(&args.iter().map(String::as_str).collect::<Vec<_>>())
-    };
+    let plan = Plan::new();
+    let (with, refuse) = (|e: &[&str]| plan.args(e), |e: &[&str]| plan.refuse(e));
     // The spread must keep every connection below the hosts' stated max_client_requests.
     let error = refuse(&["--host-budget=8", "--host-connections=3"]);
     assert!(
