@@ -24,6 +24,17 @@ fn big() -> Fixture {
     }
 }
 
+/// `--instance-types` with the built-in small and medium shapes on 10 GiB roots (the
+/// fixture's image size): the test driver's pools report 100 GiB, which the built-in 40 and
+/// 80 GiB roots of four slots would overflow (`pool space` warns then).
+fn small_roots(dir: &Path) -> String {
+    let path = dir.join("types.json");
+    let types = r#"{"kvm.small": {"vcpu": 2, "memory_mib": 4096, "disk_gib": 10},
+                    "kvm.medium": {"vcpu": 4, "memory_mib": 8192, "disk_gib": 10}}"#;
+    std::fs::write(&path, types).unwrap();
+    format!("--instance-types={}", path.display())
+}
+
 fn doctor(args: &[&str]) -> Output {
     Command::new(binary())
         .arg("doctor")
@@ -81,7 +92,8 @@ fn blocked(report: &Value, zone: &str, name: &str, detail: &str, fix: &str) {
 fn a_good_host_passes_every_check() {
     let dir = tempfile::tempdir().unwrap();
     let connect = format!("--connect=a={}", node(dir.path(), &big(), "a.xml"));
-    let (code, report) = report(&[&connect, "--image=base.qcow2", "--seed-count=4"]);
+    let types = small_roots(dir.path());
+    let (code, report) = report(&[&connect, &types, "--image=base.qcow2", "--seed-count=4"]);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(report["verdict"], "ok");
     assert_eq!(report["blockers"], 0);
@@ -90,6 +102,7 @@ fn a_good_host_passes_every_check() {
         "domain type",
         "storage pool",
         "image",
+        "disk sizes",
         "pool space",
         "network",
         "capacity",
@@ -114,7 +127,7 @@ fn a_good_host_passes_every_check() {
     let capacity = find(&report, "a", "capacity")["detail"].as_str().unwrap();
     assert!(capacity.contains("declared"), "{capacity}");
     // Each check prints one line and the verdict closes the table.
-    let table = doctor(&[&connect, "--image=base.qcow2", "--seed-count=4"]);
+    let table = doctor(&[&connect, &types, "--image=base.qcow2", "--seed-count=4"]);
     assert_eq!(exit_code(&table), 0);
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("verdict: nothing blocks"), "{text}");
@@ -242,7 +255,13 @@ fn doctor_warns_with_exit_2_when_the_slots_do_not_all_fit() {
 fn trial_domain_tries_each_cpu_choice() {
     let dir = tempfile::tempdir().unwrap();
     let connect = format!("--connect=a={}", node(dir.path(), &big(), "a.xml"));
-    let base = [connect.as_str(), "--image=base.qcow2", "--seed-count=4"];
+    let types = small_roots(dir.path());
+    let base = [
+        connect.as_str(),
+        &types,
+        "--image=base.qcow2",
+        "--seed-count=4",
+    ];
     let (code, r) = report(&base);
     assert_eq!(code, 0, "{r:#}");
     let skipped = find(&r, "a", "cpu trial");
@@ -328,6 +347,7 @@ fn regex_free_versions(text: &str) -> String {
 fn doctor_exits_with_its_code_every_time() {
     let dir = tempfile::tempdir().unwrap();
     let connect = format!("--connect=a={}", node(dir.path(), &big(), "a.xml"));
+    let types = small_roots(dir.path());
     let runs: usize = 600;
     std::thread::scope(|scope| {
         for _ in 0..2 {
@@ -336,6 +356,7 @@ fn doctor_exits_with_its_code_every_time() {
                     let output = doctor(&[
                         "--output=json",
                         &connect,
+                        &types,
                         "--image=base.qcow2",
                         "--seed-count=4",
                     ]);

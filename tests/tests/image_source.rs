@@ -202,7 +202,12 @@ fn an_image_that_contradicts_the_source_is_refused_at_start_up() {
 
 /// `doctor --output json` with `--image-source`: its exit code and `image-source` check.
 fn doctor_check(connect: &str, source: &Path) -> (i32, serde_json::Value) {
+    // Types of a 1 GiB root, so the test driver's 100 GiB pool holds every disk written full.
+    let types = source.with_file_name("doctor-types.json");
+    let small = r#"{"t.small": {"vcpu": 1, "memory_mib": 512, "disk_gib": 1}}"#;
+    std::fs::write(&types, small).unwrap();
     let output = Command::new(binary())
+        .arg(format!("--instance-types={}", types.display()))
         .arg("doctor")
         .arg("--output=json")
         .arg(format!("--connect={connect}"))
@@ -268,5 +273,45 @@ fn doctor_reports_the_golden_volume_to_upload_and_blocks_on_a_mismatch() {
     assert!(
         check["detail"].as_str().unwrap().contains("matches"),
         "{check}"
+    );
+}
+
+#[test]
+fn a_served_type_whose_root_cannot_hold_the_image_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    // A qcow2 header whose virtual size is 50 GiB (the size field is bytes 24..32).
+    let mut header = vec![0u8; 512];
+    header[..4].copy_from_slice(b"QFI\xfb");
+    header[24..32].copy_from_slice(&(50u64 << 30).to_be_bytes());
+    let source = dir.path().join("big.qcow2");
+    std::fs::write(&source, header).unwrap();
+    let types = dir.path().join("types.json");
+    let shape =
+        |gib: u32| format!(r#"{{"t.node": {{"vcpu": 1, "memory_mib": 512, "disk_gib": {gib}}}}}"#);
+    let connect = format!("--connect={}", host(dir.path(), Fixture::default()));
+    let run = |gib: u32| {
+        std::fs::write(&types, shape(gib)).unwrap();
+        Command::new(binary())
+            .args(["offerings", &connect, "--seed-count=1"])
+            .arg(format!("--image-source={}", source.display()))
+            .arg(format!("--instance-types={}", types.display()))
+            .output()
+            .expect("run bigfleet-libvirt")
+    };
+    let refused = run(20);
+    assert!(!refused.status.success());
+    let error = String::from_utf8_lossy(&refused.stderr);
+    for part in [
+        "instance type \"t.node\" has a 20 GiB root disk (disk_gib)",
+        "53687091200 bytes (50 GiB rounded up)",
+        "set its disk_gib to at least 50",
+    ] {
+        assert!(error.contains(part), "{part}: {error}");
+    }
+    let fits = run(50);
+    assert!(
+        fits.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fits.stderr)
     );
 }

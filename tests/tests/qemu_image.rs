@@ -133,12 +133,21 @@ impl ImageTier {
         accel: &Accel,
         extra: &[&str],
     ) -> Vec<String> {
+        self.flags_typed(dir, label, count, accel, extra, &DiskPlan::default())
+    }
+
+    /// [`Self::flags`] with the type's disks as `disks` plans them.
+    fn flags_typed(
+        &self,
+        dir: &Path,
+        label: &str,
+        count: u32,
+        accel: &Accel,
+        extra: &[&str],
+        disks: &DiskPlan,
+    ) -> Vec<String> {
         let types = dir.join(format!("{label}-types.json"));
-        std::fs::write(
-            &types,
-            r#"{ "img.small": { "vcpu": 1, "memory_mib": 1024 } }"#,
-        )
-        .unwrap();
+        std::fs::write(&types, disks.types_json()).unwrap();
         let offerings = dir.join(format!("{label}-offerings.json"));
         let offer =
             format!(r#"[{{ "instance_type": "img.small", "zone": "local", "count": {count} }}]"#);
@@ -166,7 +175,20 @@ impl ImageTier {
         accel: &Accel,
         extra: &[&str],
     ) -> Server {
-        let args = self.flags(dir, label, count, accel, extra);
+        self.provider_typed(dir, label, count, accel, extra, &DiskPlan::default())
+    }
+
+    /// [`Self::provider`] with the type's disks as `disks` plans them.
+    pub fn provider_typed(
+        &self,
+        dir: &Path,
+        label: &str,
+        count: u32,
+        accel: &Accel,
+        extra: &[&str],
+        disks: &DiskPlan,
+    ) -> Server {
+        let args = self.flags_typed(dir, label, count, accel, extra, disks);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Server::start(&args)
     }
@@ -174,6 +196,66 @@ impl ImageTier {
     /// A file of the zone's file system, by its path there.
     pub fn host_path(&self, path: &str) -> PathBuf {
         self.root.join(path.trim_start_matches('/'))
+    }
+}
+
+/// The image tier type's disks: a root of `root_gib` (none: as the image asks) and data
+/// disks by name and GiB.
+#[derive(Clone, Debug, Default)]
+pub struct DiskPlan {
+    pub root_gib: Option<u64>,
+    pub data: Vec<(&'static str, u64)>,
+}
+
+impl DiskPlan {
+    /// The instance-types file: `img.small`, 1 vCPU / 1 GiB, with these disks.
+    fn types_json(&self) -> String {
+        let mut shape = json!({ "vcpu": 1, "memory_mib": 1024 });
+        if let Some(gib) = self.root_gib {
+            shape["disk_gib"] = json!(gib);
+        }
+        if !self.data.is_empty() {
+            let data: Vec<_> = (self.data.iter())
+                .map(|(name, gib)| json!({ "name": name, "size_gib": gib }))
+                .collect();
+            shape["data_disks"] = json!(data);
+        }
+        json!({ "img.small": shape }).to_string()
+    }
+
+    /// Checks, through the agent, what the guest sees: the root file system grown to the
+    /// planned root (cloud-init's growpart and resize) and every data disk by its serial at
+    /// its size.
+    fn assert_seen(&self, domain: &Domain) {
+        let seen = guest::run(domain, "findmnt -bno SIZE /; ls /dev/disk/by-id");
+        println!(
+            "cloud_image: the guest's / (bytes) and disks by id: {}",
+            seen.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+        let root = guest::run(domain, "readlink -f /dev/disk/by-id/virtio-root");
+        assert!(
+            root.trim().starts_with("/dev/vd"),
+            "the root disk by serial: {root}"
+        );
+        if let Some(gib) = self.root_gib {
+            let size = guest::run(domain, "findmnt -bno SIZE /");
+            let bytes: u64 = size
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{size:?}: {e}"));
+            // The file system spans the grown partition: all of the disk but the boot
+            // partitions and ext4's own overhead.
+            let (low, high) = ((gib - 2) << 30, gib << 30);
+            assert!(
+                (low..high).contains(&bytes),
+                "/ is {bytes} bytes, not grown to the {gib} GiB root"
+            );
+        }
+        for (name, gib) in &self.data {
+            let script = format!("blockdev --getsize64 /dev/disk/by-id/virtio-{name}");
+            let size = guest::run(domain, &script);
+            assert_eq!(size.trim(), (gib << 30).to_string(), "data disk {name}");
+        }
     }
 }
 
@@ -350,8 +432,8 @@ async fn create_and_boot(
 }
 
 /// The whole lifecycle of one slot of `server` on the real image, with every in-guest check
-/// of `cloud_image`; returns what it measured.
-pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str) -> Timings {
+/// of `cloud_image`, its type's disks as `disks` plans them; returns what it measured.
+pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str, disks: &DiskPlan) -> Timings {
     let mut c = server.client().await;
     let id = pick(server, &mut c).await;
     let start = Instant::now();
@@ -366,8 +448,8 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str) -> Timings {
     };
     assert_eq!(
         own(virt.volumes()).len(),
-        2,
-        "Create made the overlay and the seed of {name}"
+        2 + disks.data.len(),
+        "Create made the overlay, the seed and the data disks of {name}"
     );
 
     let blob = blob(64 * 1024);
@@ -386,6 +468,7 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str) -> Timings {
     assert_eq!(configured.last_error, "");
     guest::cloud_init_done(&domain, &name).await;
     let cloud_init_done = start.elapsed();
+    disks.assert_seen(&domain);
     guest::assert_joined(&domain, cluster, &sha256_hex(&blob));
 
     // A fresh connection: the provider closes client connections left idle while the guest
@@ -431,12 +514,19 @@ async fn cloud_image() {
     println!("cloud_image: {}", accel.describe());
     let dir = tempfile::tempdir().unwrap();
     let virt = Libvirt::open(&tier);
-    // BIOS (GRUB from the MBR) and UEFI (OVMF, GRUB's BOOTX64.EFI) boot the same image at once.
-    let bios = tier.provider(dir.path(), "img-bios", 1, &accel, &[]);
+    // BIOS (GRUB from the MBR) and UEFI (OVMF, GRUB's BOOTX64.EFI) boot the same image at once;
+    // the BIOS machine's type has a 20 GiB root and two data disks (issue 42), the UEFI one's
+    // the image's own size and none.
+    let shaped = DiskPlan {
+        root_gib: Some(20),
+        data: vec![("data1", 2), ("scratch", 3)],
+    };
+    let bios = tier.provider_typed(dir.path(), "img-bios", 1, &accel, &[], &shaped);
     let efi = tier.provider(dir.path(), "img-efi", 1, &accel, &["--firmware=efi"]);
+    let plain = DiskPlan::default();
     let (bios_t, efi_t) = tokio::join!(
-        walk(&bios, &virt, "image-cluster-bios"),
-        walk(&efi, &virt, "image-cluster-efi")
+        walk(&bios, &virt, "image-cluster-bios", &shaped),
+        walk(&efi, &virt, "image-cluster-efi", &plain)
     );
     bios_t.print(&format!("real image, BIOS, {}", accel.describe()));
     efi_t.print(&format!("real image, --firmware efi, {}", accel.describe()));

@@ -1,7 +1,8 @@
 //! The instance-type catalog (docs/libvirt.md §3.5): the VM shapes offerings may name.
 //!
 //! The built-in `kvm.*` catalog covers a first run; `--instance-types` replaces it (no merge)
-//! with a JSON object `name -> {"vcpu": N, "memory_mib": N}`, which the configuration loader
+//! with a JSON object `name -> {"vcpu": N, "memory_mib": N}` (and optionally `disk_gib` and
+//! `data_disks`, see [`DiskShape`]), which the configuration loader
 //! decodes into [`RawInstanceType`] entries and hands to [`InstanceCatalog::from_raw`]. The
 //! catalog is the only source of a machine's `allocatable`, so a shape is refused unless both
 //! numbers are positive, and a name is refused if it could not sit inside a machine id.
@@ -11,17 +12,20 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::CatalogError;
+use super::disks::{DiskShape, RawDisks};
 use crate::StringMap;
 
 const FLAG: &str = "--instance-types";
 
 /// One VM shape.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceType {
     /// Virtual CPUs.
     pub vcpu: u32,
     /// Memory in MiB.
     pub memory_mib: u64,
+    /// The root disk's size and the data disks.
+    pub disks: DiskShape,
 }
 
 /// Instance types by name, in name order.
@@ -33,7 +37,7 @@ pub struct InstanceCatalog {
 /// The file's per-type entry, as decoded and not yet checked. Missing numbers default to 0 so
 /// they fail the positivity check with the operator-facing message rather than a bare serde
 /// error.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct RawInstanceType {
     /// Virtual CPUs as written.
     #[serde(default)]
@@ -41,22 +45,36 @@ pub struct RawInstanceType {
     /// Memory in MiB as written.
     #[serde(default)]
     pub memory_mib: i64,
+    /// The disk fields as written.
+    #[serde(flatten)]
+    pub disks: RawDisks,
 }
 
 impl InstanceCatalog {
-    /// The built-in catalog: `kvm.small` 2/4096, `kvm.medium` 4/8192, `kvm.large` 8/16384,
-    /// `kvm.xlarge` 16/32768 (vCPU/MiB).
+    /// The built-in catalog: `kvm.small` 2/4096/40, `kvm.medium` 4/8192/80, `kvm.large`
+    /// 8/16384/160, `kvm.xlarge` 16/32768/320 (vCPU/MiB/root GiB), no data disks.
     #[must_use]
     pub fn builtin() -> Self {
         let shapes = [
-            ("kvm.small", 2, 4096),
-            ("kvm.medium", 4, 8192),
-            ("kvm.large", 8, 16384),
-            ("kvm.xlarge", 16, 32768),
+            ("kvm.small", 2, 4096, 40),
+            ("kvm.medium", 4, 8192, 80),
+            ("kvm.large", 8, 16384, 160),
+            ("kvm.xlarge", 16, 32768, 320),
         ];
         let types = shapes
             .into_iter()
-            .map(|(name, vcpu, memory_mib)| (name.to_owned(), InstanceType { vcpu, memory_mib }))
+            .map(|(name, vcpu, memory_mib, root_gib)| {
+                let disks = DiskShape {
+                    root_gib: Some(root_gib),
+                    data: Vec::new(),
+                };
+                let shape = InstanceType {
+                    vcpu,
+                    memory_mib,
+                    disks,
+                };
+                (name.to_owned(), shape)
+            })
             .collect();
         Self { types }
     }
@@ -67,7 +85,8 @@ impl InstanceCatalog {
     /// # Errors
     /// [`CatalogError::Empty`] for `{}` or `null`, [`CatalogError::InstanceTypeName`] for an
     /// empty name or one containing `/`, [`CatalogError::InstanceTypeShape`] for a
-    /// non-positive (or, for vCPU, oversized) shape.
+    /// non-positive (or, for vCPU, oversized) shape, [`CatalogError::InstanceTypeDisk`] for
+    /// a disk size or name that cannot be used.
     pub fn from_raw(
         raw: Option<BTreeMap<String, RawInstanceType>>,
         source_name: &str,
@@ -97,15 +116,28 @@ impl InstanceCatalog {
                     name,
                 });
             };
-            types.insert(name, InstanceType { vcpu, memory_mib });
+            let disks = DiskShape::from_raw(&shape.disks, source_name, &name)?;
+            let shape = InstanceType {
+                vcpu,
+                memory_mib,
+                disks,
+            };
+            types.insert(name, shape);
         }
         Ok(Self { types })
     }
 
     /// The shape called `name`.
     #[must_use]
-    pub fn get(&self, name: &str) -> Option<InstanceType> {
-        self.types.get(name).copied()
+    pub fn get(&self, name: &str) -> Option<&InstanceType> {
+        self.types.get(name)
+    }
+
+    /// Every type and its shape, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &InstanceType)> {
+        self.types
+            .iter()
+            .map(|(name, shape)| (name.as_str(), shape))
     }
 
     /// The type names, sorted.
@@ -157,32 +189,18 @@ mod tests {
             catalog.names(),
             ["kvm.large", "kvm.medium", "kvm.small", "kvm.xlarge"]
         );
-        assert_eq!(
-            catalog.get("kvm.small"),
-            Some(InstanceType {
-                vcpu: 2,
-                memory_mib: 4096
-            })
-        );
-        assert_eq!(
-            catalog.get("kvm.medium"),
-            Some(InstanceType {
-                vcpu: 4,
-                memory_mib: 8192
-            })
-        );
-        assert_eq!(
-            catalog.get("kvm.large"),
-            Some(InstanceType {
-                vcpu: 8,
-                memory_mib: 16384
-            })
-        );
-        let xlarge = Some(InstanceType {
-            vcpu: 16,
-            memory_mib: 32768,
-        });
-        assert_eq!(catalog.get("kvm.xlarge"), xlarge);
+        let shape = |vcpu, memory_mib, root_gib| InstanceType {
+            vcpu,
+            memory_mib,
+            disks: DiskShape {
+                root_gib: Some(root_gib),
+                data: Vec::new(),
+            },
+        };
+        assert_eq!(catalog.get("kvm.small"), Some(&shape(2, 4096, 40)));
+        assert_eq!(catalog.get("kvm.medium"), Some(&shape(4, 8192, 80)));
+        assert_eq!(catalog.get("kvm.large"), Some(&shape(8, 16384, 160)));
+        assert_eq!(catalog.get("kvm.xlarge"), Some(&shape(16, 32768, 320)));
         assert_eq!(catalog.get("kvm.huge"), None);
     }
 
@@ -210,6 +228,27 @@ mod tests {
         let catalog = from_json(text, "t").unwrap();
         assert_eq!(catalog.names(), ["a.tiny", "b.big"]);
         assert_eq!(catalog.get("kvm.small"), None);
+        assert_eq!(catalog.get("a.tiny").unwrap().disks, DiskShape::default());
+    }
+
+    #[test]
+    fn disks_are_read_and_checked_per_type() {
+        let text = r#"{"d.disks": {"vcpu": 1, "memory_mib": 512, "disk_gib": 20,
+                        "data_disks": [{"size_gib": 2}, {"name": "logs", "size_gib": 3}]}}"#;
+        let disks = from_json(text, "t")
+            .unwrap()
+            .get("d.disks")
+            .unwrap()
+            .disks
+            .clone();
+        assert_eq!(disks.root_gib, Some(20));
+        assert_eq!(disks.data.len(), 2);
+        assert_eq!(disks.data[1].name, "logs");
+        let msg = err(r#"{"d.bad": {"vcpu": 1, "memory_mib": 512, "disk_gib": 0}}"#);
+        assert!(
+            msg.starts_with("--instance-types types.json: \"d.bad\" disk_gib is 0"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! name a catalog type, and slot numbering never produces two machines with the same id.
 
 mod capacity;
+mod disks;
 mod instance_types;
 mod inventory;
 mod machine_id;
@@ -22,6 +23,10 @@ mod pricing;
 mod inventory_snapshots;
 
 pub use capacity::parse_capacity_type;
+pub use disks::{
+    DataDisk, DiskShape, MAX_DATA_DISKS, MAX_DISK_GIB, MAX_DISK_NAME, RawDataDisk, RawDisks,
+    gib_bytes,
+};
 pub use instance_types::{InstanceCatalog, InstanceType, RawInstanceType};
 pub use inventory::{Inventory, InventoryConfig, MAX_SLOTS, RESERVED_LABEL_KEYS, build_inventory};
 pub use machine_id::{ParsedId, format_machine_id, parse_machine_id};
@@ -67,6 +72,18 @@ pub enum CatalogError {
         source_name: String,
         /// The instance type.
         name: String,
+    },
+    /// An instance type whose disk sizes or names cannot be used.
+    #[error("--instance-types {source_name}: {name:?} {field} {problem}")]
+    InstanceTypeDisk {
+        /// The file name.
+        source_name: String,
+        /// The instance type.
+        name: String,
+        /// The field at fault (`disk_gib`, `data_disks[1].size_gib`, …).
+        field: String,
+        /// What is wrong with it and how to fix it.
+        problem: String,
     },
     /// An instance type name that cannot appear inside a machine id.
     #[error(

@@ -149,6 +149,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
         require_zones,
     };
     let inventory = catalog::build_inventory(&offerings, &inventory_config)?;
+    check_roots(&libvirt, &catalog, &inventory)?;
     let provider = provider_config(flags, &inventory);
     let grpc_addr = listen_addr("--addr", &flags.addr)?
         .ok_or_else(|| flag("--addr must not be empty; the default is :9000"))?;
@@ -354,6 +355,30 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
         .map_err(flag)?,
         max_client_requests: flags.host_max_client_requests,
     })
+}
+
+/// With `--image-source` the golden image's virtual size is known before any host is
+/// dialled: a served type whose root (`disk_gib`) could not hold it is refused now, not at
+/// its first Create (without the flag the image is on the hosts, and `doctor` and Create
+/// refuse it there, with the same message).
+fn check_roots(
+    libvirt: &DomainConfig,
+    catalog: &InstanceCatalog,
+    inventory: &Inventory,
+) -> Result<(), LaunchError> {
+    let Some(golden) = &libvirt.image_source else {
+        return Ok(());
+    };
+    let served: std::collections::BTreeSet<&str> = (inventory.machines.iter())
+        .map(|m| m.instance_type.as_str())
+        .collect();
+    for name in served {
+        if let Some(shape) = catalog.get(name) {
+            (shape.disks.root_bytes(name, golden.capacity))
+                .map_err(|why| flag(format!("--image-source {}: {why}", golden.path.display())))?;
+        }
+    }
+    Ok(())
 }
 
 /// `--image-source`: hashes the file and makes its content-addressed volume the base image.

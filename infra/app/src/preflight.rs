@@ -42,6 +42,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
                         count,
                         vcpu: shape.map_or(0, |s| u64::from(s.vcpu)),
                         memory_mib: shape.map_or(0, |s| s.memory_mib),
+                        disks: shape.map(|s| s.disks.clone()).unwrap_or_default(),
                         instance_type,
                     }
                 })

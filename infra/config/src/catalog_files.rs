@@ -46,7 +46,8 @@ pub fn instance_types_from_json(
             flag: INSTANCE_TYPES_FLAG,
             source_name: source_name.to_owned(),
             source,
-            expected: "a JSON object name -> {\"vcpu\": N, \"memory_mib\": N}",
+            expected: "a JSON object name -> {\"vcpu\": N, \"memory_mib\": N, optional \
+                       \"disk_gib\": N and \"data_disks\": [{\"name\": S, \"size_gib\": N}]}",
         })?;
     Ok(InstanceCatalog::from_raw(raw, source_name)?)
 }

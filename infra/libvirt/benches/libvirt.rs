@@ -133,6 +133,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                         format: "qcow2".to_owned(),
                         overlay_bytes: 40 << 30,
                     },
+                    data: Vec::new(),
                 },
                 user_data: Arc::from(&b"#cloud-config\n{}\n"[..]),
                 name,
@@ -140,6 +141,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
             let paths = VolumePaths {
                 overlay: &overlay_path,
                 seed: &seed_path,
+                data: &[],
             };
             xml::domain(&spec, paths)
         })

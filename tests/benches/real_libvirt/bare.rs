@@ -117,6 +117,7 @@ impl Bare {
                     format: "qcow2".to_owned(),
                     overlay_bytes: self.base.1,
                 },
+                data: Vec::new(),
             },
             user_data: Arc::from(&b""[..]),
         }
@@ -158,6 +159,7 @@ impl Bare {
         let paths = VolumePaths {
             overlay: &overlay_path,
             seed: &seed_path,
+            data: &[],
         };
         let document = xml::domain(&spec, paths);
         let domain = self

@@ -79,7 +79,7 @@ async fn kvm_guest() {
             doctor_tries_host_passthrough(&tier, dir.path());
             let virt = Libvirt::open(&tier);
             let server = tier.provider(dir.path(), "img-kvm", 1, &accel, &[]);
-            walk(&server, &virt, "image-cluster-kvm")
+            walk(&server, &virt, "image-cluster-kvm", &DiskPlan::default())
                 .await
                 .print(&format!("real image, BIOS, {}", accel.describe()));
         }

@@ -187,6 +187,7 @@ fn image(want: &Expectations, host: &HostFacts, pool_facts: &Pool, slots: &[Slot
                     "use a qcow2 or raw golden image"
                 },
             ));
+            out.push(disk_sizes(zone, v, slots));
             out.push(pool_space(zone, v, pool_facts, slots));
         }
         Probe::Missing => out.push(check(
@@ -211,16 +212,62 @@ fn image(want: &Expectations, host: &HostFacts, pool_facts: &Pool, slots: &[Slot
 }
 
 /// Whether the pool could hold every slot's overlay grown to the image's full size.
+/// Whether every served type's root holds the image, and each type's disks.
+fn disk_sizes(zone: &str, v: &Volume, slots: &[Slots]) -> Check {
+    let mut shapes = Vec::new();
+    for s in slots {
+        let root = match s.disks.root_bytes(&s.instance_type, v.capacity) {
+            Ok(root) => root,
+            Err(why) => {
+                let fix = format!(
+                    "set {}'s disk_gib to at least {} in --instance-types, or use a smaller \
+                     golden image",
+                    s.instance_type,
+                    v.capacity.div_ceil(1 << 30)
+                );
+                return check(zone, "disk sizes", Status::Block, why, &fix);
+            }
+        };
+        let data: Vec<String> = s
+            .disks
+            .data
+            .iter()
+            .map(|d| d.size_gib.to_string())
+            .collect();
+        let data = if data.is_empty() {
+            "no data disks".to_owned()
+        } else {
+            format!("data {} GiB", data.join("+"))
+        };
+        shapes.push(format!(
+            "{}: root {} GiB, {data}",
+            s.instance_type,
+            root >> 30
+        ));
+    }
+    check(zone, "disk sizes", Status::Ok, shapes.join("; "), "")
+}
+
+/// Whether the pool could hold every slot's disks written full (they are thin).
 fn pool_space(zone: &str, v: &Volume, pool_facts: &Pool, slots: &[Slots]) -> Check {
     let count: u64 = slots.iter().map(|s| s.count as u64).sum();
-    let worst = v.capacity.saturating_mul(count);
+    let worst = (slots.iter())
+        .map(|s| {
+            let root = s
+                .disks
+                .root_bytes(&s.instance_type, v.capacity)
+                .unwrap_or(v.capacity);
+            let each = root.saturating_add(s.disks.data_bytes());
+            each.saturating_mul(s.count as u64)
+        })
+        .fold(0, u64::saturating_add);
     if worst <= pool_facts.available {
         check(
             zone,
             "pool space",
             Status::Ok,
             format!(
-                "overlays are thin; even {count} full overlays ({}) fit in {} free",
+                "disks are thin; even {count} machines' disks written full ({}) fit in {} free",
                 gib(worst),
                 gib(pool_facts.available)
             ),
@@ -232,7 +279,8 @@ fn pool_space(zone: &str, v: &Volume, pool_facts: &Pool, slots: &[Slots]) -> Che
             "pool space",
             Status::Warn,
             format!(
-                "overlays are thin, but {count} full overlays would need {} and {} is free",
+                "disks are thin, but {count} machines' disks written full would need {} and {} \
+                 is free",
                 gib(worst),
                 gib(pool_facts.available)
             ),

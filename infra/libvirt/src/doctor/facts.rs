@@ -1,6 +1,7 @@
 //! What doctor judges: the facts the probe read from each host ([`HostFacts`]) and what the
 //! flags would run there ([`Expectations`]).
 
+use bigfleet_libvirt_domain::catalog::DiskShape;
 use std::sync::Arc;
 
 use crate::options::{Budget, CapacityPolicy, GoldenImage};
@@ -134,6 +135,8 @@ pub struct Slots {
     pub vcpu: u64,
     /// MiB per slot.
     pub memory_mib: u64,
+    /// The type's root size and data disks.
+    pub disks: DiskShape,
 }
 
 /// What the flags would run.

@@ -23,6 +23,7 @@ fn want() -> Expectations {
                 count: 2,
                 vcpu: 2,
                 memory_mib: 4096,
+                disks: bigfleet_libvirt_domain::catalog::DiskShape::default(),
             }],
         )],
     }
@@ -188,6 +189,63 @@ fn orphans_and_tight_pools_warn_with_exit_2() {
     assert!(detail.contains("bigfleet-0123"), "{detail}");
     assert!(fix.contains("--gc-orphans"), "{fix}");
     assert_eq!(status(&report, "a", "pool space").0, Status::Warn);
+}
+
+/// `want()` with the slots' type given `disk_gib` and data disks of `data_gib` each.
+fn shaped(disk_gib: u64, data_gib: &[u64]) -> Expectations {
+    let mut expectations = want();
+    let data = (data_gib.iter().enumerate())
+        .map(
+            |(i, &size_gib)| bigfleet_libvirt_domain::catalog::DataDisk {
+                name: format!("data{}", i + 1),
+                size_gib,
+            },
+        )
+        .collect();
+    expectations.slots[0].1[0].disks = bigfleet_libvirt_domain::catalog::DiskShape {
+        root_gib: Some(disk_gib),
+        data,
+    };
+    expectations
+}
+
+#[test]
+fn a_root_smaller_than_the_image_blocks_naming_the_type_both_sizes_and_the_fix() {
+    let report = judge(&shaped(8, &[]), &[good()]);
+    assert_eq!(report.exit_code(), 1);
+    let (s, detail, fix) = status(&report, "a", "disk sizes");
+    assert_eq!(s, Status::Block);
+    assert!(
+        detail.contains("\"kvm.small\" has a 8 GiB root disk"),
+        "{detail}"
+    );
+    assert!(detail.contains("10737418240 bytes (10 GiB"), "{detail}");
+    assert!(fix.contains("disk_gib to at least 10"), "{fix}");
+    let report = judge(&shaped(10, &[]), &[good()]);
+    let (s, detail, _) = status(&report, "a", "disk sizes");
+    assert_eq!(s, Status::Ok, "{detail}");
+    assert!(
+        detail.contains("kvm.small: root 10 GiB, no data disks"),
+        "{detail}"
+    );
+}
+
+#[test]
+fn pool_space_counts_every_slots_root_and_data_disks() {
+    // Two slots of 20 GiB roots and 5 + 20 GiB of data: 90 GiB, what the pool has free.
+    let report = judge(&shaped(20, &[5, 20]), &[good()]);
+    let (s, detail, _) = status(&report, "a", "pool space");
+    assert_eq!(s, Status::Ok, "{detail}");
+    assert!(detail.contains("90.0 GiB"), "{detail}");
+    let (_, detail, _) = status(&report, "a", "disk sizes");
+    assert!(
+        detail.contains("kvm.small: root 20 GiB, data 5+20 GiB"),
+        "{detail}"
+    );
+    let report = judge(&shaped(20, &[5, 21]), &[good()]);
+    let (s, detail, _) = status(&report, "a", "pool space");
+    assert_eq!(s, Status::Warn, "{detail}");
+    assert!(detail.contains("92.0 GiB"), "{detail}");
 }
 
 #[test]

@@ -122,7 +122,9 @@ fn orphans_are_ours_unexplained_and_not_in_flight() {
         volumes::overlay_name(&domain_name(P, &slot0)),
         volumes::overlay_name(&slot1),
         volumes::seed_name(&slot1),
+        crate::render::spec::data_name(&slot1, "scratch"),
         volumes::overlay_name("bigfleet-theirs-gone"),
+        crate::render::spec::data_name("bigfleet-theirs-gone", "scratch"),
     ];
     let known = BTreeMap::from([(known_extra.to_owned(), "a".to_owned())]);
     let in_flight = |name: &str| name == slot1;
@@ -142,6 +144,10 @@ fn orphans_are_ours_unexplained_and_not_in_flight() {
             Orphan::Volume {
                 zone: "a".into(),
                 name: volumes::seed_name(&slot1),
+            },
+            Orphan::Volume {
+                zone: "a".into(),
+                name: crate::render::spec::data_name(&slot1, "scratch"),
             },
         ]
     );

@@ -5,9 +5,6 @@ use std::sync::Mutex;
 
 use virt::connect::Connect;
 
-/// The smallest overlay handed to a guest, whatever the base image's virtual size.
-pub const OVERLAY_FLOOR_BYTES: u64 = 40 << 30;
-
 /// One open connection. Replaced wholesale on reconnect; calls in flight keep the old one
 /// alive until they return.
 pub(crate) struct Session {
@@ -28,12 +25,4 @@ pub struct BaseImage {
     pub capacity: u64,
     /// Its format, read from the volume XML (`qcow2` when unreadable).
     pub format: String,
-}
-
-impl BaseImage {
-    /// The overlay size: the base's virtual size, but at least [`OVERLAY_FLOOR_BYTES`].
-    #[must_use]
-    pub fn overlay_capacity(&self) -> u64 {
-        self.capacity.max(OVERLAY_FLOOR_BYTES)
-    }
 }

@@ -7,12 +7,14 @@
 //! configuration. A new shape of domain is a field here, its rendering, and its snapshot
 //! (`render/spec_tests.rs`).
 //!
-//! The volumes' names are decided here too ([`overlay_name`], [`seed_name`]): they derive
-//! from the domain name alone, so the volumes can be found, and collected, from it.
+//! The volumes' names are decided here too ([`overlay_name`], [`seed_name`],
+//! [`data_name`]): they derive from the domain name alone (and a data disk's own name), so
+//! the volumes can be found, and collected, from it.
 
 use std::sync::Arc;
 
 use bigfleet_libvirt_config::naming::domain_name;
+use bigfleet_libvirt_domain::catalog::{DiskShape, gib_bytes};
 
 use crate::options::{CpuChoice, DomainConfig, Platform};
 use crate::render::devices::{MacBook, Nic};
@@ -42,7 +44,7 @@ pub struct DomainSpec {
     pub nics: Vec<Nic>,
     /// Accelerator, boot method, firmware and the seed's bus.
     pub platform: Platform,
-    /// The overlay and seed volumes, and the base image the overlay stands on.
+    /// The overlay, seed and data volumes, and the base image the overlay stands on.
     pub disks: Disks,
     /// The cloud-init user-data, verbatim.
     pub user_data: Arc<[u8]>,
@@ -57,6 +59,19 @@ pub struct Disks {
     pub seed: String,
     /// What the overlay is backed by, as the host reported it.
     pub base: Base,
+    /// The data disks, in the order the guest gets them.
+    pub data: Vec<DataVolume>,
+}
+
+/// One data disk: a thin qcow2 volume of its own, found by the guest by its serial.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataVolume {
+    /// The volume's name ([`data_name`]).
+    pub volume: String,
+    /// The serial the guest sees (`/dev/disk/by-id/virtio-<serial>`): the disk's name.
+    pub serial: String,
+    /// Its virtual size in bytes.
+    pub bytes: u64,
 }
 
 /// The host's facts about the base image (`--image`) an overlay is backed by.
@@ -70,13 +85,15 @@ pub struct Base {
     pub overlay_bytes: u64,
 }
 
-/// Where libvirt placed a domain's two volumes (known once they exist).
+/// Where libvirt placed a domain's volumes (known once they exist).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VolumePaths<'a> {
     /// The overlay's path on the host.
     pub overlay: &'a str,
     /// The seed's path on the host.
     pub seed: &'a str,
+    /// The data disks' paths, in the spec's order.
+    pub data: &'a [String],
 }
 
 /// The operator's side of every domain.
@@ -105,6 +122,8 @@ pub struct Slot<'a> {
     pub vcpu: u32,
     /// Memory of the instance type, in MiB.
     pub memory_mib: u64,
+    /// The instance type's disks.
+    pub disks: &'a DiskShape,
 }
 
 impl DomainSpec {
@@ -136,11 +155,24 @@ impl DomainSpec {
                 overlay: overlay_name(&name),
                 seed: seed_name(&name),
                 base,
+                data: data_volumes(&name, slot.disks),
             },
             user_data: Arc::clone(choices.user_data),
             name,
         }
     }
+}
+
+/// The data volumes of domain `name` for `disks`.
+#[must_use]
+pub fn data_volumes(name: &str, disks: &DiskShape) -> Vec<DataVolume> {
+    (disks.data.iter())
+        .map(|disk| DataVolume {
+            volume: data_name(name, &disk.name),
+            serial: disk.name.clone(),
+            bytes: gib_bytes(disk.size_gib),
+        })
+        .collect()
 }
 
 /// The overlay volume's name for a domain.
@@ -155,12 +187,26 @@ pub fn seed_name(domain: &str) -> String {
     format!("{domain}-cidata.iso")
 }
 
+/// The volume name of data disk `disk` of a domain (`disk` is lower-case letters and digits,
+/// as the catalog checks).
+#[must_use]
+pub fn data_name(domain: &str, disk: &str) -> String {
+    format!("{domain}-data-{disk}.qcow2")
+}
+
 /// The domain a volume of ours belongs to, if the name has one of our suffixes.
 #[must_use]
 pub fn owner_of(volume: &str) -> Option<&str> {
+    let data_owner = || {
+        let (domain, disk) = volume.strip_suffix(".qcow2")?.rsplit_once("-data-")?;
+        let ours = !disk.is_empty()
+            && (disk.bytes()).all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        (ours && !domain.is_empty()).then_some(domain)
+    };
     volume
         .strip_suffix("-overlay.qcow2")
         .or_else(|| volume.strip_suffix("-cidata.iso"))
+        .or_else(data_owner)
 }
 
 #[cfg(test)]

@@ -9,14 +9,20 @@ use std::sync::Arc;
 use super::*;
 use crate::options::{CpuChoice, DirectKernel, DomainType, Firmware, NicSource, SeedBus};
 use crate::render::xml;
+use bigfleet_libvirt_domain::catalog::DataDisk;
 
 const PROVIDER: &str = "libvirt";
 const MACHINE: &str = "libvirt/OnDemand/kvm.small/rack1/0";
 const INSTANCE_TYPE: &str = "kvm.small";
 
 /// The spec of the slot [`MACHINE`] under `options`, on a host whose base image is a 2 GiB
-/// qcow2 (the overlay gets the 40 GiB floor).
+/// qcow2 (the overlay gets the 40 GiB floor), its type without disks of its own.
 fn spec_with(options: &DomainConfig) -> DomainSpec {
+    spec_shaped(options, &DiskShape::default())
+}
+
+/// [`spec_with`] for a type whose disks are `disks`.
+fn spec_shaped(options: &DomainConfig, disks: &DiskShape) -> DomainSpec {
     let nics = options.nic_sources(INSTANCE_TYPE).len();
     let macs = MacBook::new(PROVIDER, [(MACHINE, nics)]);
     let user_data: Arc<[u8]> = Arc::from(&b"#cloud-config\npackages: [jq]\n"[..]);
@@ -32,6 +38,7 @@ fn spec_with(options: &DomainConfig) -> DomainSpec {
         operation_id: "op-7",
         vcpu: 2,
         memory_mib: 4096,
+        disks,
     };
     let base = Base {
         path: "/var/lib/libvirt/images/golden.qcow2".to_owned(),
@@ -55,18 +62,24 @@ fn options(change: impl FnOnce(&mut DomainConfig)) -> DomainConfig {
 fn documents(spec: &DomainSpec) -> String {
     let overlay_path = format!("/var/lib/libvirt/images/{}", spec.disks.overlay);
     let seed_path = format!("/var/lib/libvirt/images/{}", spec.disks.seed);
+    let data_paths: Vec<String> = (spec.disks.data.iter())
+        .map(|disk| format!("/var/lib/libvirt/images/{}", disk.volume))
+        .collect();
     let paths = VolumePaths {
         overlay: &overlay_path,
         seed: &seed_path,
+        data: &data_paths,
     };
     let image = seed::build(&spec.name, &spec.instance_id, &spec.user_data).unwrap();
     let seed_bytes = u64::try_from(image.len()).unwrap();
+    let data: String = spec.disks.data.iter().map(xml::data_volume).collect();
     format!(
-        "=== domain\n{}=== overlay volume\n{}=== seed volume\n{}=== seed meta-data\n{}\
-         === seed user-data\n{}",
+        "=== domain\n{}=== overlay volume\n{}=== seed volume\n{}=== data volumes\n{}\
+         === seed meta-data\n{}=== seed user-data\n{}",
         xml::domain(spec, paths),
         xml::overlay(spec),
         xml::seed(spec, seed_bytes),
+        data,
         seed::meta_data(&spec.name, &spec.instance_id),
         String::from_utf8_lossy(&spec.user_data),
     )
@@ -83,6 +96,32 @@ fn cpu(text: &str) -> CpuChoice {
 #[test]
 fn kvm_bios_one_network_nic_seed_on_virtio() {
     insta::assert_snapshot!("kvm_bios_network", documents(&spec_with(&options(|_| {}))));
+}
+
+#[test]
+fn a_sized_root_and_two_data_disks_with_their_serials() {
+    let disks = DiskShape {
+        root_gib: Some(20),
+        data: vec![
+            DataDisk {
+                name: "data1".to_owned(),
+                size_gib: 5,
+            },
+            DataDisk {
+                name: "scratch".to_owned(),
+                size_gib: 64,
+            },
+        ],
+    };
+    let spec = spec_shaped(&options(|_| {}), &disks);
+    let volumes: Vec<(&str, u64)> = (spec.disks.data.iter())
+        .map(|d| (d.serial.as_str(), d.bytes))
+        .collect();
+    assert_eq!(volumes, [("data1", 5 << 30), ("scratch", 64 << 30)]);
+    for disk in &spec.disks.data {
+        assert_eq!(owner_of(&disk.volume), Some(spec.name.as_str()));
+    }
+    insta::assert_snapshot!("data_disks", documents(&spec));
 }
 
 #[test]

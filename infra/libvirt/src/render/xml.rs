@@ -20,7 +20,7 @@ use crate::render::devices::{CpuChoice, Nic};
 use crate::render::ownership::escape;
 
 pub use crate::options::platform::{DirectKernel, DomainType, Firmware, Platform, SeedBus};
-pub use crate::render::spec::{Base, Disks, DomainSpec, VolumePaths};
+pub use crate::render::spec::{Base, DataVolume, Disks, DomainSpec, VolumePaths};
 
 /// The guest-agent channel name qemu-ga listens on.
 pub const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
@@ -40,6 +40,27 @@ fn seed_disk(bus: SeedBus, path: &str) -> String {
       <readonly/>
     </disk>"
     )
+}
+
+/// The data disks' `<disk>` elements, from `vdc` on, each with its serial; `paths` are
+/// already placed by libvirt, in the same order as `data`.
+fn data_disks(data: &[DataVolume], paths: &[String]) -> String {
+    let targets = (b'c'..=b'z').map(|letter| format!("vd{}", char::from(letter)));
+    (data.iter().zip(paths).zip(targets))
+        .map(|((disk, path), target)| {
+            format!(
+                "
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='{}'/>
+      <target dev='{target}' bus='virtio'/>
+      <serial>{}</serial>
+    </disk>",
+                escape(path),
+                escape(&disk.serial)
+            )
+        })
+        .collect()
 }
 
 /// The SMBIOS table the domain presents: its system serial names cloud-init's datasource.
@@ -92,6 +113,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     let name = escape(&spec.name);
     let overlay = escape(paths.overlay);
     let seed = seed_disk(spec.platform.seed_bus, &escape(paths.seed));
+    let data = data_disks(&spec.disks.data, paths.data);
     let (vcpu, memory) = (spec.vcpu, spec.memory_mib);
     let tag = spec.tag.to_domain_xml();
     let kind = spec.platform.domain_type.as_str();
@@ -121,7 +143,8 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
       <driver name='qemu' type='qcow2'/>
       <source file='{overlay}'/>
       <target dev='vda' bus='virtio'/>
-    </disk>{seed}{nic}
+      <serial>root</serial>
+    </disk>{seed}{data}{nic}
     <channel type='unix'>
       <source mode='bind'/>
       <target type='virtio' name='{AGENT_CHANNEL}'/>
@@ -139,6 +162,22 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
 pub fn overlay(spec: &DomainSpec) -> String {
     let (disks, base) = (&spec.disks, &spec.disks.base);
     overlay_volume(&disks.overlay, base.overlay_bytes, &base.path, &base.format)
+}
+
+/// A data disk's volume: thin qcow2 of its size, no backing.
+#[must_use]
+pub fn data_volume(disk: &DataVolume) -> String {
+    let name = escape(&disk.volume);
+    let capacity = disk.bytes;
+    format!(
+        "<volume type='file'>
+  <name>{name}</name>
+  <capacity unit='bytes'>{capacity}</capacity>
+  <allocation unit='bytes'>0</allocation>
+  <target><format type='qcow2'/></target>
+</volume>
+"
+    )
 }
 
 /// `spec`'s seed volume, sized for a seed image of `bytes`.
@@ -179,6 +218,28 @@ pub fn seed_volume(name: &str, capacity: u64) -> String {
 </volume>
 "
     )
+}
+
+/// The volumes of domain `domain` that its definition `domain_xml` names as disks (by file
+/// name, those [`owner_of`](crate::render::spec::owner_of) gives to `domain`), other than its
+/// overlay and seed. Unreadable documents name none.
+#[must_use]
+pub fn owned_volumes(domain_xml: &str, domain: &str) -> Vec<String> {
+    let Ok(document) = roxmltree::Document::parse(domain_xml) else {
+        return Vec::new();
+    };
+    let named = |file: &str| {
+        let volume = file.rsplit('/').next().unwrap_or(file);
+        (crate::render::spec::owner_of(volume) == Some(domain)).then(|| volume.to_owned())
+    };
+    (document.descendants())
+        .filter(|n| n.has_tag_name("source") && n.parent().is_some_and(|d| d.has_tag_name("disk")))
+        .filter_map(|source| source.attribute("file").and_then(named))
+        .filter(|volume| {
+            *volume != crate::render::spec::overlay_name(domain)
+                && *volume != crate::render::spec::seed_name(domain)
+        })
+        .collect()
 }
 
 /// The `<target><format type=…/>` of a volume description, if present and non-empty.

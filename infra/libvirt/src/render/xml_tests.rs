@@ -40,6 +40,7 @@ fn spec(tag: &Tag, nics: &[Nic]) -> DomainSpec {
                 format: "qcow2".to_owned(),
                 overlay_bytes: 40 << 30,
             },
+            data: Vec::new(),
         },
         user_data: std::sync::Arc::from(&b""[..]),
     }
@@ -49,6 +50,7 @@ fn spec(tag: &Tag, nics: &[Nic]) -> DomainSpec {
 const PATHS: VolumePaths<'static> = VolumePaths {
     overlay: "/var/lib/libvirt/images/o.qcow2",
     seed: "/var/lib/libvirt/images/s.iso",
+    data: &[],
 };
 
 #[test]
@@ -66,7 +68,14 @@ fn the_domain_document_parses_and_carries_every_device() {
         .find(|n| n.has_tag_name("target"))
         .unwrap();
     assert_eq!(target.attribute("name"), Some(AGENT_CHANNEL));
-    assert_eq!(find("serial").count(), 1);
+    let serials: Vec<_> = find("serial")
+        .map(|n| n.parent().unwrap().tag_name().name())
+        .collect();
+    assert_eq!(
+        serials,
+        ["disk", "devices"],
+        "the root disk's serial and the console"
+    );
     let metadata = find("metadata").next().unwrap();
     let tag_xml = &xml[metadata.range()];
     assert!(tag_xml.contains("machineID"), "{tag_xml}");

@@ -29,6 +29,7 @@ use crate::host::connection::Host;
 use crate::host::error::{maybe_done, nothing_done, refused};
 use crate::host::lanes::Lane;
 use crate::metrics::DriftLabels;
+use crate::render::spec::data_volumes;
 use crate::service::lifecycle::{self, CreateSpec};
 use crate::storage::volumes;
 use bigfleet_libvirt_config::naming::domain_name;
@@ -237,7 +238,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
             } => {
                 let owner = Arc::clone(&host);
                 host.call(Lane::Teardown, move |s| {
-                    lifecycle::delete(s, &owner, &settings, &name, &machine_id)
+                    lifecycle::delete(s, &owner, &settings, &name, &machine_id, Vec::new())
                 })
                 .await
             }
@@ -307,6 +308,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             operation_id: request.operation_id.to_string(),
             vcpu: shape.vcpu,
             memory_mib: shape.memory_mib,
+            disks: shape.disks.clone(),
         };
         let placed = DomainRef::new(machine.zone.clone(), spec.name.clone());
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
@@ -369,9 +371,15 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
         let id = machine.id.to_string();
         let _busy = Busy::mark(&self.inner.tracked, &id);
+        let data = (self.inner.config.catalog.get(&machine.instance_type))
+            .map(|shape| data_volumes(&name, &shape.disks))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|disk| disk.volume)
+            .collect();
         let watch = Stopwatch::start();
         host.call(Lane::Teardown, move |s| {
-            lifecycle::delete(s, &owner, &settings, &name, &id)
+            lifecycle::delete(s, &owner, &settings, &name, &id, data)
         })
         .await
         .map_err(|e| prefixed("delete", e))?;

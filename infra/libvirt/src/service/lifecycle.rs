@@ -12,6 +12,7 @@
 //! failing on "domain already exists". Only a new domain is charged against host capacity, and a
 //! Create that cannot fit fails before anything is made.
 
+use bigfleet_libvirt_domain::catalog::DiskShape;
 use bigfleet_libvirt_ports::HypervisorError;
 use tracing::warn;
 use virt::domain::Domain;
@@ -39,6 +40,8 @@ pub(crate) struct CreateSpec {
     pub(crate) operation_id: String,
     pub(crate) vcpu: u32,
     pub(crate) memory_mib: u64,
+    /// The instance type's root size and data disks.
+    pub(crate) disks: DiskShape,
 }
 
 impl CreateSpec {
@@ -55,6 +58,8 @@ impl CreateSpec {
 struct Made {
     overlay: bool,
     seed: bool,
+    /// The data volumes this attempt created, by name.
+    data: Vec<String>,
     domain: Option<Domain>,
 }
 
@@ -99,8 +104,12 @@ pub(crate) fn create(
 }
 
 /// The domain `spec` asks for, on a host whose base image is `base`: the one place a
-/// Create's [`DomainSpec`] is built.
-fn domain_spec(settings: &SequenceContext, spec: &CreateSpec, base: &BaseImage) -> DomainSpec {
+/// Create's [`DomainSpec`] is built. Refused when the type's root is smaller than the base.
+fn domain_spec(
+    settings: &SequenceContext,
+    spec: &CreateSpec,
+    base: &BaseImage,
+) -> Result<DomainSpec, String> {
     let choices = Choices {
         provider: &settings.provider,
         options: &settings.options,
@@ -113,13 +122,14 @@ fn domain_spec(settings: &SequenceContext, spec: &CreateSpec, base: &BaseImage) 
         operation_id: &spec.operation_id,
         vcpu: spec.vcpu,
         memory_mib: spec.memory_mib,
+        disks: &spec.disks,
     };
     let base = Base {
         path: base.path.clone(),
         format: base.format.clone(),
-        overlay_bytes: base.overlay_capacity(),
+        overlay_bytes: (spec.disks).root_bytes(&spec.instance_type, base.capacity)?,
     };
-    DomainSpec::new(&choices, &slot, base)
+    Ok(DomainSpec::new(&choices, &slot, base))
 }
 
 fn build(
@@ -131,7 +141,7 @@ fn build(
     let pool = volumes::pool(session, &settings.options.storage_pool).map_err(nothing_done)?;
     let base =
         volumes::base_image(session, &pool, &settings.options.image).map_err(nothing_done)?;
-    let domain_spec = domain_spec(settings, spec, &base);
+    let domain_spec = domain_spec(settings, spec, &base).map_err(refused)?;
     let disks = &domain_spec.disks;
     let (overlay, created) =
         volumes::create_or_adopt(&pool, &disks.overlay, &xml::overlay(&domain_spec))
@@ -140,6 +150,18 @@ fn build(
     let overlay_path = overlay
         .path()
         .map_err(|e| maybe_done(format!("overlay path: {}", text(&e))))?;
+    let mut data_paths = Vec::with_capacity(disks.data.len());
+    for disk in &disks.data {
+        let (volume, created) =
+            volumes::create_or_adopt(&pool, &disk.volume, &xml::data_volume(disk))
+                .map_err(maybe_done)?;
+        if created {
+            made.data.push(disk.volume.clone());
+        }
+        let path = (volume.path())
+            .map_err(|e| maybe_done(format!("data disk {} path: {}", disk.serial, text(&e))))?;
+        data_paths.push(path);
+    }
     let image = seed::build(
         &domain_spec.name,
         &domain_spec.instance_id,
@@ -159,6 +181,7 @@ fn build(
     let paths = VolumePaths {
         overlay: &overlay_path,
         seed: &seed_path,
+        data: &data_paths,
     };
     let document = xml::domain(&domain_spec, paths);
     let watch = Stopwatch::start();
@@ -188,14 +211,13 @@ fn rollback(session: &Session, settings: &SequenceContext, name: &str, made: Mad
             leftovers.push(e.message);
         }
     }
-    let volumes = [
-        (made.seed, seed_name(name)),
-        (made.overlay, overlay_name(name)),
-    ];
-    if volumes.iter().any(|(created, _)| *created) {
+    let mut created = made.data;
+    created.extend(made.seed.then(|| seed_name(name)));
+    created.extend(made.overlay.then(|| overlay_name(name)));
+    if !created.is_empty() {
         match volumes::pool(session, &settings.options.storage_pool) {
             Ok(pool) => {
-                for (_, volume) in volumes.iter().filter(|(created, _)| *created) {
+                for volume in &created {
                     if let Err(e) = volumes::delete(&pool, volume) {
                         leftovers.push(e);
                     }
@@ -207,26 +229,35 @@ fn rollback(session: &Session, settings: &SequenceContext, name: &str, made: Mad
     leftovers
 }
 
-/// Destroys and undefines the domain if it is ours, then deletes its volumes. A domain
-/// that is already gone counts as deleted and its volumes are still cleaned; a domain of
-/// that name owned by someone else is refused and nothing is touched.
+/// Destroys and undefines the domain if it is ours, then deletes its volumes: the overlay,
+/// the seed, the data disks its type has now (`data`) and any other volume of ours its
+/// definition names (a data disk of a type since changed). A domain that is already gone
+/// counts as deleted and its volumes are still cleaned; a domain of that name owned by
+/// someone else is refused and nothing is touched.
 pub(crate) fn delete(
     session: &Session,
     host: &Host,
     settings: &SequenceContext,
     name: &str,
     machine_id: &str,
+    mut data: Vec<String>,
 ) -> Result<(), HypervisorError> {
     let _alone = host.exclusive(name);
     if let Some((domain, _)) = owned(session, name, &settings.provider, machine_id)? {
+        match domain.xml_desc(0) {
+            Ok(document) => data.extend(xml::owned_volumes(&document, name)),
+            Err(e) => warn!(domain = name, error = %text(&e), "read the domain's disks"),
+        }
         domains::remove(&domain, name)?;
     }
     host.ledger().forget(name);
-    volumes::delete_domain_volumes(session, &settings.options.storage_pool, name).map_err(|e| {
-        partly_done(format!(
-            "domain {name} is gone but its volumes were not all deleted: {e}"
-        ))
-    })
+    volumes::delete_domain_volumes(session, &settings.options.storage_pool, name, data).map_err(
+        |e| {
+            partly_done(format!(
+                "domain {name} is gone but its volumes were not all deleted: {e}"
+            ))
+        },
+    )
 }
 
 /// Rewrites the ownership tag of a domain we own (after Configure or Drain).

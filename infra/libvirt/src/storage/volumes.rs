@@ -140,16 +140,19 @@ pub(crate) fn delete(pool: &StoragePool, name: &str) -> Result<bool, String> {
     }
 }
 
-/// Deletes a domain's overlay and seed (whichever exist). Every volume is attempted; the
-/// errors are joined.
+/// Deletes a domain's overlay, seed and the data volumes `data` (whichever exist). Every
+/// volume is attempted; the errors are joined.
 pub(crate) fn delete_domain_volumes(
     session: &Session,
     pool_name: &str,
     domain: &str,
+    mut data: Vec<String>,
 ) -> Result<(), String> {
     let pool = pool(session, pool_name)?;
-    let errors: Vec<String> = [overlay_name(domain), seed_name(domain)]
-        .iter()
+    data.sort();
+    data.dedup();
+    let names = [overlay_name(domain), seed_name(domain)];
+    let errors: Vec<String> = (names.iter().chain(&data))
         .filter_map(|name| delete(&pool, name).err())
         .collect();
     if errors.is_empty() {
@@ -171,23 +174,24 @@ pub(crate) fn list(session: &Session, pool_name: &str) -> Result<Vec<String>, St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::session::OVERLAY_FLOOR_BYTES;
+    use crate::render::spec::data_name;
 
     #[test]
     fn names_round_trip_to_their_domain() {
         assert_eq!(owner_of(&overlay_name("bigfleet-ab")), Some("bigfleet-ab"));
         assert_eq!(owner_of(&seed_name("bigfleet-ab")), Some("bigfleet-ab"));
+        assert_eq!(
+            owner_of(&data_name("bigfleet-ab", "logs2")),
+            Some("bigfleet-ab")
+        );
         assert_eq!(owner_of("base.qcow2"), None);
-    }
-
-    #[test]
-    fn overlays_have_a_floor() {
-        let base = |capacity| BaseImage {
-            path: "/b".into(),
-            capacity,
-            format: "qcow2".into(),
-        };
-        assert_eq!(base(1 << 30).overlay_capacity(), OVERLAY_FLOOR_BYTES);
-        assert_eq!(base(100 << 30).overlay_capacity(), 100 << 30);
+        for theirs in [
+            "x-data-.qcow2",
+            "-data-a.qcow2",
+            "x-data-My.qcow2",
+            "x-data-a-b.qcow2",
+        ] {
+            assert_eq!(owner_of(theirs), None, "{theirs}");
+        }
     }
 }

@@ -8,7 +8,6 @@ use bigfleet_libvirt_ports::{BootstrapBlob, ConfigureRequest, DrainRequest, Hype
 
 use super::*;
 use crate::host::domains::read_tag;
-use crate::host::session::OVERLAY_FLOOR_BYTES;
 use crate::render::ownership::Tag;
 use crate::render::xml;
 use crate::service::lifecycle::{self, CreateSpec};
@@ -63,7 +62,7 @@ async fn create_defines_a_tagged_running_domain_with_its_volumes() {
         document.contains("<vcpu placement='static'>2</vcpu>"),
         "{document}"
     );
-    assert_eq!(overlay.0, OVERLAY_FLOOR_BYTES);
+    assert_eq!(overlay.0, 40 << 30, "kvm.small's root is 40 GiB");
     assert!(
         overlay.1.contains("/var/lib/libvirt/images/base.qcow2"),
         "{}",
@@ -173,6 +172,7 @@ async fn a_failed_create_rolls_back_only_what_it_made() {
         operation_id: "op-1".to_owned(),
         vcpu: 0,
         memory_mib: 512,
+        disks: bigfleet_libvirt_domain::catalog::DiskShape::default(),
     };
     let owner = Arc::clone(&host);
     let error = host

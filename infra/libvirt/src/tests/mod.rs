@@ -5,6 +5,7 @@
 //! the process, with a provider label and base volume unique to the test.
 
 mod contract;
+mod disks;
 mod hosts;
 mod isolation;
 mod lanes;
@@ -64,11 +65,19 @@ pub(super) fn planted_domain(
                 format: "qcow2".to_owned(),
                 overlay_bytes: 1 << 30,
             },
+            data: Vec::new(),
         },
         user_data: Arc::from(&b""[..]),
     };
     let (overlay, seed) = paths;
-    xml::domain(&spec, VolumePaths { overlay, seed })
+    xml::domain(
+        &spec,
+        VolumePaths {
+            overlay,
+            seed,
+            data: &[],
+        },
+    )
 }
 
 /// The zone of single-host rigs.

@@ -1,0 +1,175 @@
+//! Disk shapes on the test driver: each type's root size, its data disks (volumes,
+//! serials, removal, rollback) and the refusal of a root smaller than the golden image.
+
+use std::sync::Arc;
+
+use bigfleet_libvirt_config::instance_types_from_json;
+use bigfleet_libvirt_config::naming::domain_name;
+
+use super::*;
+use crate::render::spec::data_name;
+use crate::render::xml;
+use crate::service::lifecycle::{self, CreateSpec};
+use crate::storage::volumes::{overlay_name, seed_name};
+
+/// `kvm.small` with a 20 GiB root and two data disks (one named), in place of the built-in.
+const SHAPED: &str = r#"{"kvm.small": {"vcpu": 2, "memory_mib": 4096, "disk_gib": 20,
+    "data_disks": [{"size_gib": 5}, {"name": "scratch", "size_gib": 64}]}}"#;
+
+/// A rig of two `kvm.small` slots whose catalog is `types`.
+async fn rig_typed(types: &str) -> Rig {
+    let catalog = instance_types_from_json(types, "types.json").unwrap();
+    let slots = slots("libvirt", ZONE, "kvm.small", 2);
+    rig_with(&Fixture::default(), slots, |config| {
+        config.catalog = catalog
+    })
+    .await
+}
+
+/// Each volume's name and virtual size, sorted by name.
+async fn capacities(rig: &Rig) -> Vec<(String, u64)> {
+    on_host(&rig.hv, ZONE, |s| {
+        let pool = s.conn.lookup_storage_pool_by_name("default").unwrap();
+        let mut all: Vec<(String, u64)> = (pool.list_all_volumes(0).unwrap().iter())
+            .map(|v| (v.name().unwrap(), v.info().unwrap().capacity))
+            .collect();
+        all.sort();
+        all
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_types_root_size_and_data_disks_are_made_served_by_serial_and_removed() {
+    let rig = rig_typed(SHAPED).await;
+    let machine = create(&rig.hv, &rig.slots[0]).await.unwrap();
+    let name = domain_name("libvirt", rig.slots[0].id.as_str());
+    let mut want = vec![
+        ("base.qcow2".to_owned(), 10 << 30),
+        (seed_name(&name), 0),
+        (overlay_name(&name), 20 << 30),
+        (data_name(&name, "data1"), 5 << 30),
+        (data_name(&name, "scratch"), 64 << 30),
+    ];
+    want.sort();
+    let mut got = capacities(&rig).await;
+    for (volume, bytes) in &mut got {
+        if *volume == seed_name(&name) {
+            *bytes = 0; // the seed is sized by its image, not the type
+        }
+    }
+    assert_eq!(got, want);
+    let probe = name.clone();
+    let document = on_host(&rig.hv, ZONE, move |s| {
+        let d = s.conn.lookup_domain_by_name(&probe).unwrap();
+        d.xml_desc(0).unwrap()
+    })
+    .await;
+    for serial in ["root", "data1", "scratch"] {
+        assert!(
+            document.contains(&format!("<serial>{serial}</serial>")),
+            "{serial}: {document}"
+        );
+    }
+    assert!(
+        document.contains(&data_name(&name, "scratch")),
+        "{document}"
+    );
+    delete(&rig.hv, &machine).await.unwrap();
+    assert_eq!(volumes(&rig.hv, ZONE, "default").await, ["base.qcow2"]);
+}
+
+#[tokio::test]
+async fn a_root_smaller_than_the_golden_image_is_refused_before_anything_is_made() {
+    let rig = rig_typed(r#"{"kvm.small": {"vcpu": 2, "memory_mib": 4096, "disk_gib": 9}}"#).await;
+    let error = create(&rig.hv, &rig.slots[0]).await.unwrap_err();
+    assert_eq!(
+        error.side_effects,
+        bigfleet_libvirt_ports::SideEffects::None
+    );
+    assert!(
+        error
+            .message
+            .contains("instance type \"kvm.small\" has a 9 GiB root disk (disk_gib)"),
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("set its disk_gib to at least 10"),
+        "{}",
+        error.message
+    );
+    assert_eq!(volumes(&rig.hv, ZONE, "default").await, ["base.qcow2"]);
+    assert!(domains(&rig.hv, ZONE).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_create_rolls_back_every_data_disk_it_made_and_keeps_an_adopted_one() {
+    let rig = rig_typed(SHAPED).await;
+    let slot = rig.slots[1].clone();
+    let name = domain_name("libvirt", slot.id.as_str());
+    let earlier = data_name(&name, "scratch");
+    let volume = xml::data_volume(&crate::render::spec::DataVolume {
+        volume: earlier.clone(),
+        serial: "scratch".to_owned(),
+        bytes: 1 << 30,
+    });
+    on_host(&rig.hv, ZONE, move |s| {
+        let pool = s.conn.lookup_storage_pool_by_name("default").unwrap();
+        virt::storage_vol::StorageVol::create_xml(&pool, &volume, 0).unwrap();
+    })
+    .await;
+    let host = Arc::clone(&rig.hv.inner.hosts[ZONE]);
+    let settings = Arc::clone(&rig.hv.inner.settings);
+    let disks = rig
+        .hv
+        .inner
+        .config
+        .catalog
+        .get("kvm.small")
+        .unwrap()
+        .disks
+        .clone();
+    // Zero vCPUs: the test driver refuses the define, after every volume exists.
+    let spec = CreateSpec {
+        name: name.clone(),
+        machine_id: slot.id.to_string(),
+        instance_type: slot.instance_type.clone(),
+        operation_id: "op-1".to_owned(),
+        vcpu: 0,
+        memory_mib: 512,
+        disks,
+    };
+    let owner = Arc::clone(&host);
+    let error = host
+        .call(Lane::Create, move |s| {
+            lifecycle::create(s, &owner, &settings, &spec)
+        })
+        .await
+        .unwrap_err();
+    assert!(error.message.contains("define domain"), "{}", error.message);
+    assert!(domains(&rig.hv, ZONE).await.is_empty());
+    assert_eq!(
+        volumes(&rig.hv, ZONE, "default").await,
+        ["base.qcow2".to_owned(), earlier],
+        "the overlay, the seed and data1 are rolled back; the adopted disk stays"
+    );
+}
+
+#[tokio::test]
+async fn delete_removes_data_disks_the_type_no_longer_lists() {
+    let rig = rig_typed(SHAPED).await;
+    let slot = rig.slots[0].clone();
+    create(&rig.hv, &slot).await.unwrap();
+    let name = domain_name("libvirt", slot.id.as_str());
+    let host = Arc::clone(&rig.hv.inner.hosts[ZONE]);
+    let settings = Arc::clone(&rig.hv.inner.settings);
+    let (owner, id, doomed) = (Arc::clone(&host), slot.id.to_string(), name.clone());
+    // As if the operator had since removed both data disks from the type.
+    host.call(Lane::Teardown, move |s| {
+        lifecycle::delete(s, &owner, &settings, &doomed, &id, Vec::new())
+    })
+    .await
+    .unwrap();
+    assert_eq!(volumes(&rig.hv, ZONE, "default").await, ["base.qcow2"]);
+}
