@@ -23,6 +23,7 @@ bugs=(
     bug-detached-transition-span
     bug-lanes-over-budget
     bug-spread-busiest
+    bug-rollback-leaks-a-volume
 )
 
 sim() { # [--features F] -- runner args

@@ -13,6 +13,7 @@ pub mod lanes;
 mod provider;
 mod spawn;
 pub mod spread;
+pub mod steps;
 mod store;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;

@@ -70,6 +70,12 @@ pub struct HostFaults {
     pub lost_reply: Ratio,
     /// Create defines the domain but fails to start it (`SideEffects::Applied`).
     pub partial_create: Ratio,
+    /// One step of a Create (a volume, the seed's upload, the define, the start), drawn
+    /// uniformly, fails; the product's step runner (`ports::steps`) rolls back the rest.
+    pub step_failure: Ratio,
+    /// Data disks per machine (0..=3): each Create makes this many volumes beside the
+    /// overlay and the seed.
+    pub data_disks: usize,
     /// Usual service time of a host operation.
     pub service: (Duration, Duration),
     /// Hosts unreachable for a while (target = host index).
@@ -252,6 +258,9 @@ impl FaultPlan {
             hang: rng.swarm_rate(HOST_RATES),
             lost_reply: rng.swarm_rate(HOST_RATES),
             partial_create: rng.swarm_rate(HOST_RATES),
+            // Drawn last (below), so adding them left every other draw as it was.
+            step_failure: Ratio::NEVER,
+            data_disks: 0,
             service: (ms(rng.between(5, 50)), ms(rng.between(100, 1500))),
             outages: windows(&mut rng, hosts, fault_phase, secs(30)),
             // Drawn last (below), so adding this class left every other draw as it was.
@@ -285,6 +294,8 @@ impl FaultPlan {
         let mut libvirtd = Libvirtd::draw(&mut rng, hosts);
         host.stalls = stall(&mut rng, hosts, fault_phase);
         libvirtd.draw_connections(&mut rng);
+        host.step_failure = rng.swarm_rate(HOST_RATES);
+        host.data_disks = usize::try_from(rng.between(0, 3)).expect("small");
         Self {
             seed,
             hosts,
@@ -392,8 +403,16 @@ impl fmt::Display for FaultPlan {
         write!(
             f,
             "\n  hypervisor: error={} spike={} hang={} lost_reply={} partial_create={} \
-             service={:?}..{:?}",
-            h.error, h.spike, h.hang, h.lost_reply, h.partial_create, h.service.0, h.service.1
+             step_failure={} data_disks={} service={:?}..{:?}",
+            h.error,
+            h.spike,
+            h.hang,
+            h.lost_reply,
+            h.partial_create,
+            h.step_failure,
+            h.data_disks,
+            h.service.0,
+            h.service.1
         )?;
         show_windows(f, "outages", &h.outages)?;
         show_windows(f, "stalls", &h.stalls)?;

@@ -3,7 +3,7 @@
 //! host's daemon, and the hosts' decision stream. The world holds it; the hypervisor fake
 //! (`fakes::hypervisor`) acts on it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::MachineId;
@@ -29,6 +29,8 @@ pub struct Hosts {
     pub rng: SimRng,
     /// Domains per host, by machine id.
     pub domains: Vec<BTreeMap<MachineId, Domain>>,
+    /// Volumes per host, by name (`<domain>-overlay`, `<domain>-data<N>`, `<domain>-seed`).
+    pub volumes: Vec<BTreeSet<String>>,
     /// When the last queued operation on each domain executes.
     pub busy_until: BTreeMap<MachineId, Duration>,
     /// Per-slot price drift, so reconcile has substrate facts to refresh.
@@ -60,6 +62,7 @@ impl Hosts {
         Self {
             rng: SimRng::stream(seed, "hosts"),
             domains: vec![BTreeMap::new(); count],
+            volumes: vec![BTreeSet::new(); count],
             busy_until: BTreeMap::new(),
             price_drift: BTreeMap::new(),
             load: BTreeMap::new(),
@@ -67,6 +70,22 @@ impl Hosts {
             calls: 0,
         }
     }
+}
+
+/// The volumes a Create of domain `name` makes, in order, with `data_disks` data disks; the
+/// last is the seed, the one volume the Create also fills.
+#[must_use]
+pub fn create_volumes(name: &str, data_disks: usize) -> Vec<String> {
+    let mut volumes = vec![format!("{name}-overlay")];
+    volumes.extend((1..=data_disks).map(|n| format!("{name}-data{n}")));
+    volumes.push(format!("{name}-seed"));
+    volumes
+}
+
+/// The domain a volume of [`create_volumes`] belongs to.
+#[must_use]
+pub fn volume_owner(volume: &str) -> &str {
+    volume.rsplit_once('-').map_or(volume, |(domain, _)| domain)
 }
 
 /// The host index of a zone (`zone-<i>`).

@@ -32,6 +32,9 @@ pub enum Invariant {
     HostsKeepServing,
     /// After quiescence no domain exists that the state does not know about.
     OrphanDomain,
+    /// After quiescence every volume belongs to a domain on its host (a failed Create rolls
+    /// back every volume it made, and Delete removes them all).
+    VolumeWithoutDomain,
     /// No accepted transition stays transitional past its deadline and the sweep's grace.
     TransitionDeadline,
     /// Every span a transition's work opens is in the trace of the call that accepted it.
@@ -58,6 +61,7 @@ impl Invariant {
             Self::HostBudget => "host-budget",
             Self::HostsKeepServing => "hosts-keep-serving",
             Self::OrphanDomain => "no-orphan-domain",
+            Self::VolumeWithoutDomain => "no-volume-without-domain",
             Self::TransitionDeadline => "transition-deadline",
             Self::SpansInCallTrace => "spans-in-call-trace",
             Self::Convergence => "convergence",
@@ -86,6 +90,7 @@ impl Invariant {
                 "a stalled host holds up no other host and serves again once it resumes"
             }
             Self::OrphanDomain => "after quiescence no domain exists that the state does not know",
+            Self::VolumeWithoutDomain => "after quiescence every volume belongs to a domain",
             Self::TransitionDeadline => {
                 "no accepted transition outlives its deadline by more than the sweep's grace"
             }

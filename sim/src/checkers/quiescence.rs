@@ -4,6 +4,8 @@
 //! - No machine is left in a transitional state, and the provider's state equals the disk.
 //! - Hosts and state agree: every domain belongs to a record that names it as its host
 //!   (no orphan), and every Idle/Configuring/Configured/Draining record has its domain.
+//! - Every volume on a host belongs to a domain on that host: a failed Create's rollback and
+//!   Delete leave none behind.
 //! - Each watcher's delta-maintained view, after one more delta, equals a full List.
 //! - The last acknowledged token of every (shard, machine) is still rejected, asked over
 //!   the same simulated network path the shards use.
@@ -15,7 +17,7 @@ use bigfleet_libvirt_domain::{HostRef, ListQuery, MachineState};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 
 use super::Checkers;
-use crate::hosts::zone_index;
+use crate::hosts::{volume_owner, zone_index};
 use crate::net::{self, Answer, Client, Outcome, Rpc};
 use crate::server::Serving;
 use crate::time::elapsed;
@@ -72,6 +74,23 @@ fn disagreements(world: &World, serving: &Serving) -> Vec<String> {
     problems
 }
 
+/// Volumes whose domain is not on their host.
+fn volumes_without_domain(world: &World) -> Vec<String> {
+    let hosts = world.hosts();
+    let mut problems = Vec::new();
+    for (zone, volumes) in hosts.volumes.iter().enumerate() {
+        for volume in volumes {
+            let owner = volume_owner(volume);
+            if !hosts.domains[zone].values().any(|d| d.name == owner) {
+                problems.push(format!(
+                    "volume {volume} on zone-{zone} has no domain {owner}"
+                ));
+            }
+        }
+    }
+    problems
+}
+
 fn transitional(serving: &Serving) -> Vec<String> {
     let Some(provider) = serving.get() else {
         return vec!["the provider is not serving".to_owned()];
@@ -102,6 +121,9 @@ pub async fn run(checkers: &Checkers, serving: &Serving, watchers: &Watchers) {
     }
     for problem in disagreements(world, serving) {
         checkers.violation(Invariant::OrphanDomain, problem);
+    }
+    for problem in volumes_without_domain(world) {
+        checkers.violation(Invariant::VolumeWithoutDomain, problem);
     }
     check_memory_equals_disk(checkers, serving);
     check_watchers(checkers, watchers).await;

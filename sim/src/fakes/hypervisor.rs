@@ -45,6 +45,7 @@ use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_domain::{HostRef, Machine, MachineId, MachineState};
 use bigfleet_libvirt_ports::lanes::{Lane, Lanes, NoObserver, Permit};
 use bigfleet_libvirt_ports::spread::{Link, Spread};
+use bigfleet_libvirt_ports::steps;
 use bigfleet_libvirt_ports::{
     ConfigureRequest, CreateRequest, Created, DeleteRequest, DrainRequest, Hypervisor,
     HypervisorError, ReadinessRequest, SideEffects,
@@ -55,7 +56,7 @@ use futures::future::BoxFuture;
 
 use crate::faults::HostFaults;
 use crate::history::{CallEnd, Event};
-use crate::hosts::{Domain, zone_index};
+use crate::hosts::{Domain, Hosts, create_volumes, volume_owner, zone_index};
 use crate::rng::SimRng;
 use crate::time::elapsed;
 use crate::world::World;
@@ -68,6 +69,8 @@ enum Fault {
     Hang,
     LostReply,
     Partial,
+    /// One step of the Create, drawn when it executes, fails.
+    Step,
 }
 
 #[derive(Clone, Debug)]
@@ -137,9 +140,11 @@ fn draw_fault(rng: &mut SimRng, faults: &HostFaults, op: &Op) -> Fault {
         (faults.hang, Fault::Hang),
         (faults.lost_reply, Fault::LostReply),
         (faults.partial_create, Fault::Partial),
+        (faults.step_failure, Fault::Step),
     ];
     for (rate, fault) in candidates {
-        if fault == Fault::Partial && !matches!(op, Op::Create) {
+        let create_only = matches!(fault, Fault::Partial | Fault::Step);
+        if create_only && !matches!(op, Op::Create) {
             continue;
         }
         if rng.chance(rate) {
@@ -454,33 +459,23 @@ impl SimHypervisor {
         let id = &machine.id;
         let result = {
             let mut hosts = self.world.hosts();
-            let domains = &mut hosts.domains[host];
             match op {
-                Op::Create => {
-                    let domain = domains.entry(id.clone()).or_insert_with(|| Domain {
-                        name: domain_name(&self.world.provider_label, id.as_str()),
-                        running: false,
-                        cluster: String::new(),
-                    });
-                    if fault == Fault::Partial {
-                        Err(HypervisorError {
-                            message: format!(
-                                "zone-{host}: create {id}: domain defined but failed to start"
-                            ),
-                            side_effects: SideEffects::Applied,
-                        })
-                    } else {
-                        domain.running = true;
-                        Ok(Some(self.host_ref(host, domain)))
-                    }
+                Op::Create => self.create_on(&mut hosts, host, id, fault),
+                Op::Configure(cluster) => {
+                    with_running(&mut hosts.domains[host], host, op, id, |d| {
+                        d.cluster.clone_from(cluster);
+                    })
                 }
-                Op::Configure(cluster) => with_running(domains, host, op, id, |d| {
-                    d.cluster.clone_from(cluster);
+                Op::Ready => with_running(&mut hosts.domains[host], host, op, id, |_| {}),
+                Op::Drain => with_running(&mut hosts.domains[host], host, op, id, |d| {
+                    d.cluster.clear()
                 }),
-                Op::Ready => with_running(domains, host, op, id, |_| {}),
-                Op::Drain => with_running(domains, host, op, id, |d| d.cluster.clear()),
                 Op::Delete => {
-                    domains.remove(id);
+                    // As the adapter: the domain goes, then every volume of its name, even
+                    // when the domain was already gone.
+                    hosts.domains[host].remove(id);
+                    let name = domain_name(&self.world.provider_label, id.as_str());
+                    hosts.volumes[host].retain(|v| volume_owner(v) != name);
                     Ok(None)
                 }
             }
@@ -503,6 +498,130 @@ impl SimHypervisor {
             domains,
         });
         result
+    }
+}
+
+impl SimHypervisor {
+    /// A Create on `host`, as the libvirt adapter does it: an existing domain of the machine
+    /// is adopted and started; otherwise the product's step runner makes the volumes, fills
+    /// the seed, defines and starts the domain, and on a failing step (`Fault::Step`, at a
+    /// drawn step) rolls back what it made and answers `SideEffects::None`, as the adapter
+    /// does after a complete rollback. `Fault::Partial` stops after the define, with no
+    /// rollback (as a process that died there would leave it).
+    fn create_on(
+        &self,
+        hosts: &mut Hosts,
+        host: usize,
+        id: &MachineId,
+        fault: Fault,
+    ) -> HostResult {
+        if let Some(domain) = hosts.domains[host].get_mut(id) {
+            domain.running = true;
+            return Ok(Some(self.host_ref(host, domain)));
+        }
+        let name = domain_name(&self.world.provider_label, id.as_str());
+        let volumes = create_volumes(&name, self.world.plan.host.data_disks);
+        let seed = volumes.last().cloned().into_iter().collect::<Vec<_>>();
+        let mut plan = steps::create_steps(&volumes, &seed);
+        if fault == Fault::Partial {
+            plan.pop();
+        }
+        let fail_at = (fault == Fault::Step).then(|| hosts.rng.index(plan.len()));
+        let mut on_host = OnHost {
+            hosts,
+            host,
+            id,
+            name: &name,
+            fail_at,
+            calls: 0,
+        };
+        if let Err(failed) = steps::run(&mut on_host, &plan) {
+            // As the adapter answers: a step the host refused, rolled back completely on a
+            // live connection, did nothing.
+            let side_effects = if failed.leftovers.is_empty() {
+                SideEffects::None
+            } else {
+                SideEffects::Applied
+            };
+            return Err(HypervisorError {
+                message: format!(
+                    "zone-{host}: create {id}: step {} failed: {}",
+                    failed.step, failed.error
+                ),
+                side_effects,
+            });
+        }
+        if fault == Fault::Partial {
+            return Err(HypervisorError {
+                message: format!("zone-{host}: create {id}: domain defined but failed to start"),
+                side_effects: SideEffects::Applied,
+            });
+        }
+        let domain = &hosts.domains[host][id];
+        Ok(Some(self.host_ref(host, domain)))
+    }
+}
+
+/// One Create's steps on a simulated host; step `fail_at` (counting every step) fails.
+struct OnHost<'a> {
+    hosts: &'a mut Hosts,
+    host: usize,
+    id: &'a MachineId,
+    name: &'a str,
+    fail_at: Option<usize>,
+    calls: usize,
+}
+
+impl OnHost<'_> {
+    fn step(&mut self, what: &str) -> Result<(), String> {
+        let call = self.calls;
+        self.calls += 1;
+        if self.fail_at == Some(call) {
+            return Err(format!("injected failure of {what}"));
+        }
+        Ok(())
+    }
+}
+
+impl steps::Substrate for OnHost<'_> {
+    type Error = String;
+
+    fn volume(&mut self, name: &str) -> Result<bool, String> {
+        self.step(&format!("volume {name}"))?;
+        Ok(self.hosts.volumes[self.host].insert(name.to_owned()))
+    }
+
+    fn fill(&mut self, name: &str) -> Result<(), String> {
+        self.step(&format!("upload {name}"))
+    }
+
+    fn define(&mut self) -> Result<(), String> {
+        self.step("define")?;
+        let domain = Domain {
+            name: self.name.to_owned(),
+            running: false,
+            cluster: String::new(),
+        };
+        self.hosts.domains[self.host].insert(self.id.clone(), domain);
+        Ok(())
+    }
+
+    fn start(&mut self) -> Result<(), String> {
+        self.step("start")?;
+        if let Some(domain) = self.hosts.domains[self.host].get_mut(self.id) {
+            domain.running = true;
+        }
+        Ok(())
+    }
+
+    fn undefine(&mut self) -> Result<(), String> {
+        self.hosts.domains[self.host].remove(self.id);
+        Ok(())
+    }
+
+    fn delete_volume(&mut self, name: &str) -> Result<(), String> {
+        self.hosts.volumes[self.host].remove(name);
+        Ok(())
     }
 }
 

@@ -12,10 +12,15 @@
 //! failing on "domain already exists". Only a new domain is charged against host capacity, and a
 //! Create that cannot fit fails before anything is made.
 
+use std::collections::BTreeMap;
+
 use bigfleet_libvirt_domain::catalog::DiskShape;
 use bigfleet_libvirt_ports::HypervisorError;
+use bigfleet_libvirt_ports::steps;
 use tracing::warn;
 use virt::domain::Domain;
+use virt::storage_pool::StoragePool;
+use virt::storage_vol::StorageVol;
 
 use super::SequenceContext;
 use crate::host::capacity::Shape;
@@ -26,7 +31,7 @@ use crate::host::session::{BaseImage, Session};
 use crate::render::seed;
 use crate::render::spec::{Base, Choices, DomainSpec, Slot, VolumePaths};
 use crate::render::xml;
-use crate::storage::volumes::{self, overlay_name, seed_name};
+use crate::storage::volumes;
 use bigfleet_libvirt_system::Stopwatch;
 
 /// What one Create asks for.
@@ -53,16 +58,6 @@ impl CreateSpec {
     }
 }
 
-/// What this attempt made, so a rollback removes exactly that.
-#[derive(Default)]
-struct Made {
-    overlay: bool,
-    seed: bool,
-    /// The data volumes this attempt created, by name.
-    data: Vec<String>,
-    domain: Option<Domain>,
-}
-
 /// Creates (or adopts) the domain and leaves it running.
 pub(crate) fn create(
     session: &Session,
@@ -82,23 +77,14 @@ pub(crate) fn create(
                 host.zone, spec.machine_id
             ))
         })?;
-    let mut made = Made::default();
-    match build(session, settings, spec, &mut made) {
+    match build(session, settings, spec) {
         Ok(()) => {
             host.ledger().commit(&spec.name);
             Ok(())
         }
         Err(error) => {
-            let leftovers = rollback(session, settings, &spec.name, made);
             host.ledger().release(&spec.name);
-            if leftovers.is_empty() {
-                return Err(error);
-            }
-            Err(partly_done(format!(
-                "{}; rollback incomplete: {}",
-                error.message,
-                leftovers.join("; ")
-            )))
+            Err(error)
         }
     }
 }
@@ -132,101 +118,172 @@ fn domain_spec(
     Ok(DomainSpec::new(&choices, &slot, base))
 }
 
+/// Reads what the steps need (the pool, the base image, the seed image), then runs the
+/// Create's steps ([`steps::run`]), which roll back what this attempt made on a failure.
 fn build(
     session: &Session,
     settings: &SequenceContext,
     spec: &CreateSpec,
-    made: &mut Made,
 ) -> Result<(), HypervisorError> {
     let pool = volumes::pool(session, &settings.options.storage_pool).map_err(nothing_done)?;
     let base =
         volumes::base_image(session, &pool, &settings.options.image).map_err(nothing_done)?;
     let domain_spec = domain_spec(settings, spec, &base).map_err(refused)?;
-    let disks = &domain_spec.disks;
-    let (overlay, created) =
-        volumes::create_or_adopt(&pool, &disks.overlay, &xml::overlay(&domain_spec))
-            .map_err(maybe_done)?;
-    made.overlay = created;
-    let overlay_path = overlay
-        .path()
-        .map_err(|e| maybe_done(format!("overlay path: {}", text(&e))))?;
-    let mut data_paths = Vec::with_capacity(disks.data.len());
-    for disk in &disks.data {
-        let (volume, created) =
-            volumes::create_or_adopt(&pool, &disk.volume, &xml::data_volume(disk))
-                .map_err(maybe_done)?;
-        if created {
-            made.data.push(disk.volume.clone());
-        }
-        let path = (volume.path())
-            .map_err(|e| maybe_done(format!("data disk {} path: {}", disk.serial, text(&e))))?;
-        data_paths.push(path);
-    }
-    let image = seed::build(
+    let seed_image = seed::build(
         &domain_spec.name,
         &domain_spec.instance_id,
         &domain_spec.user_data,
     )
     .map_err(nothing_done)?;
-    let seed_size = u64::try_from(image.len()).unwrap_or(u64::MAX);
-    let (seed_volume, created) =
-        volumes::create_or_adopt(&pool, &disks.seed, &xml::seed(&domain_spec, seed_size))
-            .map_err(maybe_done)?;
-    made.seed = created;
-    volumes::upload(session, &seed_volume, &image)
-        .map_err(|e| maybe_done(format!("upload the cloud-init seed: {e}")))?;
-    let seed_path = seed_volume
-        .path()
-        .map_err(|e| maybe_done(format!("seed path: {}", text(&e))))?;
-    let paths = VolumePaths {
-        overlay: &overlay_path,
-        seed: &seed_path,
-        data: &data_paths,
+    let disks = &domain_spec.disks;
+    let mut made = vec![disks.overlay.clone()];
+    made.extend(disks.data.iter().map(|d| d.volume.clone()));
+    made.push(disks.seed.clone());
+    let plan = steps::create_steps(&made, std::slice::from_ref(&disks.seed));
+    let mut on_host = OnHost {
+        session,
+        settings,
+        pool,
+        spec: domain_spec,
+        seed_image,
+        volumes: BTreeMap::new(),
+        domain: None,
     };
-    let document = xml::domain(&domain_spec, paths);
-    let watch = Stopwatch::start();
-    let domain = session.conn.define_domain_xml(&document).map_err(|e| {
-        maybe_done(format!(
-            "define domain {}: {}",
-            spec.name,
-            one_line(&text(&e), 700)
+    steps::run(&mut on_host, &plan).map_err(|failed| {
+        if failed.leftovers.is_empty() {
+            return undone(session, failed.error);
+        }
+        let leftovers: Vec<String> = failed.leftovers.into_iter().map(|e| e.message).collect();
+        partly_done(format!(
+            "{}; rollback incomplete: {}",
+            failed.error.message,
+            leftovers.join("; ")
         ))
-    })?;
-    settings.metrics.observe_phase("define", watch.seconds());
-    made.domain = Some(domain.clone());
-    let watch = Stopwatch::start();
-    domains::start(&domain, &spec.name)?;
-    settings.metrics.observe_phase("start", watch.seconds());
-    if let Err(e) = domain.set_autostart(true) {
-        warn!(domain = %spec.name, error = %text(&e), "set domain autostart");
-    }
-    Ok(())
+    })
 }
 
-/// Removes what `made` records; returns what could not be removed.
-fn rollback(session: &Session, settings: &SequenceContext, name: &str, made: Made) -> Vec<String> {
-    let mut leftovers = Vec::new();
-    if let Some(domain) = made.domain {
-        if let Err(e) = domains::remove(&domain, name) {
-            leftovers.push(e.message);
+/// A failed step after a complete rollback. libvirt's calls answer an error only when they
+/// did not act (a volume, a definition or a start that failed is not left behind), and a call
+/// whose answer was lost leaves the connection dead; so while the connection is alive the
+/// host holds nothing this attempt made and the Create is known to have done nothing. A dead
+/// connection keeps the step's own classification (its effect may be unknown).
+fn undone(session: &Session, error: HypervisorError) -> HypervisorError {
+    if session.conn.is_alive() == Ok(true) {
+        nothing_done(error.message)
+    } else {
+        error
+    }
+}
+
+/// One Create's steps on a libvirt host: the volumes it made or adopted, by name, and the
+/// domain once defined.
+struct OnHost<'a> {
+    session: &'a Session,
+    settings: &'a SequenceContext,
+    pool: StoragePool,
+    spec: DomainSpec,
+    seed_image: Vec<u8>,
+    volumes: BTreeMap<String, StorageVol>,
+    domain: Option<Domain>,
+}
+
+impl OnHost<'_> {
+    /// The path libvirt gave volume `name` (made by an earlier step).
+    fn path(&self, name: &str) -> Result<String, HypervisorError> {
+        let volume = (self.volumes.get(name))
+            .ok_or_else(|| nothing_done(format!("volume {name} was not made")))?;
+        (volume.path()).map_err(|e| maybe_done(format!("volume {name} path: {}", text(&e))))
+    }
+}
+
+impl steps::Substrate for OnHost<'_> {
+    type Error = HypervisorError;
+
+    fn volume(&mut self, name: &str) -> Result<bool, HypervisorError> {
+        let disks = &self.spec.disks;
+        let document = if name == disks.overlay {
+            xml::overlay(&self.spec)
+        } else if name == disks.seed {
+            let bytes = u64::try_from(self.seed_image.len()).unwrap_or(u64::MAX);
+            xml::seed(&self.spec, bytes)
+        } else {
+            let disk = (disks.data.iter().find(|d| d.volume == name))
+                .ok_or_else(|| nothing_done(format!("no volume {name} in the spec")))?;
+            xml::data_volume(disk)
+        };
+        let (volume, created) =
+            volumes::create_or_adopt(&self.pool, name, &document).map_err(maybe_done)?;
+        self.volumes.insert(name.to_owned(), volume);
+        Ok(created)
+    }
+
+    fn fill(&mut self, name: &str) -> Result<(), HypervisorError> {
+        let volume = (self.volumes.get(name))
+            .ok_or_else(|| nothing_done(format!("volume {name} was not made")))?;
+        volumes::upload(self.session, volume, &self.seed_image)
+            .map_err(|e| maybe_done(format!("upload the cloud-init seed: {e}")))
+    }
+
+    fn define(&mut self) -> Result<(), HypervisorError> {
+        let disks = &self.spec.disks;
+        let overlay = self.path(&disks.overlay)?;
+        let seed = self.path(&disks.seed)?;
+        let data = (disks.data.iter())
+            .map(|d| self.path(&d.volume))
+            .collect::<Result<Vec<_>, _>>()?;
+        let paths = VolumePaths {
+            overlay: &overlay,
+            seed: &seed,
+            data: &data,
+        };
+        let document = xml::domain(&self.spec, paths);
+        let watch = Stopwatch::start();
+        let domain = self
+            .session
+            .conn
+            .define_domain_xml(&document)
+            .map_err(|e| {
+                maybe_done(format!(
+                    "define domain {}: {}",
+                    self.spec.name,
+                    one_line(&text(&e), 700)
+                ))
+            })?;
+        self.settings
+            .metrics
+            .observe_phase("define", watch.seconds());
+        self.domain = Some(domain);
+        Ok(())
+    }
+
+    fn start(&mut self) -> Result<(), HypervisorError> {
+        let name = &self.spec.name;
+        let domain = (self.domain.as_ref())
+            .ok_or_else(|| nothing_done(format!("domain {name} was not defined")))?;
+        let watch = Stopwatch::start();
+        domains::start(domain, name)?;
+        self.settings
+            .metrics
+            .observe_phase("start", watch.seconds());
+        if let Err(e) = domain.set_autostart(true) {
+            warn!(domain = %name, error = %text(&e), "set domain autostart");
+        }
+        Ok(())
+    }
+
+    fn undefine(&mut self) -> Result<(), HypervisorError> {
+        match self.domain.take() {
+            Some(domain) => domains::remove(&domain, &self.spec.name),
+            None => Ok(()),
         }
     }
-    let mut created = made.data;
-    created.extend(made.seed.then(|| seed_name(name)));
-    created.extend(made.overlay.then(|| overlay_name(name)));
-    if !created.is_empty() {
-        match volumes::pool(session, &settings.options.storage_pool) {
-            Ok(pool) => {
-                for volume in &created {
-                    if let Err(e) = volumes::delete(&pool, volume) {
-                        leftovers.push(e);
-                    }
-                }
-            }
-            Err(e) => leftovers.push(e),
-        }
+
+    fn delete_volume(&mut self, name: &str) -> Result<(), HypervisorError> {
+        self.volumes.remove(name);
+        volumes::delete(&self.pool, name)
+            .map(|_| ())
+            .map_err(partly_done)
     }
-    leftovers
 }
 
 /// Destroys and undefines the domain if it is ours, then deletes its volumes: the overlay,

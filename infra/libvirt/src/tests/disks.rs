@@ -148,6 +148,11 @@ async fn a_failed_create_rolls_back_every_data_disk_it_made_and_keeps_an_adopted
         .await
         .unwrap_err();
     assert!(error.message.contains("define domain"), "{}", error.message);
+    assert_eq!(
+        error.side_effects,
+        bigfleet_libvirt_ports::SideEffects::None,
+        "rolled back on a live connection: nothing this attempt made is left"
+    );
     assert!(domains(&rig.hv, ZONE).await.is_empty());
     assert_eq!(
         volumes(&rig.hv, ZONE, "default").await,
