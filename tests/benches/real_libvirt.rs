@@ -13,7 +13,8 @@
 //!   Configure for an agent that never answers (every guest boots with `bigfleet.agent=off`,
 //!   which scripts/qemu-tier/init honours) ÷ the same Creates beside the same 4 guests
 //!   running Idle (medians), so the guests' own CPU is on both sides and only the agent
-//!   polling differs.
+//!   polling differs; the bare sequence is timed beside the same guests in both arms too
+//!   (`bare_agent_isolation`), and each arm keeps the provider's phase means.
 //!
 //! `kvm` where a KVM guest starts in the zone (a probe of the bare sequence, with the
 //! named CPU model `REAL_LIBVIRT_KVM_CPU`, default `kvm64`: host-passthrough aborts QEMU 7.2
@@ -48,6 +49,7 @@ mod report;
 mod results;
 
 use crate::results::say;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::bare::Bare;
@@ -208,13 +210,13 @@ async fn run(tier: &mut Tier, dir: &std::path::Path) -> Result<report::Report, B
     let mut clock = PhaseClock::start(started);
     let c1 = phases::c1(&c, &sides[0], &a, &sizes).await?;
     clock.lap("c1");
-    let c8 = phases::c8(&c, &sides, &a, &b, &sizes).await?;
+    let c8 = phases::c8(&c, &server, &sides, &a, &b, &sizes).await?;
     clock.lap("c8");
     let loaded = phases::delete_under_load(&c, &a, &sizes).await?;
     clock.lap("delete_under_load");
-    let agent = phases::agent_isolation(&c, &a, &sizes).await?;
+    let agent = phases::agent_isolation(&c, &server, &sides[0], &a, &sizes).await?;
     clock.lap("agent_isolation");
-    let phases = provider_phases(&server).await;
+    let phases = phase_means(&BTreeMap::new(), &phase_sums(&server).await);
     let load = serde_json::json!({ "before": load_before, "after": loadavg() });
     Ok(report::Report {
         domain_type: tier.domain_type,
@@ -276,46 +278,54 @@ async fn warm(
     Ok(usize::try_from(seed)?)
 }
 
-/// The provider's own mean `define` and `start` phase times over the whole run (ms), from
-/// its `/metrics` histogram, beside the bare sequence's steps, and the mean wait for a slot
-/// of each lane (ms; all zones together), where a Create's time goes before its calls.
-async fn provider_phases(server: &harness::Server) -> serde_json::Value {
+/// The provider's `define` and `start` phase histograms and each lane's wait for a slot (all
+/// zones together), from its `/metrics`, as (sum s, count) by name (`define`, `start`,
+/// `create_lane_wait`, …): read twice, they give the means of what happened in between.
+pub async fn phase_sums(server: &harness::Server) -> BTreeMap<String, (f64, f64)> {
+    let mut out = BTreeMap::new();
     let Some(addr) = server.metrics_addr else {
-        return serde_json::Value::Null;
+        return out;
     };
     let text = harness::scrape::scrape(addr).await.text;
-    let read = |series: &str| {
+    let total = |prefix: &str, label: &str| -> f64 {
         text.lines()
-            .find_map(|l| l.strip_prefix(series))
-            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|l| l.starts_with(prefix) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     };
-    let mut out = serde_json::Map::new();
     for phase in ["define", "start"] {
         let name = "bigfleet_libvirt_phase_duration_seconds";
-        let sum = read(&format!("{name}_sum{{phase=\"{phase}\"}}"));
-        let count = read(&format!("{name}_count{{phase=\"{phase}\"}}"));
-        if let (Some(sum), Some(count)) = (sum, count) {
-            out.insert(
-                phase.to_owned(),
-                serde_json::json!((sum / count * 1e6).round() / 1e3),
-            );
-        }
+        let label = format!("phase=\"{phase}\"}}");
+        let sum = total(&format!("{name}_sum{{"), &label);
+        let count = total(&format!("{name}_count{{"), &label);
+        out.insert(phase.to_owned(), (sum, count));
     }
     for lane in ["create", "teardown", "read", "agent"] {
-        let sum_count = |suffix: &str| -> f64 {
-            let name = format!("bigfleet_libvirt_host_queue_wait_seconds_{suffix}{{");
-            let lane = format!("lane=\"{lane}\"}}");
-            text.lines()
-                .filter(|l| l.starts_with(&name) && l.contains(&lane))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        };
-        let (sum, count) = (sum_count("sum"), sum_count("count"));
+        let name = "bigfleet_libvirt_host_queue_wait_seconds";
+        let label = format!("lane=\"{lane}\"}}");
+        let sum = total(&format!("{name}_sum{{"), &label);
+        let count = total(&format!("{name}_count{{"), &label);
+        out.insert(format!("{lane}_lane_wait"), (sum, count));
+    }
+    out
+}
+
+/// The mean (ms) of each series over what happened between the readings `before` and
+/// `after` (all of the run when `before` is empty), and how many it averages.
+pub fn phase_means(
+    before: &BTreeMap<String, (f64, f64)>,
+    after: &BTreeMap<String, (f64, f64)>,
+) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for (name, (sum, count)) in after {
+        let (sum0, count0) = before.get(name).copied().unwrap_or((0.0, 0.0));
+        let (sum, count) = (sum - sum0, count - count0);
         if count > 0.0 {
             out.insert(
-                format!("{lane}_lane_wait"),
+                name.clone(),
                 serde_json::json!((sum / count * 1e6).round() / 1e3),
             );
+            out.insert(format!("{name}_count"), serde_json::json!(count));
         }
     }
     out.into()

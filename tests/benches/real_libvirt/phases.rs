@@ -1,5 +1,6 @@
 //! The benchmark's phases, each next to its yardstick measured in the same run.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -7,8 +8,8 @@ use bigfleet_libvirt_proto::v1alpha1::MachineState as S;
 
 use super::bare::{self, Bare};
 use super::drive::{self, Timed, all, create_timed, delete_timed, wide};
-use super::{BoxError, Sizes};
-use crate::harness::{Client, create};
+use super::{BoxError, Sizes, phase_means, phase_sums};
+use crate::harness::{Client, Server, create};
 
 /// Create ack → Idle at concurrency 1, alternating with the bare sequence, each machine
 /// removed again before the next is made (so every sample sees a host without our guests);
@@ -55,10 +56,13 @@ pub struct C8 {
     pub count: usize,
     /// Every round's Creates/s: (provider, bare).
     pub rounds: Vec<(f64, f64)>,
+    /// The provider's means (ms) over its rounds' Creates: define, start, each lane's wait.
+    pub phases: serde_json::Value,
 }
 
 pub async fn c8(
     c: &Client,
+    server: &Server,
     sides: &[Arc<Bare>],
     a: &[String],
     b: &[String],
@@ -72,6 +76,8 @@ pub async fn c8(
         .collect();
     let count = ids.len();
     let mut rounds = Vec::new();
+    // The provider's phase sums over its rounds' Creates only (not the Deletes between).
+    let mut totals: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for round in 0..2 {
         let first = 100 + round * per_zone;
         let sides2: Vec<Arc<Bare>> = sides.to_vec();
@@ -81,7 +87,14 @@ pub async fn c8(
         .await??;
         let sides2: Vec<Arc<Bare>> = sides.to_vec();
         tokio::task::spawn_blocking(move || bare::remove(&sides2, first, per_zone)).await??;
+        let sums = phase_sums(server).await;
         let (_, wall) = wide(c, &ids, sizes.c8_width, create_timed).await?;
+        for (name, (sum, count)) in phase_sums(server).await {
+            let (sum0, count0) = sums.get(&name).copied().unwrap_or((0.0, 0.0));
+            let entry = totals.entry(name).or_insert((0.0, 0.0));
+            entry.0 += sum - sum0;
+            entry.1 += count - count0;
+        }
         all(c, &ids, delete_timed).await?;
         rounds.push((
             count as f64 / wall.as_secs_f64(),
@@ -94,6 +107,7 @@ pub async fn c8(
         bare_per_s: best(|r| r.1),
         count,
         rounds,
+        phases: phase_means(&BTreeMap::new(), &totals),
     })
 }
 
@@ -155,27 +169,76 @@ pub async fn delete_under_load(
 /// agent that never answers (Configure sent, the guest booted with `bigfleet.agent=off`),
 /// next to the same Creates with those guests running Idle (no agent calls), so the only
 /// difference is the agent polling. Those machines are left Configuring; the caller removes
-/// them. Returns (with the guests Idle, with their agents stuck).
+/// them. Each arm also keeps the provider's phase and lane-wait means over its own Creates,
+/// which say where a difference goes.
+pub struct Agent {
+    /// With the guests Idle.
+    pub idle: Vec<Duration>,
+    /// With their agents stuck.
+    pub stuck: Vec<Duration>,
+    /// The provider's means (ms) over each arm: define, start, each lane's wait.
+    pub idle_phases: serde_json::Value,
+    pub stuck_phases: serde_json::Value,
+    /// The bare sequence's Creates in each arm (each removed at once), beside the same
+    /// guests: whether a difference is the provider's or the host's.
+    pub bare_idle: Vec<Duration>,
+    pub bare_stuck: Vec<Duration>,
+}
+
+/// `count` bare Creates on `side`, one at a time, each removed at once; numbered from
+/// `first`.
+async fn bare_series(
+    side: &Arc<Bare>,
+    first: usize,
+    count: usize,
+) -> Result<Vec<Duration>, BoxError> {
+    let side = Arc::clone(side);
+    tokio::task::spawn_blocking(move || {
+        let mut times = Vec::new();
+        for n in first..first + count {
+            times.push(side.create(n)?);
+            side.remove(n)?;
+        }
+        Ok::<_, BoxError>(times)
+    })
+    .await?
+}
+
 pub async fn agent_isolation(
     c: &Client,
+    server: &Server,
+    side: &Arc<Bare>,
     ids: &[String],
     sizes: &Sizes,
-) -> Result<(Vec<Duration>, Vec<Duration>), BoxError> {
+) -> Result<Agent, BoxError> {
     let (stuck, rest) = ids[..sizes.stuck + 2 * sizes.c1].split_at(sizes.stuck);
     let (before, measured) = rest.split_at(sizes.c1);
     all(c, stuck, create_timed).await?;
     let mut idle = Vec::new();
+    let start = phase_sums(server).await;
     for id in before {
         idle.push(create_timed(c.clone(), id.clone()).await?.done);
     }
+    let idle_phases = phase_means(&start, &phase_sums(server).await);
+    let bare_idle = bare_series(side, 300, sizes.c1).await?;
     for id in stuck {
         drive::configure_acked(c.clone(), id.clone()).await?;
     }
     // Let every stuck Configure reach its agent wait (the first pings time out after 2 s).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut times = Vec::new();
+    let start = phase_sums(server).await;
     for id in measured {
         times.push(create_timed(c.clone(), id.clone()).await?.done);
     }
-    Ok((idle, times))
+    let stuck_phases = phase_means(&start, &phase_sums(server).await);
+    let bare_stuck = bare_series(side, 400, sizes.c1).await?;
+    Ok(Agent {
+        idle,
+        stuck: times,
+        idle_phases,
+        stuck_phases,
+        bare_idle,
+        bare_stuck,
+    })
 }
