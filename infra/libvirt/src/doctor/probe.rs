@@ -119,9 +119,10 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
     facts
 }
 
-/// Why `max_client_requests` and `max_workers` are not read: libvirt serves it only through its admin API
+/// Why `max_client_requests` and `max_workers` are not read: libvirt does not report
+/// `max_client_requests` at all, and `max_workers` only through its admin API
 /// (`virAdmConnectOpen` on the daemon's admin socket, local to the host), which the `virt`
-/// crate does not bind.
+/// crate does not bind; the operator states the former (`--host-max-client-requests`).
 const NO_ADMIN_API: &str = "libvirt's admin API is not available to the provider";
 
 fn connection(conn: &Connect) -> Result<Connection, String> {
