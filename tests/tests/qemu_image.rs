@@ -123,21 +123,9 @@ impl ImageTier {
         }
     }
 
-    /// The provider's flags: `count` slots of a 1 vCPU / 1 GiB type in zone `local` on the
-    /// image zone, the real image, the default NIC, `accel`, plus `extra`.
+    /// The provider's flags: `count` slots of a 1 vCPU / 1 GiB type with `disks` in zone
+    /// `local` on the image zone, the real image, the default NIC, `accel`, plus `extra`.
     pub fn flags(
-        &self,
-        dir: &Path,
-        label: &str,
-        count: u32,
-        accel: &Accel,
-        extra: &[&str],
-    ) -> Vec<String> {
-        self.flags_typed(dir, label, count, accel, extra, &DiskPlan::default())
-    }
-
-    /// [`Self::flags`] with the type's disks as `disks` plans them.
-    fn flags_typed(
         &self,
         dir: &Path,
         label: &str,
@@ -174,21 +162,9 @@ impl ImageTier {
         count: u32,
         accel: &Accel,
         extra: &[&str],
-    ) -> Server {
-        self.provider_typed(dir, label, count, accel, extra, &DiskPlan::default())
-    }
-
-    /// [`Self::provider`] with the type's disks as `disks` plans them.
-    pub fn provider_typed(
-        &self,
-        dir: &Path,
-        label: &str,
-        count: u32,
-        accel: &Accel,
-        extra: &[&str],
         disks: &DiskPlan,
     ) -> Server {
-        let args = self.flags_typed(dir, label, count, accel, extra, disks);
+        let args = self.flags(dir, label, count, accel, extra, disks);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Server::start(&args)
     }
@@ -521,9 +497,16 @@ async fn cloud_image() {
         root_gib: Some(20),
         data: vec![("data1", 2), ("scratch", 3)],
     };
-    let bios = tier.provider_typed(dir.path(), "img-bios", 1, &accel, &[], &shaped);
-    let efi = tier.provider(dir.path(), "img-efi", 1, &accel, &["--firmware=efi"]);
+    let bios = tier.provider(dir.path(), "img-bios", 1, &accel, &[], &shaped);
     let plain = DiskPlan::default();
+    let efi = tier.provider(
+        dir.path(),
+        "img-efi",
+        1,
+        &accel,
+        &["--firmware=efi"],
+        &plain,
+    );
     let (bios_t, efi_t) = tokio::join!(
         walk(&bios, &virt, "image-cluster-bios", &shaped),
         walk(&efi, &virt, "image-cluster-efi", &plain)

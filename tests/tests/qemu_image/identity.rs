@@ -88,7 +88,14 @@ async fn cloud_init_identity_and_guest_network() {
     let data = user_data(dir.path(), &marker);
     let flag = format!("--base-user-data={}", data.display());
     let virt = Libvirt::open(&tier);
-    let server = tier.provider(dir.path(), "img-id", 1, &accel, &[&flag]);
+    let server = tier.provider(
+        dir.path(),
+        "img-id",
+        1,
+        &accel,
+        &[&flag],
+        &DiskPlan::default(),
+    );
     let mut c = server.client().await;
     let id = pick(&server, &mut c).await;
     let first = incarnation(&tier, &server, &virt, &id).await;

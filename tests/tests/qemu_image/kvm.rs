@@ -21,7 +21,7 @@ fn doctor_tries_host_passthrough(tier: &ImageTier, dir: &Path) {
         domain_type: "kvm",
         cpu: Some("host-passthrough".to_owned()),
     };
-    let mut args = tier.flags(dir, "img-doctor", 1, &accel, &[]);
+    let mut args = tier.flags(dir, "img-doctor", 1, &accel, &[], &DiskPlan::default());
     args.push("--trial-domain".to_owned());
     let out = Command::new(binary())
         .args(["doctor", "--output=json"])
@@ -78,7 +78,7 @@ async fn kvm_guest() {
             let dir = tempfile::tempdir().unwrap();
             doctor_tries_host_passthrough(&tier, dir.path());
             let virt = Libvirt::open(&tier);
-            let server = tier.provider(dir.path(), "img-kvm", 1, &accel, &[]);
+            let server = tier.provider(dir.path(), "img-kvm", 1, &accel, &[], &DiskPlan::default());
             walk(&server, &virt, "image-cluster-kvm", &DiskPlan::default())
                 .await
                 .print(&format!("real image, BIOS, {}", accel.describe()));

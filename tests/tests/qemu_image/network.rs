@@ -174,6 +174,7 @@ async fn guest_network_on_a_bridge() {
         1,
         &accel,
         &["--nic=bridge=virbr0"],
+        &DiskPlan::default(),
     );
     let mut c = server.client().await;
     let id = pick(&server, &mut c).await;

@@ -167,17 +167,7 @@ pub fn overlay(spec: &DomainSpec) -> String {
 /// A data disk's volume: thin qcow2 of its size, no backing.
 #[must_use]
 pub fn data_volume(disk: &DataVolume) -> String {
-    let name = escape(&disk.volume);
-    let capacity = disk.bytes;
-    format!(
-        "<volume type='file'>
-  <name>{name}</name>
-  <capacity unit='bytes'>{capacity}</capacity>
-  <allocation unit='bytes'>0</allocation>
-  <target><format type='qcow2'/></target>
-</volume>
-"
-    )
+    thin_qcow2(&escape(&disk.volume), disk.bytes, "")
 }
 
 /// `spec`'s seed volume, sized for a seed image of `bytes`.
@@ -190,17 +180,26 @@ pub fn seed(spec: &DomainSpec, bytes: u64) -> String {
 /// on write, and a pool must not be charged the full virtual size per machine.
 #[must_use]
 pub fn overlay_volume(name: &str, capacity: u64, base_path: &str, base_format: &str) -> String {
-    let (name, base_path, base_format) = (escape(name), escape(base_path), escape(base_format));
+    let (base_path, base_format) = (escape(base_path), escape(base_format));
+    let backing = format!(
+        "
+  <backingStore>
+    <path>{base_path}</path>
+    <format type='{base_format}'/>
+  </backingStore>"
+    );
+    thin_qcow2(&escape(name), capacity, &backing)
+}
+
+/// A thin (allocation 0) qcow2 volume `name` (escaped) of `capacity` bytes, with `backing`
+/// (a `<backingStore>` element, or nothing) after its target.
+fn thin_qcow2(name: &str, capacity: u64, backing: &str) -> String {
     format!(
         "<volume type='file'>
   <name>{name}</name>
   <capacity unit='bytes'>{capacity}</capacity>
   <allocation unit='bytes'>0</allocation>
-  <target><format type='qcow2'/></target>
-  <backingStore>
-    <path>{base_path}</path>
-    <format type='{base_format}'/>
-  </backingStore>
+  <target><format type='qcow2'/></target>{backing}
 </volume>
 "
     )

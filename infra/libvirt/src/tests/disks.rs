@@ -9,7 +9,7 @@ use bigfleet_libvirt_config::naming::domain_name;
 use super::*;
 use crate::render::spec::data_name;
 use crate::render::xml;
-use crate::service::lifecycle::{self, CreateSpec};
+use crate::service::lifecycle;
 use crate::storage::volumes::{overlay_name, seed_name};
 
 /// `kvm.small` with a 20 GiB root and two data disks (one named), in place of the built-in.
@@ -119,8 +119,6 @@ async fn a_failed_create_rolls_back_every_data_disk_it_made_and_keeps_an_adopted
         virt::storage_vol::StorageVol::create_xml(&pool, &volume, 0).unwrap();
     })
     .await;
-    let host = Arc::clone(&rig.hv.inner.hosts[ZONE]);
-    let settings = Arc::clone(&rig.hv.inner.settings);
     let disks = rig
         .hv
         .inner
@@ -130,23 +128,7 @@ async fn a_failed_create_rolls_back_every_data_disk_it_made_and_keeps_an_adopted
         .unwrap()
         .disks
         .clone();
-    // Zero vCPUs: the test driver refuses the define, after every volume exists.
-    let spec = CreateSpec {
-        name: name.clone(),
-        machine_id: slot.id.to_string(),
-        instance_type: slot.instance_type.clone(),
-        operation_id: "op-1".to_owned(),
-        vcpu: 0,
-        memory_mib: 512,
-        disks,
-    };
-    let owner = Arc::clone(&host);
-    let error = host
-        .call(Lane::Create, move |s| {
-            lifecycle::create(s, &owner, &settings, &spec)
-        })
-        .await
-        .unwrap_err();
+    let error = create_refused_at_define(&rig, &slot, disks).await;
     assert!(error.message.contains("define domain"), "{}", error.message);
     assert_eq!(
         error.side_effects,

@@ -10,7 +10,7 @@ use super::*;
 use crate::host::domains::read_tag;
 use crate::render::ownership::Tag;
 use crate::render::xml;
-use crate::service::lifecycle::{self, CreateSpec};
+use crate::service::lifecycle;
 use crate::storage::volumes::{overlay_name, seed_name};
 use bigfleet_libvirt_config::naming::domain_name;
 
@@ -162,25 +162,8 @@ async fn a_failed_create_rolls_back_only_what_it_made() {
         virt::storage_vol::StorageVol::create_xml(&pool, &earlier, 0).unwrap();
     })
     .await;
+    let error = create_refused_at_define(&rig, &slot, Default::default()).await;
     let host = Arc::clone(&rig.hv.inner.hosts[ZONE]);
-    let settings = Arc::clone(&rig.hv.inner.settings);
-    // Zero vCPUs: the test driver refuses the define, after both volumes exist.
-    let spec = CreateSpec {
-        name: name.clone(),
-        machine_id: slot.id.to_string(),
-        instance_type: slot.instance_type.clone(),
-        operation_id: "op-1".to_owned(),
-        vcpu: 0,
-        memory_mib: 512,
-        disks: bigfleet_libvirt_domain::catalog::DiskShape::default(),
-    };
-    let owner = Arc::clone(&host);
-    let error = host
-        .call(Lane::Create, move |s| {
-            lifecycle::create(s, &owner, &settings, &spec)
-        })
-        .await
-        .unwrap_err();
     assert!(error.message.contains("define domain"), "{}", error.message);
     assert!(domains(&rig.hv, ZONE).await.is_empty());
     assert_eq!(

@@ -262,3 +262,29 @@ pub(super) async fn delete(
     };
     hv.delete(request).await
 }
+
+/// A Create of `slot` with `disks` that the test driver refuses at its define (zero vCPUs),
+/// after every volume exists, run directly on the rig's host (not through the provider).
+pub(super) async fn create_refused_at_define(
+    rig: &Rig,
+    slot: &Machine,
+    disks: bigfleet_libvirt_domain::catalog::DiskShape,
+) -> HypervisorError {
+    let host = Arc::clone(&rig.hv.inner.hosts[ZONE]);
+    let settings = Arc::clone(&rig.hv.inner.settings);
+    let spec = crate::service::lifecycle::CreateSpec {
+        name: bigfleet_libvirt_config::naming::domain_name("libvirt", slot.id.as_str()),
+        machine_id: slot.id.to_string(),
+        instance_type: slot.instance_type.clone(),
+        operation_id: "op-1".to_owned(),
+        vcpu: 0,
+        memory_mib: 512,
+        disks,
+    };
+    let owner = Arc::clone(&host);
+    host.call(Lane::Create, move |s| {
+        crate::service::lifecycle::create(s, &owner, &settings, &spec)
+    })
+    .await
+    .unwrap_err()
+}
