@@ -97,6 +97,14 @@ fn the_libvirt_backend_needs_an_image_and_refuses_fault_hooks() {
         "--cpu-allocation-ratio=0",
     ]);
     assert!(error.contains("--cpu-allocation-ratio"), "{error}");
+    for bad in ["0", "-1", "inf"] {
+        let flag = format!("--disk-allocation-ratio={bad}");
+        let error = refused(&[connect.as_str(), "--image=base.qcow2", &flag]);
+        assert!(
+            error.contains("--disk-allocation-ratio must be a finite number above 0"),
+            "{bad}: {error}"
+        );
+    }
 }
 
 /// `offerings` over a test-driver node with `--image` set: the flags a budget check needs.

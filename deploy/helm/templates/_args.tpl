@@ -39,6 +39,9 @@ and the doctor hook Job checks exactly them.
 {{- if not (kindIs "invalid" .Values.libvirt.hostMaxClientRequests) }}
 - {{ printf "--host-max-client-requests=%s" (toString .Values.libvirt.hostMaxClientRequests) | quote }}
 {{- end }}
+{{- if not (kindIs "invalid" .Values.libvirt.diskAllocationRatio) }}
+- {{ printf "--disk-allocation-ratio=%s" (toString .Values.libvirt.diskAllocationRatio) | quote }}
+{{- end }}
 - {{ printf "--seed-count=%s" (toString .Values.seedCount) | quote }}
 - {{ printf "--price-per-vcpu-hour=%s" (toString .Values.pricing.perVCPUHour) | quote }}
 - {{ printf "--price-per-gib-hour=%s" (toString .Values.pricing.perGiBHour) | quote }}

@@ -317,6 +317,7 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
     for (name, value) in [
         ("--cpu-allocation-ratio", flags.cpu_allocation_ratio),
         ("--memory-allocation-ratio", flags.memory_allocation_ratio),
+        ("--disk-allocation-ratio", flags.disk_allocation_ratio),
     ] {
         if !value.is_finite() || value <= 0.0 {
             return Err(flag(format!(
@@ -341,6 +342,7 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
             reserve_memory_mib: flags.host_reserve_memory_mib,
             cpu_ratio: flags.cpu_allocation_ratio,
             memory_ratio: flags.memory_allocation_ratio,
+            disk_ratio: flags.disk_allocation_ratio,
         },
         gc: GcPolicy {
             collect: flags.gc_orphans,

@@ -177,6 +177,8 @@ async fn provider_side(uri: &str, slots: &[Machine]) -> Result<(f64, Vec<f64>), 
         reserve_memory_mib: 0,
         cpu_ratio: 1.0,
         memory_ratio: 1.0,
+        // The test driver's pools report 100 GiB; the bench's thousands of slots need more.
+        disk_ratio: 1e9,
     };
     // The root is linked without its libvirt feature: the adapter's series stand alone.
     let libvirt_metrics = LibvirtMetrics::unexposed();

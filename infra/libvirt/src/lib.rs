@@ -56,5 +56,5 @@ pub use storage::golden;
 /// What a host of `cpus` CPUs and `memory_kib` KiB can run under `policy`.
 #[must_use]
 pub fn allocatable_for(cpus: u32, memory_kib: u64, policy: &CapacityPolicy) -> Shape {
-    host::capacity::allocatable(host::capacity::Node { cpus, memory_kib }, policy)
+    host::capacity::allocatable(host::capacity::Node { cpus, memory_kib }, None, policy)
 }

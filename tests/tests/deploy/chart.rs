@@ -587,6 +587,9 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
         "libvirt.hostBudget=3,libvirt.agentBudget=2,libvirt.hostConnections=3",
         "--set",
         "libvirt.hostMaxClientRequests=4",
+        // --set reads 2.5 as a string; --set-json as the number it is.
+        "--set-json",
+        "libvirt.diskAllocationRatio=2.5",
     ]);
     assert_eq!(nics(&set), ["--nic=bridge=br0", "--nic=direct=eth1:vepa"]);
     assert_eq!(
@@ -597,6 +600,7 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
     assert_eq!(set.arg("--agent-budget").as_deref(), Some("2"));
     assert_eq!(set.arg("--host-connections").as_deref(), Some("3"));
     assert_eq!(set.arg("--host-max-client-requests").as_deref(), Some("4"));
+    assert_eq!(set.arg("--disk-allocation-ratio").as_deref(), Some("2.5"));
     let (ok, stderr) = binary_with_chart_args(&set.args(), &[]);
     assert!(ok, "{stderr}");
 
@@ -615,6 +619,7 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
         "unset: the binary sizes it"
     );
     assert_eq!(file.arg("--host-max-client-requests"), None);
+    assert_eq!(file.arg("--disk-allocation-ratio"), None);
     let (ok, stderr) = binary_with_chart_args(&file.args(), &[]);
     assert!(ok, "{stderr}");
 }
@@ -644,6 +649,14 @@ fn bad_nic_cpu_and_budget_values_are_refused_at_render_time() {
         (
             "libvirt.hostMaxClientRequests=2",
             "/libvirt/hostMaxClientRequests",
+        ),
+        (
+            "libvirt.diskAllocationRatio=0",
+            "/libvirt/diskAllocationRatio",
+        ),
+        (
+            "libvirt.diskAllocationRatio=-1",
+            "/libvirt/diskAllocationRatio",
         ),
         (
             "libvirt.hostBudget=2,libvirt.agentBudget=3",

@@ -331,6 +331,15 @@ pub struct Flags {
         default_value_t = 1.0
     )]
     pub memory_allocation_ratio: f64,
+    /// libvirt: bytes of virtual disk offered per byte of a host's storage pool (1 = the
+    /// machines' disks could all be written full; thin pools may take more).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_DISK_ALLOCATION_RATIO",
+        default_value_t = 1.0
+    )]
+    pub disk_allocation_ratio: f64,
     /// libvirt: delete orphaned domains and volumes after --orphan-grace (default: report only).
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_GC_ORPHANS", action = ArgAction::Set,
           num_args = 0..=1, default_value_t = false, default_missing_value = "true")]

@@ -188,7 +188,7 @@ fn image(want: &Expectations, host: &HostFacts, pool_facts: &Pool, slots: &[Slot
                 },
             ));
             out.push(disk_sizes(zone, v, slots));
-            out.push(pool_space(zone, v, pool_facts, slots));
+            out.push(pool_space(want, zone, v, pool_facts, slots));
         }
         Probe::Missing => out.push(check(
             zone,
@@ -248,8 +248,16 @@ fn disk_sizes(zone: &str, v: &Volume, slots: &[Slots]) -> Check {
     check(zone, "disk sizes", Status::Ok, shapes.join("; "), "")
 }
 
-/// Whether the pool could hold every slot's disks written full (they are thin).
-fn pool_space(zone: &str, v: &Volume, pool_facts: &Pool, slots: &[Slots]) -> Check {
+/// Whether the disk the provider offers (the pool's capacity times
+/// `--disk-allocation-ratio`, less the golden image) holds every slot's disks at their
+/// virtual size; slots beyond it are withheld.
+fn pool_space(
+    want: &Expectations,
+    zone: &str,
+    v: &Volume,
+    pool_facts: &Pool,
+    slots: &[Slots],
+) -> Check {
     let count: u64 = slots.iter().map(|s| s.count as u64).sum();
     let worst = (slots.iter())
         .map(|s| {
@@ -261,31 +269,34 @@ fn pool_space(zone: &str, v: &Volume, pool_facts: &Pool, slots: &[Slots]) -> Che
             each.saturating_mul(s.count as u64)
         })
         .fold(0, u64::saturating_add);
-    if worst <= pool_facts.available {
-        check(
-            zone,
-            "pool space",
-            Status::Ok,
-            format!(
-                "disks are thin; even {count} machines' disks written full ({}) fit in {} free",
-                gib(worst),
-                gib(pool_facts.available)
-            ),
-            "",
-        )
+    let ratio = want.capacity.disk_ratio;
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let offered = ((pool_facts.capacity as f64 * ratio).floor() as u64).saturating_sub(v.capacity);
+    let written = pool_facts.capacity.saturating_sub(pool_facts.available);
+    let offer = format!(
+        "the {} the provider offers (capacity {} × --disk-allocation-ratio {ratio}, less the \
+         golden image); {} of the pool is written",
+        gib(offered),
+        gib(pool_facts.capacity),
+        gib(written)
+    );
+    if worst <= offered {
+        let detail = format!("{count} machines' disks ({}) fit in {offer}", gib(worst));
+        check(zone, "pool space", Status::Ok, detail, "")
     } else {
-        check(
-            zone,
-            "pool space",
-            Status::Warn,
-            format!(
-                "disks are thin, but {count} machines' disks written full would need {} and {} \
-                 is free",
-                gib(worst),
-                gib(pool_facts.available)
-            ),
-            "watch the pool's usage, or grow it",
-        )
+        let detail = format!(
+            "{count} machines' disks need {} at their virtual size, more than {offer}; the \
+             slots beyond it are withheld",
+            gib(worst)
+        );
+        let fix = "grow the pool, lower the counts or the types' disks, or raise \
+                   --disk-allocation-ratio if the disks stay thin (and watch the pool's \
+                   allocation)";
+        check(zone, "pool space", Status::Warn, detail, fix)
     }
 }
 
@@ -338,6 +349,7 @@ pub(super) fn capacity(
             cpus: connection.cpus,
             memory_kib: connection.memory_kib,
         },
+        None,
         &want.capacity,
     );
     let mut parts = Vec::new();

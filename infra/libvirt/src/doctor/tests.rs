@@ -246,6 +246,24 @@ fn pool_space_counts_every_slots_root_and_data_disks() {
     let (s, detail, _) = status(&report, "a", "pool space");
     assert_eq!(s, Status::Warn, "{detail}");
     assert!(detail.contains("92.0 GiB"), "{detail}");
+    assert!(
+        detail.contains("the slots beyond it are withheld"),
+        "{detail}"
+    );
+    // Thin disks at twice the pool: 190 GiB offered.
+    let mut thin = shaped(20, &[5, 21]);
+    thin.capacity.disk_ratio = 2.0;
+    let report = judge(&thin, &[good()]);
+    let (s, detail, _) = status(&report, "a", "pool space");
+    assert_eq!(s, Status::Ok, "{detail}");
+    assert!(
+        detail.contains("fit in the 190.0 GiB the provider offers"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("10.0 GiB of the pool is written"),
+        "{detail}"
+    );
 }
 
 #[test]

@@ -19,7 +19,7 @@ use bigfleet_libvirt_ports::{DomainRef, HypervisorError};
 use tracing::warn;
 
 use crate::drift::orphans::Orphan;
-use crate::host::capacity::{Node, Shape};
+use crate::host::capacity::{Node, PoolRoom, Shape};
 use crate::host::domains::{is_active, read_tag};
 use crate::host::error::context;
 use crate::host::session::Session;
@@ -48,22 +48,58 @@ pub struct Scan {
     pub domains: BTreeMap<String, ScannedDomain>,
     /// Volume names in the storage pool (empty when the pool could not be listed).
     pub volumes: Vec<String>,
+    /// The pool's capacity and allocation in bytes, when read.
+    pub pool: Option<(u64, u64)>,
+    /// The virtual size (bytes) of every volume not named after a domain of ours that the
+    /// scan saw (the golden image, other users' volumes, leftovers, a Create's volumes
+    /// before its define): ours are sized from the catalog instead, which saves a call per
+    /// volume.
+    pub foreign_volumes: BTreeMap<String, u64>,
 }
 
 impl Scan {
-    /// The domains that hold host resources: active ones, and ours even when stopped.
+    /// The domains that hold host resources: active ones, and ours even when stopped; the
+    /// disk of each of ours is `disk_of` its tag (its type's disks), others' are counted
+    /// with the foreign volumes.
     #[must_use]
-    pub fn committed(&self, provider: &str) -> BTreeMap<String, Shape> {
+    pub fn committed(
+        &self,
+        provider: &str,
+        disk_of: &dyn Fn(&Tag) -> u64,
+    ) -> BTreeMap<String, Shape> {
         self.domains
             .iter()
             .filter(|(_, d)| d.running || d.tag.as_ref().is_some_and(|t| t.provider == provider))
-            .map(|(name, d)| (name.clone(), d.shape))
+            .map(|(name, d)| {
+                let ours = d.tag.as_ref().filter(|t| t.provider == provider);
+                let disk_bytes = ours.map_or(0, disk_of);
+                (
+                    name.clone(),
+                    Shape {
+                        disk_bytes,
+                        ..d.shape
+                    },
+                )
+            })
             .collect()
+    }
+
+    /// The pool as the ledger counts it, when it was read.
+    #[must_use]
+    pub fn pool_room(&self) -> Option<PoolRoom> {
+        let (capacity, allocation) = self.pool?;
+        let foreign = (self.foreign_volumes.values()).fold(0u64, |sum, b| sum.saturating_add(*b));
+        Some(PoolRoom {
+            capacity,
+            allocation,
+            foreign,
+        })
     }
 }
 
-/// Reads node info, every domain and the pool's volume names.
-pub(crate) fn scan(session: &Session, pool: &str) -> Result<Scan, HypervisorError> {
+/// Reads node info, every domain, the pool's volume names and size, and the size of every
+/// volume not named after a domain of `provider`'s.
+pub(crate) fn scan(session: &Session, pool: &str, provider: &str) -> Result<Scan, HypervisorError> {
     let conn = &session.conn;
     let info = conn
         .node_info()
@@ -83,6 +119,7 @@ pub(crate) fn scan(session: &Session, pool: &str) -> Result<Scan, HypervisorErro
             shape: Shape {
                 vcpu: u64::from(details.nr_virt_cpu),
                 memory_mib: details.max_mem / 1024,
+                disk_bytes: 0,
             },
         };
         domains.insert(name, scanned);
@@ -91,6 +128,20 @@ pub(crate) fn scan(session: &Session, pool: &str) -> Result<Scan, HypervisorErro
         warn!(error = %e, "cannot list the storage pool; orphan volumes are not checked");
         Vec::new()
     });
+    let ours = |volume: &str| {
+        volumes::owner_of(volume)
+            .and_then(|owner| domains.get(owner))
+            .and_then(|d: &ScannedDomain| d.tag.as_ref())
+            .is_some_and(|t| t.provider == provider)
+    };
+    let others: Vec<&String> = volumes.iter().filter(|v| !ours(v)).collect();
+    let (pool, foreign_volumes) = match volumes::sizes(session, pool, &others) {
+        Ok(sizes) => (Some(sizes.pool), sizes.volumes),
+        Err(e) => {
+            warn!(error = %e, "cannot read the storage pool's size; its disk room is not updated");
+            (None, BTreeMap::new())
+        }
+    };
     Ok(Scan {
         node: Some(Node {
             cpus: info.cpus,
@@ -98,6 +149,24 @@ pub(crate) fn scan(session: &Session, pool: &str) -> Result<Scan, HypervisorErro
         }),
         domains,
         volumes,
+        pool,
+        foreign_volumes,
+    })
+}
+
+/// The disks of a machine of `instance_type` over a golden image of `image_bytes` (`None`:
+/// not read), in bytes: its root and data disks. `u64::MAX` when its root cannot hold the
+/// image (such a machine cannot be made, so it never fits); 0 for a type not in `catalog`.
+#[must_use]
+pub fn disk_bytes(catalog: &InstanceCatalog, instance_type: &str, image_bytes: Option<u64>) -> u64 {
+    let Some(shape) = catalog.get(instance_type) else {
+        return 0;
+    };
+    (shape
+        .disks
+        .root_bytes(instance_type, image_bytes.unwrap_or(0)))
+    .map_or(u64::MAX, |root| {
+        root.saturating_add(shape.disks.data_bytes())
     })
 }
 
@@ -106,6 +175,8 @@ pub(crate) fn scan(session: &Session, pool: &str) -> Result<Scan, HypervisorErro
 pub struct HostView<'a> {
     /// The scan.
     pub scan: &'a Scan,
+    /// The golden image's virtual size on this host, when the scan read it.
+    pub image_bytes: Option<u64>,
     /// Capacity still free (after reservations in flight), if the node is known.
     pub free: Option<Shape>,
 }
@@ -149,13 +220,13 @@ pub fn inventory(
                 let shape = catalog.get(&slot.instance_type).map(|t| Shape {
                     vcpu: u64::from(t.vcpu),
                     memory_mib: t.memory_mib,
+                    disk_bytes: disk_bytes(catalog, &slot.instance_type, view.image_bytes),
                 });
                 let room = free.entry(slot.zone.as_str()).or_insert(None);
                 match (shape, room.as_mut()) {
                     (Some(shape), Some(left)) => {
-                        if shape.vcpu <= left.vcpu && shape.memory_mib <= left.memory_mib {
-                            left.vcpu -= shape.vcpu;
-                            left.memory_mib -= shape.memory_mib;
+                        if shape.fits_in(*left) {
+                            *left = left.minus(shape);
                             machines.push(slot.clone());
                         }
                     }

@@ -16,12 +16,17 @@ fn tagged(machine_id: &str, running: bool) -> ScannedDomain {
         shape: Shape {
             vcpu: 2,
             memory_mib: 4096,
+            disk_bytes: 0,
         },
     }
 }
 
 fn view(scan: &Scan, free: Option<Shape>) -> HostView<'_> {
-    HostView { scan, free }
+    HostView {
+        scan,
+        image_bytes: Some(2 << 30),
+        free,
+    }
 }
 
 #[test]
@@ -40,6 +45,7 @@ fn slots_map_to_idle_speculative_or_withheld() {
     let free = Some(Shape {
         vcpu: 2,
         memory_mib: 4096,
+        disk_bytes: u64::MAX,
     });
     let views = BTreeMap::from([("a".to_owned(), view(&scan, free))]);
     let catalog = InstanceCatalog::builtin();
@@ -70,6 +76,7 @@ fn capacity_withholds_slots_in_offering_order_and_unscanned_zones_vanish() {
     let five_vcpus = Some(Shape {
         vcpu: 5,
         memory_mib: 1 << 20,
+        disk_bytes: u64::MAX,
     });
     let views = BTreeMap::from([("a".to_owned(), view(&scan, five_vcpus))]);
     let machines = inventory(P, &all, &InstanceCatalog::builtin(), &views);
@@ -165,7 +172,51 @@ fn committed_counts_active_and_our_stopped_domains() {
     let mut foreign_on = tagged("y", true);
     foreign_on.tag = None;
     scan.domains.insert("foreign-on".into(), foreign_on);
-    let committed = scan.committed(P);
+    let committed = scan.committed(P, &|tag| if tag.machine_id == "m" { 7 } else { 99 });
     let names: Vec<&str> = committed.keys().map(String::as_str).collect();
     assert_eq!(names, ["foreign-on", "ours-off"]);
+    assert_eq!(
+        committed["ours-off"].disk_bytes, 7,
+        "ours: its type's disks"
+    );
+    assert_eq!(
+        committed["foreign-on"].disk_bytes, 0,
+        "theirs: in the foreign volumes"
+    );
+}
+
+#[test]
+fn storage_withholds_slots_whose_disks_do_not_fit_and_roots_smaller_than_the_image() {
+    let all = slots(P, "a", "kvm.small", 3);
+    let scan = Scan::default();
+    // Room for two kvm.small roots (40 GiB each) and not a third.
+    let room = Some(Shape {
+        vcpu: 100,
+        memory_mib: 1 << 20,
+        disk_bytes: 100 << 30,
+    });
+    let views = BTreeMap::from([("a".to_owned(), view(&scan, room))]);
+    let machines = inventory(P, &all, &InstanceCatalog::builtin(), &views);
+    assert_eq!(machines.len(), 2);
+    // A golden image larger than the type's 40 GiB root: no kvm.small can be made.
+    let mut big_image = view(&scan, room);
+    big_image.image_bytes = Some(41 << 30);
+    let views = BTreeMap::from([("a".to_owned(), big_image)]);
+    assert!(inventory(P, &all, &InstanceCatalog::builtin(), &views).is_empty());
+}
+
+#[test]
+fn the_pool_room_counts_every_volume_not_of_ours() {
+    let mut scan = Scan::default();
+    assert_eq!(scan.pool_room(), None, "not read");
+    scan.pool = Some((100 << 30, 20 << 30));
+    scan.foreign_volumes = BTreeMap::from([
+        ("base.qcow2".to_owned(), 10 << 30),
+        ("x".to_owned(), 5 << 30),
+    ]);
+    let room = scan.pool_room().unwrap();
+    assert_eq!(
+        (room.capacity, room.allocation, room.foreign),
+        (100 << 30, 20 << 30, 15 << 30)
+    );
 }

@@ -2,34 +2,47 @@
 //! committed on it, and whether one more machine fits.
 //!
 //! A host's allocatable shape is its node info minus the operator's reserve, times the
-//! allocation ratios. Committed is every domain the last scan saw that uses (or will use)
+//! allocation ratios, and its storage pool's capacity times `--disk-allocation-ratio` less
+//! the volumes no domain of the shape accounts for (other users' volumes, the golden image,
+//! leftovers). Committed is every domain the last scan saw that uses (or will use)
 //! resources: any active domain, plus our own domains even when shut off, since Configure
-//! powers them back on. Creates in flight hold a reservation from the capacity check until
-//! they finish, so two concurrent Creates cannot both take the last slot; a reservation
-//! replaces the scanned entry of the same name, so nothing is counted twice.
+//! powers them back on; a domain's disk is the virtual size of the volumes named after it.
+//! Creates in flight hold a reservation from the capacity check until they finish, so two
+//! concurrent Creates cannot both take the last slot; a reservation replaces the scanned
+//! entry of the same name, so nothing is counted twice. Disks are counted at their virtual
+//! size, as thin volumes may grow to it.
 
 use std::collections::BTreeMap;
 
 use crate::options::CapacityPolicy;
 
-/// A vCPU/memory pair.
+/// vCPUs, memory and disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Shape {
     /// Virtual CPUs.
     pub vcpu: u64,
     /// Memory in MiB.
     pub memory_mib: u64,
+    /// Disk: the virtual size of its volumes, in bytes.
+    pub disk_bytes: u64,
 }
 
 impl Shape {
-    fn fits_in(self, free: Shape) -> bool {
-        self.vcpu <= free.vcpu && self.memory_mib <= free.memory_mib
+    /// Whether this shape fits in `free`.
+    #[must_use]
+    pub fn fits_in(self, free: Shape) -> bool {
+        self.vcpu <= free.vcpu
+            && self.memory_mib <= free.memory_mib
+            && self.disk_bytes <= free.disk_bytes
     }
 
-    fn minus(self, other: Shape) -> Shape {
+    /// This shape less `other`, each part at least 0.
+    #[must_use]
+    pub fn minus(self, other: Shape) -> Shape {
         Shape {
             vcpu: self.vcpu.saturating_sub(other.vcpu),
             memory_mib: self.memory_mib.saturating_sub(other.memory_mib),
+            disk_bytes: self.disk_bytes.saturating_sub(other.disk_bytes),
         }
     }
 
@@ -37,8 +50,20 @@ impl Shape {
         Shape {
             vcpu: self.vcpu.saturating_add(other.vcpu),
             memory_mib: self.memory_mib.saturating_add(other.memory_mib),
+            disk_bytes: self.disk_bytes.saturating_add(other.disk_bytes),
         }
     }
+}
+
+/// What the last scan read of the host's storage pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolRoom {
+    /// The pool's capacity in bytes.
+    pub capacity: u64,
+    /// Bytes the pool has allocated (what is written, for thin volumes).
+    pub allocation: u64,
+    /// The virtual size of the volumes no committed domain accounts for, in bytes.
+    pub foreign: u64,
 }
 
 /// What libvirt's node info says about the host.
@@ -50,12 +75,14 @@ pub struct Node {
     pub memory_kib: u64,
 }
 
-/// The shape `policy` lets the provider allocate on `node`.
+/// The shape `policy` lets the provider allocate on `node` with storage pool `pool`; disk is
+/// unbounded while the pool is not known.
 #[must_use]
-pub fn allocatable(node: Node, policy: &CapacityPolicy) -> Shape {
+pub fn allocatable(node: Node, pool: Option<PoolRoom>, policy: &CapacityPolicy) -> Shape {
     let cpus = f64::from(node.cpus.saturating_sub(policy.reserve_cpu));
     let memory = (node.memory_kib / 1024).saturating_sub(policy.reserve_memory_mib);
-    // Both products are non-negative and far below 2^53, so the casts are exact enough.
+    // The products are non-negative; the casts saturate at u64::MAX, and below 2^53 they
+    // are exact enough.
     #[allow(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
@@ -64,13 +91,25 @@ pub fn allocatable(node: Node, policy: &CapacityPolicy) -> Shape {
     Shape {
         vcpu: (cpus * policy.cpu_ratio).floor() as u64,
         memory_mib: (memory as f64 * policy.memory_ratio).floor() as u64,
+        disk_bytes: pool.map_or(u64::MAX, |pool| {
+            let offered = (pool.capacity as f64 * policy.disk_ratio).floor() as u64;
+            offered.saturating_sub(pool.foreign)
+        }),
     }
 }
 
-/// One host's books: node, committed domains and reservations in flight.
+/// `bytes` in GiB, one decimal.
+fn gib(bytes: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let value = bytes as f64 / f64::from(1u32 << 30);
+    format!("{value:.1}")
+}
+
+/// One host's books: node, pool, committed domains and reservations in flight.
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
     node: Option<Node>,
+    pool: Option<PoolRoom>,
     committed: BTreeMap<String, Shape>,
     pending: BTreeMap<String, Shape>,
 }
@@ -78,9 +117,30 @@ pub struct Ledger {
 impl Ledger {
     /// Replaces the node info and the committed domains with a fresh scan. Reservations
     /// in flight are kept.
-    pub fn refresh(&mut self, node: Node, committed: BTreeMap<String, Shape>) {
+    /// `pool` is `None` when the pool could not be read (its last reading is kept).
+    pub fn refresh(
+        &mut self,
+        node: Node,
+        committed: BTreeMap<String, Shape>,
+        pool: Option<PoolRoom>,
+    ) {
         self.node = Some(node);
         self.committed = committed;
+        if pool.is_some() {
+            self.pool = pool;
+        }
+    }
+
+    /// The pool as last read.
+    #[must_use]
+    pub fn pool(&self) -> Option<PoolRoom> {
+        self.pool
+    }
+
+    /// What the host offers in all, or `None` before the node is known.
+    #[must_use]
+    pub fn allocatable(&self, policy: &CapacityPolicy) -> Option<Shape> {
+        self.node.map(|node| allocatable(node, self.pool, policy))
     }
 
     /// Records the node info (at connect time).
@@ -102,8 +162,8 @@ impl Ledger {
     /// What is still free, or `None` before the node is known.
     #[must_use]
     pub fn free(&self, policy: &CapacityPolicy) -> Option<Shape> {
-        self.node
-            .map(|node| allocatable(node, policy).minus(self.used()))
+        self.allocatable(policy)
+            .map(|total| total.minus(self.used()))
     }
 
     /// Whether a domain of this name is being created right now.
@@ -124,8 +184,8 @@ impl Ledger {
     ) -> Result<(), String> {
         if let (Some(node), Some(free)) = (self.node, self.free(policy)) {
             if !shape.fits_in(free) {
-                let total = allocatable(node, policy);
-                return Err(format!(
+                let total = allocatable(node, self.pool, policy);
+                let mut why = format!(
                     "needs {} vCPU and {} MiB but only {} vCPU and {} MiB are free of {} vCPU \
                      and {} MiB allocatable (node {} CPUs and {} MiB, minus \
                      --host-reserve-cpu {} and --host-reserve-memory-mib {}, times \
@@ -142,7 +202,21 @@ impl Ledger {
                     policy.reserve_memory_mib,
                     policy.cpu_ratio,
                     policy.memory_ratio,
-                ));
+                );
+                if let Some(pool) = self.pool.filter(|_| shape.disk_bytes > free.disk_bytes) {
+                    why = format!(
+                        "needs {} GiB of disk but only {} GiB are free of {} GiB allocatable \
+                         in the storage pool (capacity {} GiB times --disk-allocation-ratio \
+                         {}, less {} GiB of volumes no machine here accounts for); {why}",
+                        gib(shape.disk_bytes),
+                        gib(free.disk_bytes),
+                        gib(total.disk_bytes),
+                        gib(pool.capacity),
+                        policy.disk_ratio,
+                        gib(pool.foreign),
+                    );
+                }
+                return Err(why);
             }
         }
         self.pending.insert(name.to_owned(), shape);
@@ -177,20 +251,37 @@ mod tests {
     };
 
     fn shape(vcpu: u64, memory_mib: u64) -> Shape {
-        Shape { vcpu, memory_mib }
+        Shape {
+            vcpu,
+            memory_mib,
+            disk_bytes: 0,
+        }
     }
 
     #[test]
     fn allocatable_applies_reserve_then_ratio() {
         let policy = CapacityPolicy::default();
-        assert_eq!(allocatable(NODE, &policy), shape(28, 14336));
+        assert_eq!(
+            allocatable(NODE, None, &policy),
+            Shape {
+                disk_bytes: u64::MAX,
+                ..shape(28, 14336)
+            }
+        );
         let lean = CapacityPolicy {
             reserve_cpu: 10,
             reserve_memory_mib: 1 << 30,
             cpu_ratio: 2.0,
             memory_ratio: 1.5,
+            disk_ratio: 1.0,
         };
-        assert_eq!(allocatable(NODE, &lean), shape(0, 0));
+        assert_eq!(
+            allocatable(NODE, None, &lean),
+            Shape {
+                disk_bytes: u64::MAX,
+                ..shape(0, 0)
+            }
+        );
     }
 
     #[test]
@@ -200,14 +291,22 @@ mod tests {
             reserve_memory_mib: 0,
             cpu_ratio: 1.0,
             memory_ratio: 1.0,
+            disk_ratio: 1.0,
         };
         let mut ledger = Ledger::default();
         ledger.refresh(
             NODE,
             BTreeMap::from([("foreign".to_owned(), shape(2, 4096))]),
+            None,
         );
         ledger.reserve("a", shape(4, 8192), &policy).unwrap();
-        assert_eq!(ledger.free(&policy), Some(shape(2, 4096)));
+        let free = ledger.free(&policy).unwrap();
+        assert_eq!((free.vcpu, free.memory_mib), (2, 4096));
+        assert_eq!(
+            free.disk_bytes,
+            u64::MAX,
+            "no pool read: disk is not limited"
+        );
         let refusal = ledger.reserve("b", shape(4, 2048), &policy).unwrap_err();
         assert!(refusal.contains("needs 4 vCPU and 2048 MiB"), "{refusal}");
         assert!(
@@ -219,7 +318,7 @@ mod tests {
             ("foreign".to_owned(), shape(2, 4096)),
             ("a".to_owned(), shape(4, 8192)),
         ]);
-        ledger.refresh(NODE, seen);
+        ledger.refresh(NODE, seen, None);
         assert_eq!(ledger.used(), shape(6, 12288));
         ledger.commit("a");
         assert_eq!(ledger.used(), shape(6, 12288));
@@ -228,6 +327,41 @@ mod tests {
         ledger.release("c");
         assert_eq!(ledger.used(), shape(2, 4096));
         assert!(!ledger.is_pending("c"));
+    }
+
+    #[test]
+    fn disks_count_against_the_pool_times_its_ratio_less_foreign_volumes() {
+        let policy = CapacityPolicy {
+            reserve_cpu: 0,
+            reserve_memory_mib: 0,
+            cpu_ratio: 1.0,
+            memory_ratio: 1.0,
+            disk_ratio: 2.0,
+        };
+        let disk = |vcpu, gib: u64| Shape {
+            disk_bytes: gib << 30,
+            ..shape(vcpu, 1024)
+        };
+        let pool = PoolRoom {
+            capacity: 100 << 30,
+            allocation: 30 << 30,
+            foreign: 10 << 30,
+        };
+        let mut ledger = Ledger::default();
+        let ours = BTreeMap::from([("ours".to_owned(), disk(1, 60))]);
+        ledger.refresh(NODE, ours, Some(pool));
+        // 100 GiB × 2 − 10 GiB foreign − 60 GiB of ours: 130 GiB free.
+        assert_eq!(ledger.free(&policy).unwrap().disk_bytes, 130 << 30);
+        ledger.reserve("a", disk(1, 100), &policy).unwrap();
+        let refusal = ledger.reserve("b", disk(1, 40), &policy).unwrap_err();
+        assert!(
+            refusal.starts_with("needs 40.0 GiB of disk but only 30.0 GiB are free of 190.0 GiB"),
+            "{refusal}"
+        );
+        assert!(refusal.contains("--disk-allocation-ratio 2"), "{refusal}");
+        // A scan that could not read the pool keeps the last reading.
+        ledger.refresh(NODE, BTreeMap::new(), None);
+        assert_eq!(ledger.pool(), Some(pool));
     }
 
     #[test]

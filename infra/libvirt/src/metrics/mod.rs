@@ -1,5 +1,5 @@
 //! The series the libvirt adapter produces: the duration of each libvirt phase, each host's
-//! health and golden image, and the drift the last describe found. The adapter declares
+//! health, golden image, capacity and storage pool, and the drift the last describe found. The adapter declares
 //! them and registers them on the registry the composition root hands it; a new libvirt
 //! series is a field and a `register` call here, and nowhere else.
 
@@ -31,6 +31,27 @@ pub struct HostLabels {
     pub state: String,
 }
 
+/// Labels of `bigfleet_libvirt_host_capacity`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CapacityLabels {
+    /// The host's zone.
+    pub zone: String,
+    /// `vcpu`, `memory_bytes` or `disk_bytes`.
+    pub resource: String,
+    /// `allocatable` (what the host offers under the reserves and ratios) or `committed`
+    /// (what its domains and the Creates in flight take).
+    pub of: String,
+}
+
+/// Labels of `bigfleet_libvirt_storage_pool_bytes`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// The host's zone.
+    pub zone: String,
+    /// `capacity` or `allocation` (what is written).
+    pub kind: String,
+}
+
 /// Labels of `bigfleet_libvirt_substrate_drift`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DriftLabels {
@@ -51,6 +72,10 @@ pub struct LibvirtMetrics {
     pub golden_image: Family<HostLabels, Gauge>,
     /// What the last describe found out of line with the provider's records, by kind.
     pub drift: Family<DriftLabels, Gauge>,
+    /// Each host's allocatable and committed vCPUs, memory and disk, as of the last describe.
+    pub capacity: Family<CapacityLabels, Gauge>,
+    /// Each host's storage pool capacity and allocation, as of the last describe.
+    pub pool: Family<PoolLabels, Gauge>,
     /// Every machine's recent events (drift is recorded on the machine it concerns).
     pub timeline: Timeline,
     /// The per-host lanes' queue depth, waits, calls in flight and budget.
@@ -65,6 +90,8 @@ impl LibvirtMetrics {
             host_health: Family::default(),
             golden_image: Family::default(),
             drift: Family::default(),
+            capacity: Family::default(),
+            pool: Family::default(),
             timeline,
             lanes: LaneMetrics::default(),
         };
@@ -89,8 +116,48 @@ impl LibvirtMetrics {
             "Managed domains vanished or stopped outside the provider, and orphans, by zone",
             metrics.drift.clone(),
         );
+        registry.register(
+            format!("{PREFIX}_host_capacity"),
+            "Each host's allocatable and committed vcpu, memory_bytes and disk_bytes (disk: \
+             the storage pool's capacity times --disk-allocation-ratio, and the volumes' \
+             virtual sizes), as of the last describe",
+            metrics.capacity.clone(),
+        );
+        registry.register(
+            format!("{PREFIX}_storage_pool_bytes"),
+            "Each host's storage pool: capacity and allocation (bytes written), as of the last \
+             describe",
+            metrics.pool.clone(),
+        );
         metrics.lanes.register(registry);
         metrics
+    }
+
+    /// Records one resource of zone `zone`: what it offers and what is taken.
+    pub fn set_capacity(&self, zone: &str, resource: &str, allocatable: u64, committed: u64) {
+        for (of, value) in [("allocatable", allocatable), ("committed", committed)] {
+            let labels = CapacityLabels {
+                zone: zone.to_owned(),
+                resource: resource.to_owned(),
+                of: of.to_owned(),
+            };
+            self.capacity
+                .get_or_create(&labels)
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Records zone `zone`'s storage pool.
+    pub fn set_pool(&self, zone: &str, capacity: u64, allocation: u64) {
+        for (kind, value) in [("capacity", capacity), ("allocation", allocation)] {
+            let labels = PoolLabels {
+                zone: zone.to_owned(),
+                kind: kind.to_owned(),
+            };
+            self.pool
+                .get_or_create(&labels)
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        }
     }
 
     /// The series on a registry of their own (tests and benchmarks that read no

@@ -80,6 +80,8 @@ pub struct CapacityPolicy {
     pub cpu_ratio: f64,
     /// MiB allocatable per remaining MiB of RAM.
     pub memory_ratio: f64,
+    /// Bytes of virtual disk allocatable per byte of storage pool capacity.
+    pub disk_ratio: f64,
 }
 
 impl Default for CapacityPolicy {
@@ -89,6 +91,7 @@ impl Default for CapacityPolicy {
             reserve_memory_mib: 2048,
             cpu_ratio: 4.0,
             memory_ratio: 1.0,
+            disk_ratio: 1.0,
         }
     }
 }

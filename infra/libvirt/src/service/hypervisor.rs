@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use bigfleet_libvirt_domain::catalog::parse_machine_id;
 use bigfleet_libvirt_domain::{Machine, MachineState};
 use bigfleet_libvirt_ports::{
     Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DomainRef, DrainRequest,
@@ -25,10 +26,13 @@ use crate::drift::tracked::Busy;
 use crate::guest::addresses;
 use crate::guest::agent;
 use crate::guest::bootstrap::{self as guest, DomainAgent};
+use crate::host::capacity::Ledger;
 use crate::host::connection::Host;
 use crate::host::error::{maybe_done, nothing_done, refused};
 use crate::host::lanes::Lane;
-use crate::metrics::DriftLabels;
+use crate::metrics::{DriftLabels, LibvirtMetrics};
+use crate::options::CapacityPolicy;
+use crate::render::ownership::Tag;
 use crate::render::spec::data_volumes;
 use crate::service::lifecycle::{self, CreateSpec};
 use crate::storage::volumes;
@@ -131,13 +135,14 @@ impl<C: Clock> LibvirtHypervisor<C> {
     async fn scan(&self, host: &Arc<Host>) -> Option<Scan> {
         host.session().ok()?;
         let pool = self.inner.config.options.storage_pool.clone();
+        let provider = self.inner.config.provider.clone();
         let clock = &self.inner.clock;
         let deadline = clock
             .now()
             .saturating_add(self.inner.config.describe_timeout);
         // Biased: a scan that completes with the deadline is still used.
         let scanned = futures::select_biased! {
-            scanned = host.call(Lane::Read, move |s| describe::scan(s, &pool)).fuse() => scanned,
+            scanned = host.call(Lane::Read, move |s| describe::scan(s, &pool, &provider)).fuse() => scanned,
             () = clock.sleep_until(deadline).fuse() => {
                 warn!(zone = %host.zone, "describe: host too slow; its slots are withheld");
                 return None;
@@ -256,6 +261,30 @@ impl<C: Clock> LibvirtHypervisor<C> {
     }
 }
 
+/// The host's capacity and pool series, from its ledger (disk only once the pool was read).
+fn publish_capacity(
+    metrics: &LibvirtMetrics,
+    zone: &str,
+    ledger: &Ledger,
+    policy: &CapacityPolicy,
+) {
+    let Some(total) = ledger.allocatable(policy) else {
+        return;
+    };
+    let used = ledger.used();
+    metrics.set_capacity(zone, "vcpu", total.vcpu, used.vcpu);
+    let mib = 1 << 20;
+    let memory = (
+        total.memory_mib.saturating_mul(mib),
+        used.memory_mib.saturating_mul(mib),
+    );
+    metrics.set_capacity(zone, "memory_bytes", memory.0, memory.1);
+    if let Some(pool) = ledger.pool() {
+        metrics.set_capacity(zone, "disk_bytes", total.disk_bytes, used.disk_bytes);
+        metrics.set_pool(zone, pool.capacity, pool.allocation);
+    }
+}
+
 impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
     async fn describe(&self) -> Result<Vec<Machine>, HypervisorError> {
         let inner: &Inner<C> = &self.inner;
@@ -267,14 +296,31 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let scans: BTreeMap<String, Scan> = scanned.into_iter().flatten().collect();
         let provider = &inner.config.provider;
         let mut views = BTreeMap::new();
+        let catalog = &inner.config.catalog;
         for (zone, scan) in &scans {
             let host = &inner.hosts[zone];
+            let image_bytes = scan
+                .foreign_volumes
+                .get(&inner.config.options.image)
+                .copied();
+            let disk_of = |tag: &Tag| {
+                parse_machine_id(&tag.machine_id).map_or(0, |id| {
+                    describe::disk_bytes(catalog, &id.instance_type, image_bytes)
+                })
+            };
             let mut ledger = host.ledger();
             if let Some(node) = scan.node {
-                ledger.refresh(node, scan.committed(provider));
+                ledger.refresh(node, scan.committed(provider, &disk_of), scan.pool_room());
             }
-            let free = ledger.free(&inner.config.options.capacity);
-            views.insert(zone.clone(), HostView { scan, free });
+            let policy = &inner.config.options.capacity;
+            publish_capacity(&self.inner.metrics, zone, &ledger, policy);
+            let free = ledger.free(policy);
+            let view = HostView {
+                scan,
+                image_bytes,
+                free,
+            };
+            views.insert(zone.clone(), view);
         }
         let machines =
             describe::inventory(provider, &inner.config.slots, &inner.config.catalog, &views);

@@ -49,16 +49,9 @@ pub(crate) struct CreateSpec {
     pub(crate) disks: DiskShape,
 }
 
-impl CreateSpec {
-    fn shape(&self) -> Shape {
-        Shape {
-            vcpu: u64::from(self.vcpu),
-            memory_mib: self.memory_mib,
-        }
-    }
-}
-
-/// Creates (or adopts) the domain and leaves it running.
+/// Creates (or adopts) the domain and leaves it running. What it needs is read first (the
+/// pool, the base image, the seed image; nothing is made), then its vCPUs, memory and disks
+/// are reserved on the host, then its steps run.
 pub(crate) fn create(
     session: &Session,
     host: &Host,
@@ -69,15 +62,24 @@ pub(crate) fn create(
     if let Some((domain, _)) = owned(session, &spec.name, &settings.provider, &spec.machine_id)? {
         return ensure_running(&domain, &spec.name);
     }
+    let (mut on_host, plan) = prepare(session, settings, spec)?;
+    let disks = &on_host.spec.disks;
+    let shape = Shape {
+        vcpu: u64::from(spec.vcpu),
+        memory_mib: spec.memory_mib,
+        disk_bytes: (disks.data.iter()).fold(disks.base.overlay_bytes, |sum, d| {
+            sum.saturating_add(d.bytes)
+        }),
+    };
     host.ledger()
-        .reserve(&spec.name, spec.shape(), &settings.options.capacity)
+        .reserve(&spec.name, shape, &settings.options.capacity)
         .map_err(|why| {
             refused(format!(
                 "zone {:?} has no room for machine {}: {why}",
                 host.zone, spec.machine_id
             ))
         })?;
-    match build(session, settings, spec) {
+    match run(session, &mut on_host, &plan) {
         Ok(()) => {
             host.ledger().commit(&spec.name);
             Ok(())
@@ -118,13 +120,12 @@ fn domain_spec(
     Ok(DomainSpec::new(&choices, &slot, base))
 }
 
-/// Reads what the steps need (the pool, the base image, the seed image), then runs the
-/// Create's steps ([`steps::run`]), which roll back what this attempt made on a failure.
-fn build(
-    session: &Session,
-    settings: &SequenceContext,
+/// Reads what the steps need (the pool, the base image, the seed image) and plans them.
+fn prepare<'a>(
+    session: &'a Session,
+    settings: &'a SequenceContext,
     spec: &CreateSpec,
-) -> Result<(), HypervisorError> {
+) -> Result<(OnHost<'a>, Vec<steps::Step>), HypervisorError> {
     let pool = volumes::pool(session, &settings.options.storage_pool).map_err(nothing_done)?;
     let base =
         volumes::base_image(session, &pool, &settings.options.image).map_err(nothing_done)?;
@@ -140,7 +141,7 @@ fn build(
     made.extend(disks.data.iter().map(|d| d.volume.clone()));
     made.push(disks.seed.clone());
     let plan = steps::create_steps(&made, std::slice::from_ref(&disks.seed));
-    let mut on_host = OnHost {
+    let on_host = OnHost {
         session,
         settings,
         pool,
@@ -149,7 +150,17 @@ fn build(
         volumes: BTreeMap::new(),
         domain: None,
     };
-    steps::run(&mut on_host, &plan).map_err(|failed| {
+    Ok((on_host, plan))
+}
+
+/// Runs the Create's steps ([`steps::run`]), which roll back what this attempt made on a
+/// failure.
+fn run(
+    session: &Session,
+    on_host: &mut OnHost<'_>,
+    plan: &[steps::Step],
+) -> Result<(), HypervisorError> {
+    steps::run(on_host, plan).map_err(|failed| {
         if failed.leftovers.is_empty() {
             return undone(session, failed.error);
         }

@@ -6,6 +6,8 @@
 //! reported as *not created*, so a rollback deletes only what this attempt made (a
 //! concurrent or earlier attempt's disks are never pulled away).
 
+use std::collections::BTreeMap;
+
 use tracing::warn;
 use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
@@ -169,6 +171,37 @@ pub(crate) fn list(session: &Session, pool_name: &str) -> Result<Vec<String>, St
     let _ = pool.refresh(0);
     pool.list_volumes()
         .map_err(|e| format!("list volumes in pool {pool_name:?}: {}", text(&e)))
+}
+
+/// A pool's capacity and allocation, and the virtual size of some of its volumes, in bytes.
+pub(crate) struct Sizes {
+    /// (capacity, allocation).
+    pub(crate) pool: (u64, u64),
+    /// By volume name.
+    pub(crate) volumes: BTreeMap<String, u64>,
+}
+
+/// The pool's sizes and the virtual size of each of `names` (a volume gone since it was
+/// listed is left out).
+pub(crate) fn sizes(
+    session: &Session,
+    pool_name: &str,
+    names: &[&String],
+) -> Result<Sizes, String> {
+    let pool = pool(session, pool_name)?;
+    let info =
+        (pool.info()).map_err(|e| format!("read storage pool {pool_name:?}: {}", text(&e)))?;
+    let mut each = BTreeMap::new();
+    for name in names {
+        let size = pool.lookup_storage_vol_by_name(name).and_then(|v| v.info());
+        if let Ok(size) = size {
+            each.insert((*name).clone(), size.capacity);
+        }
+    }
+    Ok(Sizes {
+        pool: (info.capacity, info.allocation),
+        volumes: each,
+    })
 }
 
 #[cfg(test)]

@@ -73,6 +73,7 @@ async fn oversized_rig() -> Rig {
     rig_with(&Fixture::default(), slots, |config| {
         config.catalog = catalog.clone();
         config.options.capacity.memory_ratio = 1e30;
+        config.options.capacity.disk_ratio = 1e30;
     })
     .await
 }

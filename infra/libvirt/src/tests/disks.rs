@@ -160,3 +160,71 @@ async fn delete_removes_data_disks_the_type_no_longer_lists() {
     .unwrap();
     assert_eq!(volumes(&rig.hv, ZONE, "default").await, ["base.qcow2"]);
 }
+
+#[tokio::test]
+async fn a_pool_offers_only_the_slots_whose_disks_it_holds() {
+    // The test driver's pool holds 100 GiB, 10 of them the golden image: at ratio 1, room
+    // for two 40 GiB kvm.small roots and not three.
+    let rig = rig_with(
+        &Fixture::default(),
+        slots("libvirt", ZONE, "kvm.small", 4),
+        |config| config.options.capacity.disk_ratio = 1.0,
+    )
+    .await;
+    let offered = rig.hv.describe().await.unwrap();
+    assert_eq!(offered.len(), 2, "{offered:?}");
+    create(&rig.hv, &rig.slots[0]).await.unwrap();
+    create(&rig.hv, &rig.slots[1]).await.unwrap();
+    let refused = create(&rig.hv, &rig.slots[2]).await.unwrap_err();
+    assert_eq!(
+        refused.side_effects,
+        bigfleet_libvirt_ports::SideEffects::None
+    );
+    assert!(
+        refused
+            .message
+            .contains("needs 40.0 GiB of disk but only 10.0 GiB are free of 90.0 GiB allocatable"),
+        "{}",
+        refused.message
+    );
+    assert!(
+        refused.message.contains("--disk-allocation-ratio 1"),
+        "{}",
+        refused.message
+    );
+    assert_eq!(domains(&rig.hv, ZONE).await.len(), 2, "nothing was made");
+    // Both machines now run: nothing more is offered, and the series say why.
+    let offered = rig.hv.describe().await.unwrap();
+    let speculative = offered
+        .iter()
+        .filter(|m| m.state == bigfleet_libvirt_domain::MachineState::Speculative)
+        .count();
+    assert_eq!(speculative, 0, "{offered:?}");
+    let gauge = |resource: &str, of: &str| {
+        let labels = crate::metrics::CapacityLabels {
+            zone: ZONE.to_owned(),
+            resource: resource.to_owned(),
+            of: of.to_owned(),
+        };
+        rig.metrics.capacity.get_or_create(&labels).get()
+    };
+    assert_eq!(gauge("disk_bytes", "allocatable"), 90 << 30);
+    assert_eq!(gauge("disk_bytes", "committed"), 80 << 30);
+    let pool = crate::metrics::PoolLabels {
+        zone: ZONE.to_owned(),
+        kind: "capacity".to_owned(),
+    };
+    assert_eq!(rig.metrics.pool.get_or_create(&pool).get(), 100 << 30);
+}
+
+#[tokio::test]
+async fn a_higher_ratio_offers_thin_disks_past_the_pool() {
+    let rig = rig_with(
+        &Fixture::default(),
+        slots("libvirt", ZONE, "kvm.small", 4),
+        |config| config.options.capacity.disk_ratio = 2.0,
+    )
+    .await;
+    // 100 GiB × 2 − 10 GiB: four 40 GiB roots.
+    assert_eq!(rig.hv.describe().await.unwrap().len(), 4);
+}

@@ -110,7 +110,8 @@ pub(super) fn slots(provider: &str, zone: &str, instance_type: &str, count: i64)
     build_inventory(&[offering], &cfg).unwrap().machines
 }
 
-/// A configuration with fast reconnects, no capacity reserve and no drift watch (the
+/// A configuration with fast reconnects, no capacity reserve, a disk ratio far past the
+/// test driver's pool, and no drift watch (the
 /// watch's own tests turn it on).
 pub(super) fn config(
     provider: &str,
@@ -130,6 +131,9 @@ pub(super) fn config(
         reserve_memory_mib: 0,
         cpu_ratio: 1.0,
         memory_ratio: 1.0,
+        // The test driver's pools always report 100 GiB: room for the rigs' built-in types,
+        // whose roots are 40 GiB and up (the disk tests set their own ratio).
+        disk_ratio: 1000.0,
     };
     config.hosts = HostPolicy {
         probe_interval: Duration::from_millis(200),
