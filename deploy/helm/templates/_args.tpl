@@ -20,6 +20,9 @@ and the doctor hook Job checks exactly them.
 - {{ printf "--image=%s" . | quote }}
 {{- end }}
 - {{ printf "--storage-pool=%s" .Values.libvirt.storagePool | quote }}
+{{- if .Values.libvirt.seedPool }}
+- {{ printf "--seed-pool=%s" .Values.libvirt.seedPool | quote }}
+{{- end }}
 - {{ printf "--network=%s" .Values.libvirt.network | quote }}
 {{- range .Values.libvirt.nics }}
 - {{ printf "--nic=%s" . | quote }}

@@ -330,6 +330,7 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
         image: flags.image.clone(),
         image_source: None,
         storage_pool: flags.storage_pool.clone(),
+        seed_pool: flags.seed_pool.trim().to_owned(),
         network: flags.network.trim().to_owned(),
         nics: Vec::new(),
         instance_nics: std::collections::BTreeMap::new(),

@@ -60,6 +60,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
         image: settings.image.clone(),
         image_source: settings.image_source.clone(),
         storage_pool: settings.storage_pool.clone(),
+        seed_pool: settings.seed_pool().to_owned(),
         network: settings.network.clone(),
         domain_type: settings.platform.domain_type.as_str().to_owned(),
         user_data,
@@ -100,6 +101,7 @@ pub async fn run<C: Clock>(
     let target = ProbeTarget {
         provider: plan.provider_label.clone(),
         storage_pool: want.storage_pool.clone(),
+        seed_pool: want.seed_pool.clone(),
         image: want.image.clone(),
         network: want.network.clone(),
         domain_type: want.domain_type.clone(),
@@ -128,6 +130,7 @@ pub async fn run<C: Clock>(
                 connection: Err(why),
                 domain_caps: Probe::Unsupported(String::new()),
                 pool: Probe::Unsupported(String::new()),
+                seed_pool: None,
                 image: Probe::Unsupported(String::new()),
                 network: None,
                 domains: Probe::Unsupported(String::new()),

@@ -132,6 +132,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                         path: "/var/lib/libvirt/images/base.qcow2".to_owned(),
                         format: "qcow2".to_owned(),
                         overlay_bytes: 40 << 30,
+                        rbd: None,
                     },
                     data: Vec::new(),
                 },

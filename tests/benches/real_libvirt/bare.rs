@@ -116,6 +116,7 @@ impl Bare {
                     path: self.base.0.clone(),
                     format: "qcow2".to_owned(),
                     overlay_bytes: self.base.1,
+                    rbd: None,
                 },
                 data: Vec::new(),
             },

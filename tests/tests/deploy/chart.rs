@@ -590,6 +590,8 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
         // --set reads 2.5 as a string; --set-json as the number it is.
         "--set-json",
         "libvirt.diskAllocationRatio=2.5",
+        "--set",
+        "libvirt.seedPool=seeds",
     ]);
     assert_eq!(nics(&set), ["--nic=bridge=br0", "--nic=direct=eth1:vepa"]);
     assert_eq!(
@@ -601,6 +603,7 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
     assert_eq!(set.arg("--host-connections").as_deref(), Some("3"));
     assert_eq!(set.arg("--host-max-client-requests").as_deref(), Some("4"));
     assert_eq!(set.arg("--disk-allocation-ratio").as_deref(), Some("2.5"));
+    assert_eq!(set.arg("--seed-pool").as_deref(), Some("seeds"));
     let (ok, stderr) = binary_with_chart_args(&set.args(), &[]);
     assert!(ok, "{stderr}");
 
@@ -620,6 +623,7 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
     );
     assert_eq!(file.arg("--host-max-client-requests"), None);
     assert_eq!(file.arg("--disk-allocation-ratio"), None);
+    assert_eq!(file.arg("--seed-pool"), None, "unset: the seeds share --storage-pool");
     let (ok, stderr) = binary_with_chart_args(&file.args(), &[]);
     assert!(ok, "{stderr}");
 }

@@ -78,7 +78,8 @@ pub struct Flags {
     /// as a volume named after its sha256 (--image may then be empty, or must name it).
     #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_IMAGE_SOURCE")]
     pub image_source: Option<PathBuf>,
-    /// Storage pool for overlay and cloud-init volumes (libvirt backend).
+    /// Storage pool for roots and data disks (libvirt backend): a local pool (qcow2 overlays)
+    /// or an rbd pool (copy-on-write clones of the golden image).
     #[arg(
         long,
         global = true,
@@ -86,6 +87,10 @@ pub struct Flags {
         default_value = "default"
     )]
     pub storage_pool: String,
+    /// Local (dir) pool for the cloud-init seeds (libvirt backend); empty = --storage-pool.
+    /// Required when --storage-pool is an rbd pool.
+    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_SEED_POOL", default_value = "")]
+    pub seed_pool: String,
     /// libvirt network for the domain NIC (libvirt backend); empty = no NIC.
     #[arg(
         long,

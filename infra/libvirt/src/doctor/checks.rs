@@ -79,7 +79,10 @@ pub(super) fn storage(want: &Expectations, host: &HostFacts, slots: &[Slots]) ->
     let (pool_check, usable) = pool(want, host);
     let mut out = vec![pool_check];
     match usable {
-        Some(facts) => out.extend(image(want, host, facts, slots)),
+        Some(facts) => {
+            out.extend(super::ceph::checks(want, host, facts));
+            out.extend(image(want, host, facts, slots));
+        }
         None => out.push(check(
             &host.zone,
             "image",

@@ -57,6 +57,18 @@ pub struct Pool {
     pub capacity: u64,
     /// Free bytes.
     pub available: u64,
+    /// The cluster and its secret when this is an rbd pool.
+    pub rbd: Option<RbdFacts>,
+}
+
+/// An rbd pool's cluster, as its definition states it, and whether its libvirt secret is
+/// defined on the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RbdFacts {
+    /// The Ceph pool, monitors and cephx user.
+    pub source: crate::render::rbd::RbdSource,
+    /// The secret the definition names (found when there is no `<auth>`).
+    pub secret: Probe<()>,
 }
 
 /// A storage volume.
@@ -94,6 +106,8 @@ pub struct HostFacts {
     pub domain_caps: Probe<DomainCaps>,
     /// `--storage-pool`.
     pub pool: Probe<Pool>,
+    /// `--seed-pool` when it is another pool than `--storage-pool` (`None`: the same).
+    pub seed_pool: Option<Probe<Pool>>,
     /// `--image` in that pool.
     pub image: Probe<Volume>,
     /// `--network` and whether it is active; `None` when `--network` is empty.
@@ -148,6 +162,8 @@ pub struct Expectations {
     pub image_source: Option<Arc<GoldenImage>>,
     /// `--storage-pool`.
     pub storage_pool: String,
+    /// `--seed-pool`, resolved (`--storage-pool` when not given).
+    pub seed_pool: String,
     /// `--network` (empty: no NIC).
     pub network: String,
     /// `--domain-type`.

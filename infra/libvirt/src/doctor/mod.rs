@@ -9,10 +9,12 @@
 //! tested directly. `doctor/facts.rs` holds the facts and the expectations, `doctor/probe.rs` reads
 //! them from a host (and `doctor/trial_domain.rs` runs the opt-in throw-away domains);
 //! `doctor/checks.rs` the checks of one host (`doctor/golden.rs` the `image-source` one,
-//! `doctor/trial.rs` the `cpu trial` ones), `doctor/judge.rs` the judgement that runs them in
+//! `doctor/ceph.rs` the rbd pool's and the seed pool's, with the probe's read of the pool's
+//! cephx secret, `doctor/trial.rs` the `cpu trial` ones), `doctor/judge.rs` the judgement that runs them in
 //! order, and `doctor/report.rs` the report, its verdict and its table.
 
 mod budget;
+mod ceph;
 mod checks;
 mod facts;
 mod golden;
@@ -23,10 +25,13 @@ mod trial;
 pub mod trial_domain;
 
 pub use facts::{
-    Connection, CpuTrial, DomainCaps, Domains, Expectations, HostFacts, Pool, Probe, Slots, Volume,
+    Connection, CpuTrial, DomainCaps, Domains, Expectations, HostFacts, Pool, Probe, RbdFacts, Slots,
+    Volume,
 };
 pub use judge::judge;
 pub use report::{Check, Report, Status, table};
 
+#[cfg(test)]
+mod ceph_tests;
 #[cfg(test)]
 mod tests;

@@ -25,6 +25,8 @@ pub struct ProbeTarget {
     pub provider: String,
     /// `--storage-pool`.
     pub storage_pool: String,
+    /// `--seed-pool`, resolved (`--storage-pool` when not given).
+    pub seed_pool: String,
     /// `--image`.
     pub image: String,
     /// `--network`; empty = none.
@@ -61,6 +63,7 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
         connection: Err(String::new()),
         domain_caps: skipped(),
         pool: skipped(),
+        seed_pool: None,
         image: skipped(),
         network: None,
         domains: skipped(),
@@ -82,12 +85,14 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
             conn.lookup_storage_pool_by_name(&target.storage_pool),
             ErrorNumber::NoStoragePool,
         );
-        facts.pool = match &pool {
-            Probe::Found(p) => pool_facts(p),
-            Probe::Missing => Probe::Missing,
-            Probe::Unsupported(e) => Probe::Unsupported(e.clone()),
-            Probe::Failed(e) => Probe::Failed(e.clone()),
-        };
+        facts.pool = pool_probe(&conn, &pool);
+        if target.seed_pool != target.storage_pool {
+            let seed = answer(
+                conn.lookup_storage_pool_by_name(&target.seed_pool),
+                ErrorNumber::NoStoragePool,
+            );
+            facts.seed_pool = Some(pool_probe(&conn, &seed));
+        }
         if let Probe::Found(p) = &pool {
             facts.image = volume(p, &target.image);
         }
@@ -185,25 +190,31 @@ fn parse_domain_caps(xml: &str) -> Option<DomainCaps> {
     })
 }
 
-fn pool_facts(pool: &StoragePool) -> Probe<Pool> {
+fn pool_probe(conn: &Connect, pool: &Probe<StoragePool>) -> Probe<Pool> {
+    match pool {
+        Probe::Found(p) => pool_facts(conn, p),
+        Probe::Missing => Probe::Missing,
+        Probe::Unsupported(e) => Probe::Unsupported(e.clone()),
+        Probe::Failed(e) => Probe::Failed(e.clone()),
+    }
+}
+
+fn pool_facts(conn: &Connect, pool: &StoragePool) -> Probe<Pool> {
     let info = match pool.info() {
         Ok(info) => info,
         Err(e) => return Probe::Failed(text(&e)),
     };
-    let kind = pool
-        .xml_desc(0)
+    let document = pool.xml_desc(0).unwrap_or_default();
+    let kind = roxmltree::Document::parse(&document)
         .ok()
-        .and_then(|desc| {
-            roxmltree::Document::parse(&desc)
-                .ok()
-                .and_then(|d| d.root_element().attribute("type").map(str::to_owned))
-        })
+        .and_then(|d| d.root_element().attribute("type").map(str::to_owned))
         .unwrap_or_else(|| "unknown".to_owned());
     Probe::Found(Pool {
         kind,
         active: pool.is_active().unwrap_or(false),
         capacity: info.capacity,
         available: info.available,
+        rbd: super::ceph::rbd_facts(conn, &document),
     })
 }
 

@@ -4,11 +4,12 @@
 use super::*;
 use crate::options::CapacityPolicy;
 
-fn want() -> Expectations {
+pub(super) fn want() -> Expectations {
     Expectations {
         image: "base.qcow2".to_owned(),
         image_source: None,
         storage_pool: "default".to_owned(),
+        seed_pool: "default".to_owned(),
         network: "default".to_owned(),
         domain_type: "kvm".to_owned(),
         user_data: None,
@@ -29,7 +30,7 @@ fn want() -> Expectations {
     }
 }
 
-fn good() -> HostFacts {
+pub(super) fn good() -> HostFacts {
     HostFacts {
         zone: "a".to_owned(),
         uri: "qemu:///system".to_owned(),
@@ -45,11 +46,13 @@ fn good() -> HostFacts {
             os_supported: true,
             unix_channel: Some(true),
         }),
+        seed_pool: None,
         pool: Probe::Found(Pool {
             kind: "dir".to_owned(),
             active: true,
             capacity: 100 << 30,
             available: 90 << 30,
+            rbd: None,
         }),
         image: Probe::Found(Volume {
             format: "qcow2".to_owned(),
@@ -63,7 +66,7 @@ fn good() -> HostFacts {
     }
 }
 
-fn status(report: &Report, zone: &str, name: &str) -> (Status, String, String) {
+pub(super) fn status(report: &Report, zone: &str, name: &str) -> (Status, String, String) {
     let check = report
         .checks
         .iter()
@@ -92,6 +95,7 @@ fn an_inactive_pool_blocks_and_says_how_to_start_it() {
         active: false,
         capacity: 0,
         available: 0,
+        rbd: None,
     });
     let report = judge(&want(), &[host]);
     assert_eq!(report.exit_code(), 1);
@@ -180,6 +184,7 @@ fn orphans_and_tight_pools_warn_with_exit_2() {
         active: true,
         capacity: 20 << 30,
         available: 15 << 30,
+        rbd: None,
     });
     let report = judge(&want(), &[host]);
     assert_eq!(report.verdict, "warnings");

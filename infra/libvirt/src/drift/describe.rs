@@ -97,9 +97,14 @@ impl Scan {
     }
 }
 
-/// Reads node info, every domain, the pool's volume names and size, and the size of every
-/// volume not named after a domain of `provider`'s.
-pub(crate) fn scan(session: &Session, pool: &str, provider: &str) -> Result<Scan, HypervisorError> {
+/// Reads node info, every domain, the volume names of `pools` (`--storage-pool` first, then
+/// `--seed-pool` when it is another), the storage pool's size, and the size of every volume
+/// in it not named after a domain of `provider`'s.
+pub(crate) fn scan(
+    session: &Session,
+    pools: &[String],
+    provider: &str,
+) -> Result<Scan, HypervisorError> {
     let conn = &session.conn;
     let info = conn
         .node_info()
@@ -124,17 +129,23 @@ pub(crate) fn scan(session: &Session, pool: &str, provider: &str) -> Result<Scan
         };
         domains.insert(name, scanned);
     }
-    let volumes = volumes::list(session, pool).unwrap_or_else(|e| {
-        warn!(error = %e, "cannot list the storage pool; orphan volumes are not checked");
-        Vec::new()
+    let mut listed = pools.iter().map(|pool| {
+        volumes::list(session, pool).unwrap_or_else(|e| {
+            warn!(error = %e, "cannot list a storage pool; its orphan volumes are not checked");
+            Vec::new()
+        })
     });
+    let storage = listed.next().unwrap_or_default();
+    let mut volumes = storage.clone();
+    volumes.extend(listed.flatten());
+    let pool = pools.first().map_or("", String::as_str);
     let ours = |volume: &str| {
         volumes::owner_of(volume)
             .and_then(|owner| domains.get(owner))
             .and_then(|d: &ScannedDomain| d.tag.as_ref())
             .is_some_and(|t| t.provider == provider)
     };
-    let others: Vec<&String> = volumes.iter().filter(|v| !ours(v)).collect();
+    let others: Vec<&String> = storage.iter().filter(|v| !ours(v)).collect();
     let (pool, foreign_volumes) = match volumes::sizes(session, pool, &others) {
         Ok(sizes) => (Some(sizes.pool), sizes.volumes),
         Err(e) => {

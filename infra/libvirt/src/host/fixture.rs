@@ -33,7 +33,41 @@ pub struct Fixture {
     pub network: String,
     /// Extra `<domain>` documents defined at open (for foreign or leftover domains).
     pub domains: Vec<String>,
+    /// Extra `<pool>` documents (e.g. [`rbd_pool`]).
+    pub pools: Vec<String>,
 }
+
+/// An rbd pool `name` on Ceph pool `bigfleet` (monitor 127.0.0.1:6789, cephx user
+/// `libvirt` with secret [`RBD_SECRET`]), holding a raw golden image `golden` of
+/// `golden_bytes`. The test driver keeps the definition and its volumes in memory; it
+/// clones within the pool like the rbd backend, and cannot resize or hold secrets.
+#[must_use]
+pub fn rbd_pool(name: &str, golden: &str, golden_bytes: u64) -> String {
+    format!(
+        "<pool type='rbd'>
+    <name>{}</name>
+    <capacity unit='TiB'>10</capacity>
+    <available unit='TiB'>10</available>
+    <source>
+      <host name='127.0.0.1' port='6789'/>
+      <name>bigfleet</name>
+      <auth type='ceph' username='libvirt'><secret uuid='{RBD_SECRET}'/></auth>
+    </source>
+    <volume type='network'>
+      <name>{}</name>
+      <capacity unit='bytes'>{golden_bytes}</capacity>
+      <allocation unit='bytes'>0</allocation>
+      <target><format type='raw'/></target>
+    </volume>
+  </pool>
+",
+        escape(name),
+        escape(golden)
+    )
+}
+
+/// The libvirt secret UUID of [`rbd_pool`]'s cephx user.
+pub const RBD_SECRET: &str = "2a5a7b3e-3c1e-4b0f-9d3c-7f1e5b2a9c10";
 
 impl Default for Fixture {
     fn default() -> Self {
@@ -47,6 +81,7 @@ impl Default for Fixture {
             base_format: "qcow2".to_owned(),
             network: "default".to_owned(),
             domains: Vec::new(),
+            pools: Vec::new(),
         }
     }
 }
@@ -56,6 +91,7 @@ impl Fixture {
     #[must_use]
     pub fn node_xml(&self) -> String {
         let domains: String = self.domains.concat();
+        let pools: String = self.pools.concat();
         format!(
             "<node>
   <cpu><nodes>1</nodes><sockets>1</sockets><cores>{cpus}</cores><threads>1</threads>
@@ -79,7 +115,7 @@ impl Fixture {
       <target><format type='{base_format}'/></target>
     </volume>
   </pool>
-{domains}</node>
+{pools}{domains}</node>
 ",
             cpus = self.cpus,
             memory_kib = self.memory_mib * 1024,

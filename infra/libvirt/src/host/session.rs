@@ -25,4 +25,7 @@ pub struct BaseImage {
     pub capacity: u64,
     /// Its format, read from the volume XML (`qcow2` when unreadable).
     pub format: String,
+    /// The cluster of `--storage-pool` when it is an rbd pool (roots are clones of the
+    /// base there); `None` on a local pool.
+    pub rbd: Option<crate::render::rbd::RbdSource>,
 }

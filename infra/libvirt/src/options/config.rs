@@ -25,8 +25,12 @@ pub struct DomainConfig {
     pub image: String,
     /// `--image-source`: uploaded to every host that lacks it; `image` is its volume name.
     pub image_source: Option<Arc<GoldenImage>>,
-    /// The storage pool for overlays and seeds (`--storage-pool`).
+    /// The storage pool for roots and data disks (`--storage-pool`): a local pool (qcow2
+    /// overlays) or an rbd pool (clones of the golden image).
     pub storage_pool: String,
+    /// The pool for the cloud-init seeds (`--seed-pool`); empty = `storage_pool`. Must be a
+    /// local pool: the seed is a file QEMU reads.
+    pub seed_pool: String,
     /// The libvirt network for each domain's NIC (`--network`); empty = no NIC. Used when
     /// `nics` is empty.
     pub network: String,
@@ -66,6 +70,7 @@ impl Default for DomainConfig {
             image: String::new(),
             image_source: None,
             storage_pool: "default".to_owned(),
+            seed_pool: String::new(),
             network: "default".to_owned(),
             nics: Vec::new(),
             instance_nics: BTreeMap::new(),
@@ -101,6 +106,16 @@ impl DomainConfig {
             return Vec::new();
         }
         vec![NicSource::Network(self.network.clone())]
+    }
+
+    /// The pool the seeds go to: `--seed-pool`, or `--storage-pool` when that is empty.
+    #[must_use]
+    pub fn seed_pool(&self) -> &str {
+        if self.seed_pool.is_empty() {
+            &self.storage_pool
+        } else {
+            &self.seed_pool
+        }
     }
 
     /// The CPU choice for a domain of `instance_type` (`None`: the platform's default).

@@ -19,6 +19,7 @@ use bigfleet_libvirt_domain::catalog::{DiskShape, gib_bytes};
 use crate::options::{CpuChoice, DomainConfig, Platform};
 use crate::render::devices::{MacBook, Nic};
 use crate::render::ownership::Tag;
+use crate::render::rbd::RbdSource;
 use crate::render::seed;
 
 /// Everything that decides what one domain looks like.
@@ -53,17 +54,19 @@ pub struct DomainSpec {
 /// A domain's volumes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Disks {
-    /// The qcow2 overlay's volume name.
+    /// The root volume's name: the qcow2 overlay ([`overlay_name`]) on a local pool, the
+    /// copy-on-write clone ([`rbd_root_name`]) on an rbd pool.
     pub overlay: String,
     /// The NoCloud seed's volume name.
     pub seed: String,
-    /// What the overlay is backed by, as the host reported it.
+    /// What the root is made from, as the host reported it.
     pub base: Base,
     /// The data disks, in the order the guest gets them.
     pub data: Vec<DataVolume>,
 }
 
-/// One data disk: a thin qcow2 volume of its own, found by the guest by its serial.
+/// One data disk: a thin volume of its own (qcow2 on a local pool, a raw image on an rbd
+/// pool), found by the guest by its serial.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataVolume {
     /// The volume's name ([`data_name`]).
@@ -74,15 +77,18 @@ pub struct DataVolume {
     pub bytes: u64,
 }
 
-/// The host's facts about the base image (`--image`) an overlay is backed by.
+/// The host's facts about the base image (`--image`) a root is made from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Base {
-    /// The base volume's path on the host.
+    /// The base volume's path on the host (on an rbd pool: `<ceph pool>/<image>`).
     pub path: String,
     /// Its format (`qcow2`, `raw`).
     pub format: String,
-    /// The overlay's virtual size in bytes.
+    /// The root's virtual size in bytes.
     pub overlay_bytes: u64,
+    /// The rbd pool's cluster when `--storage-pool` is an rbd pool (roots are clones of the
+    /// base and every disk but the seed is an RBD image); `None` on a local pool.
+    pub rbd: Option<RbdSource>,
 }
 
 /// Where libvirt placed a domain's volumes (known once they exist).
@@ -152,10 +158,10 @@ impl DomainSpec {
             nics,
             platform: options.platform.clone(),
             disks: Disks {
-                overlay: overlay_name(&name),
+                overlay: root_name(&name, base.rbd.is_some()),
                 seed: seed_name(&name),
+                data: data_volumes(&name, slot.disks, base.rbd.is_some()),
                 base,
-                data: data_volumes(&name, slot.disks),
             },
             user_data: Arc::clone(choices.user_data),
             name,
@@ -163,12 +169,16 @@ impl DomainSpec {
     }
 }
 
-/// The data volumes of domain `name` for `disks`.
+/// The data volumes of domain `name` for `disks` (`rbd`: in an rbd pool).
 #[must_use]
-pub fn data_volumes(name: &str, disks: &DiskShape) -> Vec<DataVolume> {
+pub fn data_volumes(name: &str, disks: &DiskShape, rbd: bool) -> Vec<DataVolume> {
     (disks.data.iter())
         .map(|disk| DataVolume {
-            volume: data_name(name, &disk.name),
+            volume: if rbd {
+                rbd_data_name(name, &disk.name)
+            } else {
+                data_name(name, &disk.name)
+            },
             serial: disk.name.clone(),
             bytes: gib_bytes(disk.size_gib),
         })
@@ -179,6 +189,28 @@ pub fn data_volumes(name: &str, disks: &DiskShape) -> Vec<DataVolume> {
 #[must_use]
 pub fn overlay_name(domain: &str) -> String {
     format!("{domain}-overlay.qcow2")
+}
+
+/// The root volume's name for a domain: its overlay, or (`rbd`) its clone.
+#[must_use]
+pub fn root_name(domain: &str, rbd: bool) -> String {
+    if rbd {
+        rbd_root_name(domain)
+    } else {
+        overlay_name(domain)
+    }
+}
+
+/// The RBD image name of a domain's root (a clone of the golden image: raw, no extension).
+#[must_use]
+pub fn rbd_root_name(domain: &str) -> String {
+    format!("{domain}-root")
+}
+
+/// The RBD image name of data disk `disk` of a domain.
+#[must_use]
+pub fn rbd_data_name(domain: &str, disk: &str) -> String {
+    format!("{domain}-data-{disk}")
 }
 
 /// The seed volume's name for a domain.
@@ -194,11 +226,13 @@ pub fn data_name(domain: &str, disk: &str) -> String {
     format!("{domain}-data-{disk}.qcow2")
 }
 
-/// The domain a volume of ours belongs to, if the name has one of our suffixes.
+/// The domain a volume of ours belongs to, if the name has one of our suffixes (those of
+/// a local pool's files and those of an rbd pool's images).
 #[must_use]
 pub fn owner_of(volume: &str) -> Option<&str> {
     let data_owner = || {
-        let (domain, disk) = volume.strip_suffix(".qcow2")?.rsplit_once("-data-")?;
+        let stem = volume.strip_suffix(".qcow2").unwrap_or(volume);
+        let (domain, disk) = stem.rsplit_once("-data-")?;
         let ours = !disk.is_empty()
             && (disk.bytes()).all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
         (ours && !domain.is_empty()).then_some(domain)
@@ -206,7 +240,9 @@ pub fn owner_of(volume: &str) -> Option<&str> {
     volume
         .strip_suffix("-overlay.qcow2")
         .or_else(|| volume.strip_suffix("-cidata.iso"))
+        .or_else(|| volume.strip_suffix("-root"))
         .or_else(data_owner)
+        .filter(|domain| !domain.is_empty())
 }
 
 #[cfg(test)]

@@ -23,6 +23,17 @@ fn spec_with(options: &DomainConfig) -> DomainSpec {
 
 /// [`spec_with`] for a type whose disks are `disks`.
 fn spec_shaped(options: &DomainConfig, disks: &DiskShape) -> DomainSpec {
+    let base = Base {
+        path: "/var/lib/libvirt/images/golden.qcow2".to_owned(),
+        format: "qcow2".to_owned(),
+        overlay_bytes: 40 << 30,
+        rbd: None,
+    };
+    spec_on(options, disks, base)
+}
+
+/// [`spec_shaped`] on a host whose base image is `base`.
+fn spec_on(options: &DomainConfig, disks: &DiskShape, base: Base) -> DomainSpec {
     let nics = options.nic_sources(INSTANCE_TYPE).len();
     let macs = MacBook::new(PROVIDER, [(MACHINE, nics)]);
     let user_data: Arc<[u8]> = Arc::from(&b"#cloud-config\npackages: [jq]\n"[..]);
@@ -39,11 +50,6 @@ fn spec_shaped(options: &DomainConfig, disks: &DiskShape) -> DomainSpec {
         vcpu: 2,
         memory_mib: 4096,
         disks,
-    };
-    let base = Base {
-        path: "/var/lib/libvirt/images/golden.qcow2".to_owned(),
-        format: "qcow2".to_owned(),
-        overlay_bytes: 40 << 30,
     };
     DomainSpec::new(&choices, &slot, base)
 }
@@ -72,7 +78,9 @@ fn documents(spec: &DomainSpec) -> String {
     };
     let image = seed::build(&spec.name, &spec.instance_id, &spec.user_data).unwrap();
     let seed_bytes = u64::try_from(image.len()).unwrap();
-    let data: String = spec.disks.data.iter().map(xml::data_volume).collect();
+    let data: String = (spec.disks.data.iter())
+        .map(|disk| xml::data_volume_of(spec, disk))
+        .collect();
     format!(
         "=== domain\n{}=== overlay volume\n{}=== seed volume\n{}=== data volumes\n{}\
          === seed meta-data\n{}=== seed user-data\n{}",
@@ -122,6 +130,39 @@ fn a_sized_root_and_two_data_disks_with_their_serials() {
         assert_eq!(owner_of(&disk.volume), Some(spec.name.as_str()));
     }
     insta::assert_snapshot!("data_disks", documents(&spec));
+}
+
+#[test]
+fn an_rbd_pool_clones_the_root_and_makes_rbd_data_disks_with_the_pools_auth() {
+    let disks = DiskShape {
+        root_gib: Some(20),
+        data: vec![DataDisk {
+            name: "data1".to_owned(),
+            size_gib: 5,
+        }],
+    };
+    let pool = crate::host::fixture::rbd_pool("ceph", "golden", 2 << 30);
+    let crate::render::rbd::PoolKind::Rbd(source) = crate::render::rbd::pool_kind(&pool).unwrap()
+    else {
+        panic!("not an rbd pool");
+    };
+    let base = Base {
+        path: "bigfleet/golden".to_owned(),
+        format: "raw".to_owned(),
+        overlay_bytes: 20 << 30,
+        rbd: Some(source),
+    };
+    let spec = spec_on(
+        &options(|o| o.storage_pool = "ceph".to_owned()),
+        &disks,
+        base,
+    );
+    assert_eq!(spec.disks.overlay, rbd_root_name(&spec.name));
+    assert_eq!(spec.disks.data[0].volume, rbd_data_name(&spec.name, "data1"));
+    for volume in [&spec.disks.overlay, &spec.disks.data[0].volume] {
+        assert_eq!(owner_of(volume), Some(spec.name.as_str()));
+    }
+    insta::assert_snapshot!("rbd_disks", documents(&spec));
 }
 
 #[test]

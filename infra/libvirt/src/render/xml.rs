@@ -12,12 +12,16 @@
 //! operator's choice (`--cpu`, `--instance-cpu`), and the SMBIOS system serial says
 //! `ds=nocloud`, so cloud-init picks the NoCloud datasource without probing for it.
 //!
+//! On an rbd pool the root and the data disks are `<disk type='network'>` on the pool's
+//! cluster (`render::rbd`); the seed stays a file in `--seed-pool`.
+//!
 //! Beyond the reference, a [`Platform`] can ask for software emulation (`--domain-type
 //! qemu`, for hosts without usable KVM: no host CPU model then), direct kernel boot
 //! (`--guest-kernel`, for images without a boot loader) and no NIC (`--network ''`).
 
 use crate::render::devices::{CpuChoice, Nic};
 use crate::render::ownership::escape;
+use crate::render::rbd::{self, RbdSource};
 
 pub use crate::options::platform::{DirectKernel, DomainType, Firmware, Platform, SeedBus};
 pub use crate::render::spec::{Base, DataVolume, Disks, DomainSpec, VolumePaths};
@@ -43,9 +47,15 @@ fn seed_disk(bus: SeedBus, path: &str) -> String {
 }
 
 /// The data disks' `<disk>` elements, from `vdc` on, each with its serial; `paths` are
-/// already placed by libvirt, in the same order as `data`.
-fn data_disks(data: &[DataVolume], paths: &[String]) -> String {
+/// already placed by libvirt, in the same order as `data` (on an rbd pool the images are
+/// named by the spec, and `paths` are not read).
+fn data_disks(data: &[DataVolume], paths: &[String], rbd: Option<&RbdSource>) -> String {
     let targets = (b'c'..=b'z').map(|letter| format!("vd{}", char::from(letter)));
+    if let Some(source) = rbd {
+        return (data.iter().zip(targets))
+            .map(|(disk, target)| rbd::disk(source, &disk.volume, &target, &disk.serial))
+            .collect();
+    }
     (data.iter().zip(paths).zip(targets))
         .map(|((disk, path), target)| {
             format!(
@@ -107,13 +117,30 @@ pub(crate) fn cpu_element(cpu: Option<&CpuChoice>, domain_type: DomainType) -> S
     }
 }
 
+/// The root's `<disk>`: the qcow2 overlay at `path`, or the RBD clone.
+fn root_disk(disks: &Disks, path: &str) -> String {
+    if let Some(source) = &disks.base.rbd {
+        return rbd::disk(source, &disks.overlay, "vda", "root");
+    }
+    format!(
+        "
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='{}'/>
+      <target dev='vda' bus='virtio'/>
+      <serial>root</serial>
+    </disk>",
+        escape(path)
+    )
+}
+
 /// The domain XML for `spec`, its volumes at `paths`.
 #[must_use]
 pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     let name = escape(&spec.name);
-    let overlay = escape(paths.overlay);
+    let root = root_disk(&spec.disks, paths.overlay);
     let seed = seed_disk(spec.platform.seed_bus, &escape(paths.seed));
-    let data = data_disks(&spec.disks.data, paths.data);
+    let data = data_disks(&spec.disks.data, paths.data, spec.disks.base.rbd.as_ref());
     let (vcpu, memory) = (spec.vcpu, spec.memory_mib);
     let tag = spec.tag.to_domain_xml();
     let kind = spec.platform.domain_type.as_str();
@@ -138,13 +165,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
   <on_crash>restart</on_crash>
-  <devices>
-    <disk type='file' device='disk'>
-      <driver name='qemu' type='qcow2'/>
-      <source file='{overlay}'/>
-      <target dev='vda' bus='virtio'/>
-      <serial>root</serial>
-    </disk>{seed}{data}{nic}
+  <devices>{root}{seed}{data}{nic}
     <channel type='unix'>
       <source mode='bind'/>
       <target type='virtio' name='{AGENT_CHANNEL}'/>
@@ -157,17 +178,31 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     )
 }
 
-/// `spec`'s overlay volume: backed by the base image, of the size the base asks for.
+/// `spec`'s root volume, of the size the type asks for: a qcow2 overlay backed by the base
+/// image, or on an rbd pool a raw image (made as a clone of the base).
 #[must_use]
 pub fn overlay(spec: &DomainSpec) -> String {
     let (disks, base) = (&spec.disks, &spec.disks.base);
+    if base.rbd.is_some() {
+        return rbd::volume(&disks.overlay, base.overlay_bytes);
+    }
     overlay_volume(&disks.overlay, base.overlay_bytes, &base.path, &base.format)
 }
 
-/// A data disk's volume: thin qcow2 of its size, no backing.
+/// A data disk's volume on a local pool: thin qcow2 of its size, no backing.
 #[must_use]
 pub fn data_volume(disk: &DataVolume) -> String {
     thin_qcow2(&escape(&disk.volume), disk.bytes, "")
+}
+
+/// Data disk `disk` of `spec`'s volume: [`data_volume`] on a local pool, a raw RBD image on
+/// an rbd pool.
+#[must_use]
+pub fn data_volume_of(spec: &DomainSpec, disk: &DataVolume) -> String {
+    if spec.disks.base.rbd.is_some() {
+        return rbd::volume(&disk.volume, disk.bytes);
+    }
+    data_volume(disk)
 }
 
 /// `spec`'s seed volume, sized for a seed image of `bytes`.
@@ -220,8 +255,8 @@ pub fn seed_volume(name: &str, capacity: u64) -> String {
 }
 
 /// The volumes of domain `domain` that its definition `domain_xml` names as disks (by file
-/// name, those [`owner_of`](crate::render::spec::owner_of) gives to `domain`), other than its
-/// overlay and seed. Unreadable documents name none.
+/// or RBD image name, those [`owner_of`](crate::render::spec::owner_of) gives to `domain`),
+/// other than its root and seed. Unreadable documents name none.
 #[must_use]
 pub fn owned_volumes(domain_xml: &str, domain: &str) -> Vec<String> {
     let Ok(document) = roxmltree::Document::parse(domain_xml) else {
@@ -233,9 +268,10 @@ pub fn owned_volumes(domain_xml: &str, domain: &str) -> Vec<String> {
     };
     (document.descendants())
         .filter(|n| n.has_tag_name("source") && n.parent().is_some_and(|d| d.has_tag_name("disk")))
-        .filter_map(|source| source.attribute("file").and_then(named))
+        .filter_map(|source| (source.attribute("file").or(source.attribute("name"))).and_then(named))
         .filter(|volume| {
             *volume != crate::render::spec::overlay_name(domain)
+                && *volume != crate::render::spec::rbd_root_name(domain)
                 && *volume != crate::render::spec::seed_name(domain)
         })
         .collect()

@@ -39,6 +39,7 @@ fn spec(tag: &Tag, nics: &[Nic]) -> DomainSpec {
                 path: "/var/lib/libvirt/images/base.qcow2".to_owned(),
                 format: "qcow2".to_owned(),
                 overlay_bytes: 40 << 30,
+                rbd: None,
             },
             data: Vec::new(),
         },

@@ -28,14 +28,14 @@ use crate::guest::agent;
 use crate::guest::bootstrap::{self as guest, DomainAgent};
 use crate::host::capacity::Ledger;
 use crate::host::connection::Host;
-use crate::host::error::{maybe_done, nothing_done, refused};
+use crate::host::error::{maybe_done, refused};
 use crate::host::lanes::Lane;
 use crate::metrics::{DriftLabels, LibvirtMetrics};
 use crate::options::CapacityPolicy;
 use crate::render::ownership::Tag;
 use crate::render::spec::data_volumes;
 use crate::service::lifecycle::{self, CreateSpec};
-use crate::storage::volumes;
+use crate::storage::volumes::{self, Pools};
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_system::Stopwatch;
 
@@ -134,7 +134,10 @@ impl<C: Clock> LibvirtHypervisor<C> {
     /// Scans one host, or `None` when it is unreachable, fails, or is too slow.
     async fn scan(&self, host: &Arc<Host>) -> Option<Scan> {
         host.session().ok()?;
-        let pool = self.inner.config.options.storage_pool.clone();
+        let pools: Vec<String> = (Pools::of(&self.inner.config.options).each())
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         let provider = self.inner.config.provider.clone();
         let clock = &self.inner.clock;
         let deadline = clock
@@ -142,7 +145,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
             .saturating_add(self.inner.config.describe_timeout);
         // Biased: a scan that completes with the deadline is still used.
         let scanned = futures::select_biased! {
-            scanned = host.call(Lane::Read, move |s| describe::scan(s, &pool, &provider)).fuse() => scanned,
+            scanned = host.call(Lane::Read, move |s| describe::scan(s, &pools, &provider)).fuse() => scanned,
             () = clock.sleep_until(deadline).fuse() => {
                 warn!(zone = %host.zone, "describe: host too slow; its slots are withheld");
                 return None;
@@ -249,10 +252,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
             }
             Orphan::Volume { name, .. } => {
                 host.call(Lane::Teardown, move |s| {
-                    let pool =
-                        volumes::pool(s, &settings.options.storage_pool).map_err(nothing_done)?;
-                    volumes::delete(&pool, &name)
-                        .map(|_| ())
+                    volumes::delete_anywhere(s, Pools::of(&settings.options), &name)
                         .map_err(maybe_done)
                 })
                 .await
@@ -418,9 +418,12 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let id = machine.id.to_string();
         let _busy = Busy::mark(&self.inner.tracked, &id);
         let data = (self.inner.config.catalog.get(&machine.instance_type))
-            .map(|shape| data_volumes(&name, &shape.disks))
-            .unwrap_or_default()
+            .map(|shape| {
+                let local = data_volumes(&name, &shape.disks, false);
+                local.into_iter().chain(data_volumes(&name, &shape.disks, true))
+            })
             .into_iter()
+            .flatten()
             .map(|disk| disk.volume)
             .collect();
         let watch = Stopwatch::start();

@@ -28,6 +28,7 @@ use crate::host::connection::Host;
 use crate::host::domains::{self, ensure_running, owned};
 use crate::host::error::{maybe_done, nothing_done, one_line, partly_done, refused, text};
 use crate::host::session::{BaseImage, Session};
+use crate::render::rbd::PoolKind;
 use crate::render::seed;
 use crate::render::spec::{Base, Choices, DomainSpec, Slot, VolumePaths};
 use crate::render::xml;
@@ -116,19 +117,25 @@ fn domain_spec(
         path: base.path.clone(),
         format: base.format.clone(),
         overlay_bytes: (spec.disks).root_bytes(&spec.instance_type, base.capacity)?,
+        rbd: base.rbd.clone(),
     };
     Ok(DomainSpec::new(&choices, &slot, base))
 }
 
-/// Reads what the steps need (the pool, the base image, the seed image) and plans them.
+/// Reads what the steps need (the pools, the base image, the seed image) and plans them.
 fn prepare<'a>(
     session: &'a Session,
     settings: &'a SequenceContext,
     spec: &CreateSpec,
 ) -> Result<(OnHost<'a>, Vec<steps::Step>), HypervisorError> {
-    let pool = volumes::pool(session, &settings.options.storage_pool).map_err(nothing_done)?;
-    let base =
-        volumes::base_image(session, &pool, &settings.options.image).map_err(nothing_done)?;
+    let options = &settings.options;
+    let pool = volumes::pool(session, &options.storage_pool).map_err(nothing_done)?;
+    let base = volumes::base_image(session, &pool, &options.image).map_err(nothing_done)?;
+    let seed_pool = if options.seed_pool() == options.storage_pool && base.rbd.is_none() {
+        pool.clone()
+    } else {
+        seed_pool(session, options.seed_pool())?
+    };
     let domain_spec = domain_spec(settings, spec, &base).map_err(refused)?;
     let seed_image = seed::build(
         &domain_spec.name,
@@ -145,12 +152,27 @@ fn prepare<'a>(
         session,
         settings,
         pool,
+        seed_pool,
         spec: domain_spec,
         seed_image,
         volumes: BTreeMap::new(),
         domain: None,
     };
     Ok((on_host, plan))
+}
+
+/// `--seed-pool`, which must be a local pool (the seed is a file QEMU reads): refused
+/// before anything is made when it is an rbd pool (with `--storage-pool` an rbd pool and no
+/// `--seed-pool`, that is the storage pool itself).
+fn seed_pool(session: &Session, name: &str) -> Result<StoragePool, HypervisorError> {
+    let pool = volumes::pool(session, name).map_err(nothing_done)?;
+    match volumes::pool_kind(&pool, name).map_err(nothing_done)? {
+        PoolKind::Local(_) => Ok(pool),
+        PoolKind::Rbd(_) => Err(refused(format!(
+            "the cloud-init seed needs a local pool, and {name:?} is an rbd pool: name a dir \
+             pool on every host with --seed-pool (docs/libvirt.md, Ceph RBD)"
+        ))),
+    }
 }
 
 /// Runs the Create's steps ([`steps::run`]), which roll back what this attempt made on a
@@ -192,6 +214,7 @@ struct OnHost<'a> {
     session: &'a Session,
     settings: &'a SequenceContext,
     pool: StoragePool,
+    seed_pool: StoragePool,
     spec: DomainSpec,
     seed_image: Vec<u8>,
     volumes: BTreeMap<String, StorageVol>,
@@ -207,23 +230,72 @@ impl OnHost<'_> {
     }
 }
 
+impl OnHost<'_> {
+    /// The root on an rbd pool: a copy-on-write clone of the golden image (libvirt clones
+    /// within the pool through a protected snapshot of the image), grown to the type's root
+    /// size. An existing clone of that name is adopted; one made here and not grown is
+    /// deleted before the error is returned, so a failed step leaves nothing.
+    fn clone_root(&self) -> Result<(StorageVol, bool), HypervisorError> {
+        let (spec, options) = (&self.spec, &self.settings.options);
+        let name = spec.disks.overlay.as_str();
+        let golden = (self.pool.lookup_storage_vol_by_name(&options.image)).map_err(|e| {
+            nothing_done(format!(
+                "look up the golden image {:?} (--image): {}",
+                options.image,
+                text(&e)
+            ))
+        })?;
+        let document = xml::overlay(spec);
+        let (volume, created) =
+            volumes::clone_or_adopt(&self.pool, name, &document, &golden).map_err(maybe_done)?;
+        let wanted = spec.disks.base.overlay_bytes;
+        let grown = (volume.info())
+            .map_err(|e| text(&e))
+            .and_then(|info| {
+                if info.capacity >= wanted {
+                    return Ok(());
+                }
+                volume.resize(wanted, 0).map_err(|e| text(&e))
+            });
+        match grown {
+            Ok(()) => Ok((volume, created)),
+            Err(e) => {
+                let cleanup = if created {
+                    match volume.delete(0) {
+                        Ok(()) => "; the clone was deleted".to_owned(),
+                        Err(d) => format!("; deleting the clone failed too: {}", text(&d)),
+                    }
+                } else {
+                    String::new()
+                };
+                Err(maybe_done(format!(
+                    "grow the root {name} to {wanted} bytes: {e}{cleanup}"
+                )))
+            }
+        }
+    }
+}
+
 impl steps::Substrate for OnHost<'_> {
     type Error = HypervisorError;
 
     fn volume(&mut self, name: &str) -> Result<bool, HypervisorError> {
         let disks = &self.spec.disks;
-        let document = if name == disks.overlay {
-            xml::overlay(&self.spec)
+        let (volume, created) = if name == disks.overlay && disks.base.rbd.is_some() {
+            self.clone_root()?
+        } else if name == disks.overlay {
+            volumes::create_or_adopt(&self.pool, name, &xml::overlay(&self.spec))
+                .map_err(maybe_done)?
         } else if name == disks.seed {
             let bytes = u64::try_from(self.seed_image.len()).unwrap_or(u64::MAX);
-            xml::seed(&self.spec, bytes)
+            volumes::create_or_adopt(&self.seed_pool, name, &xml::seed(&self.spec, bytes))
+                .map_err(maybe_done)?
         } else {
             let disk = (disks.data.iter().find(|d| d.volume == name))
                 .ok_or_else(|| nothing_done(format!("no volume {name} in the spec")))?;
-            xml::data_volume(disk)
+            let document = xml::data_volume_of(&self.spec, disk);
+            volumes::create_or_adopt(&self.pool, name, &document).map_err(maybe_done)?
         };
-        let (volume, created) =
-            volumes::create_or_adopt(&self.pool, name, &document).map_err(maybe_done)?;
         self.volumes.insert(name.to_owned(), volume);
         Ok(created)
     }
@@ -291,7 +363,12 @@ impl steps::Substrate for OnHost<'_> {
 
     fn delete_volume(&mut self, name: &str) -> Result<(), HypervisorError> {
         self.volumes.remove(name);
-        volumes::delete(&self.pool, name)
+        let pool = if name == self.spec.disks.seed {
+            &self.seed_pool
+        } else {
+            &self.pool
+        };
+        volumes::delete(pool, name)
             .map(|_| ())
             .map_err(partly_done)
     }
@@ -319,7 +396,8 @@ pub(crate) fn delete(
         domains::remove(&domain, name)?;
     }
     host.ledger().forget(name);
-    volumes::delete_domain_volumes(session, &settings.options.storage_pool, name, data).map_err(
+    let pools = volumes::Pools::of(&settings.options);
+    volumes::delete_domain_volumes(session, pools, name, data).map_err(
         |e| {
             partly_done(format!(
                 "domain {name} is gone but its volumes were not all deleted: {e}"

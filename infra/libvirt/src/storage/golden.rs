@@ -141,6 +141,17 @@ pub(crate) fn ensure(
             text(&e)
         ))
     })?;
+    if let Ok(crate::render::rbd::PoolKind::Rbd(source)) =
+        crate::storage::volumes::pool_kind(&pool, pool_name)
+    {
+        return Err(Refusal::Failed(format!(
+            "golden image {name}: storage pool {pool_name:?} is an rbd pool, and libvirt cannot \
+             upload into RBD images; import the image once per cluster (qemu-img convert -O raw \
+             FILE IMAGE.raw && rbd import IMAGE.raw {}/NAME) and pass --image NAME instead of \
+             --image-source",
+            source.pool
+        )));
+    }
     let _ = pool.refresh(0);
     match pool.lookup_storage_vol_by_name(name) {
         Ok(volume) => {

@@ -1,5 +1,6 @@
-//! The storage volumes a domain owns: its qcow2 overlay and its cloud-init seed, both in
-//! `--storage-pool` and named after the domain, so they can be found (and collected) from
+//! The storage volumes a domain owns: its root (a qcow2 overlay, or on an rbd pool a clone
+//! of the golden image) and data disks in `--storage-pool`, and its cloud-init seed in
+//! `--seed-pool` (by default the same pool), all named after the domain, so they can be found (and collected) from
 //! the domain name alone. The base image is read, never written or deleted.
 //!
 //! Creation is create-or-adopt: an existing volume of the right name is adopted and
@@ -15,9 +16,10 @@ use virt::stream::Stream;
 
 use crate::host::error::{is_missing_volume, is_volume_exists, text};
 use crate::host::session::{BaseImage, Session};
+use crate::render::rbd::{self, PoolKind};
 use crate::render::xml;
 
-pub use crate::render::spec::{overlay_name, owner_of, seed_name};
+pub use crate::render::spec::{overlay_name, owner_of, rbd_root_name, seed_name};
 
 /// Upload chunk size for the seed ISO.
 const UPLOAD_CHUNK: usize = 256 * 1024;
@@ -30,7 +32,14 @@ pub(crate) fn pool(session: &Session, name: &str) -> Result<StoragePool, String>
         .map_err(|e| format!("look up storage pool {name:?}: {}", text(&e)))
 }
 
-/// The base image facts, cached per connection.
+/// What kind of pool `pool` is (its definition read over the connection).
+pub(crate) fn pool_kind(pool: &StoragePool, name: &str) -> Result<PoolKind, String> {
+    let document = (pool.xml_desc(0))
+        .map_err(|e| format!("read storage pool {name:?}'s definition: {}", text(&e)))?;
+    rbd::pool_kind(&document).map_err(|e| format!("storage pool {name:?}: {e}"))
+}
+
+/// The base image facts (and the pool's kind), cached per connection.
 pub(crate) fn base_image(
     session: &Session,
     pool: &StoragePool,
@@ -56,18 +65,27 @@ pub(crate) fn base_image(
         .info()
         .map_err(|e| format!("base image info: {}", text(&e)))?
         .capacity;
-    let format = volume
-        .xml_desc(0)
-        .ok()
-        .and_then(|desc| xml::volume_format(&desc))
-        .unwrap_or_else(|| {
-            warn!(image, "base image format unreadable; assuming qcow2");
-            "qcow2".to_owned()
-        });
+    let rbd = match pool_kind(pool, &pool.name().unwrap_or_default())? {
+        PoolKind::Rbd(source) => Some(source),
+        PoolKind::Local(_) => None,
+    };
+    // An RBD image is raw to libvirt whatever it holds (docs/libvirt.md says to import the
+    // golden image converted to raw).
+    let format = if rbd.is_some() {
+        "raw".to_owned()
+    } else {
+        (volume.xml_desc(0).ok())
+            .and_then(|desc| xml::volume_format(&desc))
+            .unwrap_or_else(|| {
+                warn!(image, "base image format unreadable; assuming qcow2");
+                "qcow2".to_owned()
+            })
+    };
     let base = BaseImage {
         path,
         capacity,
         format,
+        rbd,
     };
     *cache = Some(base.clone());
     Ok(base)
@@ -80,18 +98,45 @@ pub(crate) fn create_or_adopt(
     name: &str,
     volume_xml: &str,
 ) -> Result<(StorageVol, bool), String> {
+    make_or_adopt(pool, name, "create volume", || {
+        StorageVol::create_xml(pool, volume_xml, 0)
+    })
+}
+
+/// Makes volume `volume_xml` as a clone of `origin` in `pool` (on an rbd pool: a
+/// copy-on-write clone), or adopts an existing one of that name. Returns the volume and
+/// whether this call made it.
+pub(crate) fn clone_or_adopt(
+    pool: &StoragePool,
+    name: &str,
+    volume_xml: &str,
+    origin: &StorageVol,
+) -> Result<(StorageVol, bool), String> {
+    make_or_adopt(pool, name, "clone the golden image into", || {
+        StorageVol::create_xml_from(pool, volume_xml, origin, 0)
+    })
+}
+
+/// Adopts volume `name` when it exists, else makes it with `make` (`what` names the
+/// making in its error); one made meanwhile by someone else is adopted too.
+fn make_or_adopt(
+    pool: &StoragePool,
+    name: &str,
+    what: &str,
+    make: impl FnOnce() -> Result<StorageVol, virt::error::Error>,
+) -> Result<(StorageVol, bool), String> {
     match pool.lookup_storage_vol_by_name(name) {
         Ok(volume) => return Ok((volume, false)),
         Err(e) if is_missing_volume(&e) => {}
         Err(e) => return Err(format!("look up volume {name}: {}", text(&e))),
     }
-    match StorageVol::create_xml(pool, volume_xml, 0) {
+    match make() {
         Ok(volume) => Ok((volume, true)),
         Err(e) if is_volume_exists(&e) => pool
             .lookup_storage_vol_by_name(name)
             .map(|volume| (volume, false))
             .map_err(|e| format!("adopt volume {name}: {}", text(&e))),
-        Err(e) => Err(format!("create volume {name}: {}", text(&e))),
+        Err(e) => Err(format!("{what} {name}: {}", text(&e))),
     }
 }
 
@@ -142,25 +187,73 @@ pub(crate) fn delete(pool: &StoragePool, name: &str) -> Result<bool, String> {
     }
 }
 
-/// Deletes a domain's overlay, seed and the data volumes `data` (whichever exist). Every
-/// volume is attempted; the errors are joined.
+/// Deletes a domain's root (overlay or RBD clone) and the data volumes `data` from
+/// `pools.storage`, and its seed from `pools.seed` (whichever exist). Every volume is
+/// attempted; the errors are joined.
 pub(crate) fn delete_domain_volumes(
     session: &Session,
-    pool_name: &str,
+    pools: Pools<'_>,
     domain: &str,
     mut data: Vec<String>,
 ) -> Result<(), String> {
-    let pool = pool(session, pool_name)?;
+    let storage = pool(session, pools.storage)?;
     data.sort();
     data.dedup();
-    let names = [overlay_name(domain), seed_name(domain)];
-    let errors: Vec<String> = (names.iter().chain(&data))
-        .filter_map(|name| delete(&pool, name).err())
+    let roots = [overlay_name(domain), rbd_root_name(domain)];
+    let mut errors: Vec<String> = (roots.iter().chain(&data))
+        .filter_map(|name| delete(&storage, name).err())
         .collect();
+    let seed = if pools.seed == pools.storage {
+        Ok(storage)
+    } else {
+        pool(session, pools.seed)
+    };
+    if let Err(e) = seed.and_then(|seed| delete(&seed, &seed_name(domain))) {
+        errors.push(e);
+    }
     if errors.is_empty() {
         Ok(())
     } else {
         Err(errors.join("; "))
+    }
+}
+
+/// Deletes volume `name` from whichever of `pools` holds it (an orphan's).
+pub(crate) fn delete_anywhere(session: &Session, pools: Pools<'_>, name: &str) -> Result<(), String> {
+    for each in pools.each() {
+        if delete(&pool(session, each)?, name)? {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// The pools a domain's volumes live in: `--storage-pool` (root and data disks) and
+/// `--seed-pool` (the seed; the same pool unless the operator names another).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pools<'a> {
+    /// `--storage-pool`.
+    pub(crate) storage: &'a str,
+    /// `--seed-pool`, resolved.
+    pub(crate) seed: &'a str,
+}
+
+impl<'a> Pools<'a> {
+    /// The pools `options` names.
+    pub(crate) fn of(options: &'a crate::options::DomainConfig) -> Self {
+        Self {
+            storage: &options.storage_pool,
+            seed: options.seed_pool(),
+        }
+    }
+
+    /// Each distinct pool once.
+    pub(crate) fn each(self) -> Vec<&'a str> {
+        if self.seed == self.storage {
+            vec![self.storage]
+        } else {
+            vec![self.storage, self.seed]
+        }
     }
 }
 

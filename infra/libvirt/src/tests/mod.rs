@@ -6,6 +6,7 @@
 
 mod contract;
 mod disks;
+mod rbd;
 mod hosts;
 mod isolation;
 mod lanes;
@@ -64,6 +65,7 @@ pub(super) fn planted_domain(
                 path: "/base".to_owned(),
                 format: "qcow2".to_owned(),
                 overlay_bytes: 1 << 30,
+                rbd: None,
             },
             data: Vec::new(),
         },
