@@ -83,20 +83,39 @@ install_debootstrap() {
     fi
 }
 
+# Whether the chroot can be brought up to date by installing packages into it: its
+# debootstrap was made by this recipe and suite, and every package it got is still on the
+# list (the list only grew). A chroot whose package step failed qualifies too (its list of
+# installed packages is empty until that step succeeds).
+extendable() {
+    [[ -f $bootstrap_marker && -f $packages_marker \
+        && $(cat "$bootstrap_marker") == "$(bootstrap_stamp)" ]] || return 1
+    local installed
+    while read -r installed; do
+        [[ " ${chroot_packages[*]} " == *" $installed "* ]] || return 1
+    done <"$packages_marker"
+}
+
 build_base() {
     local started=$SECONDS
     install_debootstrap
-    # A half-built or outdated chroot is thrown away (after unmounting anything in it).
-    if [[ -e $R ]]; then
-        say "removing the old chroot $R"
-        unmount_chroot
-        rm -rf --one-file-system "$R"
+    if extendable; then
+        say "installing the missing packages into the existing chroot $R"
+    else
+        # A half-built or outdated chroot is thrown away (after unmounting anything in it).
+        if [[ -e $R ]]; then
+            say "removing the old chroot $R"
+            unmount_chroot
+            rm -rf --one-file-system "$R"
+        fi
+        mkdir -p "$tier_dir"
+        say "debootstrap --variant=minbase $suite from $(mirror)"
+        debootstrap --variant=minbase "$suite" "$R" "$(mirror)" >"$tier_dir/debootstrap.log" 2>&1 \
+            || { tail -n 20 "$tier_dir/debootstrap.log" >&2; die "debootstrap failed (log: $tier_dir/debootstrap.log)"; }
+        say "debootstrap: $((SECONDS - started))s"
+        bootstrap_stamp >"$bootstrap_marker"
+        : >"$packages_marker"
     fi
-    mkdir -p "$tier_dir"
-    say "debootstrap --variant=minbase $suite from $(mirror)"
-    debootstrap --variant=minbase "$suite" "$R" "$(mirror)" >"$tier_dir/debootstrap.log" 2>&1 \
-        || { tail -n 20 "$tier_dir/debootstrap.log" >&2; die "debootstrap failed (log: $tier_dir/debootstrap.log)"; }
-    say "debootstrap: $((SECONDS - started))s"
 
     # The host's Debian sources (with -updates and -security; no third-party repositories),
     # else debootstrap's own sources.list for the mirror; and the host's DNS. No services
@@ -113,9 +132,13 @@ build_base() {
     mount_chroot
     in_chroot apt-get update -q >"$tier_dir/apt.log" 2>&1 \
         || { tail -n 20 "$tier_dir/apt.log" >&2; die "apt-get update in the chroot failed"; }
+    # (apt-get installs only what is missing; dpkg first finishes an interrupted run.)
+    in_chroot dpkg --configure -a >>"$tier_dir/apt.log" 2>&1 \
+        || { tail -n 20 "$tier_dir/apt.log" >&2; die "dpkg --configure -a in the chroot failed"; }
     in_chroot apt-get install -y -q --no-install-recommends "${chroot_packages[@]}" >>"$tier_dir/apt.log" 2>&1 \
         || { tail -n 20 "$tier_dir/apt.log" >&2; die "apt-get install in the chroot failed (log: $tier_dir/apt.log)"; }
     in_chroot apt-get clean
+    printf '%s\n' "${chroot_packages[@]}" >"$packages_marker"
     say "packages: $((SECONDS - installing))s"
 
     # The users the QEMU driver resolves at start-up (libvirt-daemon-system is not installed).
@@ -174,21 +197,23 @@ build_guest() {
     say "guest: $((SECONDS - started))s"
 }
 
-# Whether any zone's libvirtd runs (the chroot under it must not change then).
+# Whether any zone's libvirtd or the Ceph cluster (ceph.sh) runs (the chroot under them
+# must not change then).
 tier_running() {
     local z
     for z in "${zones[@]}"; do
         in_zone "$z" chroot_pid libvirtd >/dev/null && return 0
     done
-    return 1
+    ceph_running
 }
 
 cmd_prepare() {
     local started=$SECONDS
     if ! prepared; then
         tier_running && die "the tier is running with an outdated chroot; run: $0 stop"
-        # Zones mounted on the old chroot go with it.
+        # Zones (and the Ceph cluster's root) mounted on the old chroot go with it.
         unmount_zones
+        ceph_unmount
     fi
     if ! base_ready; then
         rm -f "$R/guest/.bigfleet-guest" 2>/dev/null || true

@@ -11,13 +11,18 @@ suite=bookworm
 # Packages installed in the chroot (the daemon, QEMU, the tools, and the guest's parts; for
 # the remote zones, sshd, polkit and its system bus, and nc for libvirt's remote helper; for
 # the image zone's NAT network, dnsmasq, iptables and iproute2; and the tools that lay out
-# the golden image's disk without loop devices: sfdisk, mkfs.vfat, mtools and GRUB's images).
+# the golden image's disk without loop devices: sfdisk, mkfs.vfat, mtools and GRUB's images;
+# for the single-node Ceph cluster (ceph.sh), its daemons and CLI, libvirt's rbd storage
+# backend and QEMU's rbd block driver).
 chroot_packages=(libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils
     libvirt-clients qemu-guest-agent busybox-static cpio kmod ovmf
     openssh-server polkitd dbus netcat-openbsd
     dnsmasq-base iptables iproute2
-    fdisk dosfstools mtools e2fsprogs grub-pc-bin grub-efi-amd64-bin)
-# Bump when the chroot recipe changes in a way that needs a fresh debootstrap.
+    fdisk dosfstools mtools e2fsprogs grub-pc-bin grub-efi-amd64-bin
+    ceph-mon ceph-osd ceph-mgr ceph-common libvirt-daemon-driver-storage-rbd qemu-block-extra)
+# Bump when the chroot recipe changes in a way that needs a fresh debootstrap. A change of
+# the package list alone that only adds packages does not: prepare installs the new ones
+# into the existing chroot (chroot.sh).
 base_recipe=2
 # The zones: overlay mounts of the chroot, one libvirtd each. Zone c is the image zone: its
 # libvirtd runs in a network namespace with a NAT network (network.sh).
@@ -32,8 +37,11 @@ kernel=/guest/vmlinuz
 initrd=/guest/initrd.img
 cmdline='console=ttyS0 panic=-1'
 
-# Markers: the base chroot (debootstrap + packages + daemon config) and the guest build.
+# Markers: the base chroot (debootstrap + packages + daemon config), what its debootstrap
+# was made by (recipe and suite) and the packages installed on it, and the guest build.
 base_marker=$R/.bigfleet-base
+bootstrap_marker=$R/.bigfleet-debootstrap
+packages_marker=$R/.bigfleet-packages
 guest_marker=$R/guest/.bigfleet-guest
 
 say() { echo "qemu-tier: $*" >&2; }
@@ -78,6 +86,7 @@ mirror() {
     echo "${uri:-http://deb.debian.org/debian}"
 }
 
+bootstrap_stamp() { printf '%s\n' "$base_recipe" "$suite"; }
 base_stamp() { printf '%s\n' "$base_recipe" "$suite" "${chroot_packages[@]}" | sha256sum | cut -c1-16; }
 
 # The guest stamp covers the guest files' content (init, hooks, build script) and the base.

@@ -22,10 +22,20 @@
 #                                      namespace, with the network default, the real image, and
 #                                      a KVM probe)
 #   scripts/qemu-tier/run.sh env       print the BIGFLEET_QEMU_* export lines for the test
-#   scripts/qemu-tier/run.sh stop      remove every domain, stop the daemons, unmount
-#   scripts/qemu-tier/run.sh ci        check (skip = exit 0), prepare, start, run the qemu_e2e,
-#                                      qemu_faults, qemu_lanes, qemu_remote and qemu_image tests
-#                                      (tests/tests/), then the real-libvirt benchmark
+#   scripts/qemu-tier/run.sh stop      stop Ceph (as `ceph stop`), remove every domain, stop the
+#                                      daemons, unmount
+#   scripts/qemu-tier/run.sh ceph start
+#                                      start a single-node Ceph cluster on 127.0.0.1 (ceph.sh; made
+#                                      once in $QEMU_TIER_DIR/ceph, fast when made) and define the
+#                                      rbd pool bigfleet-rbd and its secret in the started zones a, b
+#   scripts/qemu-tier/run.sh ceph stop stop it (undefining those pools and secrets); keeps its data
+#   scripts/qemu-tier/run.sh ceph env  print the BIGFLEET_QEMU_*RBD*/CEPH* export lines
+#   scripts/qemu-tier/run.sh ceph cli rbd ls bigfleet
+#                                      rbd, ceph, rados, ... in the cluster's chroot with its
+#                                      ceph.conf as client.admin (no lock; stdin passes through)
+#   scripts/qemu-tier/run.sh ci        check (skip = exit 0), prepare, start, ceph start, run the
+#                                      qemu_e2e, qemu_faults, qemu_image, qemu_ceph, qemu_lanes and
+#                                      qemu_remote tests (tests/tests/), then the real-libvirt benchmark
 #                                      (scripts/bench/real-libvirt.sh), always stop; exits with the
 #                                      tests' status (else the bench's)
 #   scripts/qemu-tier/run.sh libvirtd ZONE kill|term|start
@@ -50,7 +60,8 @@
 # This file holds the commands; its parts sit beside it and the guest's files: common.sh
 # (settings and helpers), check.sh, chroot.sh (kernel mounts, processes, prepare), image.sh
 # (the golden image; its files in image/), network.sh (zone c's namespace, network and KVM
-# probe), zones.sh (start, stop, libvirtd, env), remote.sh and ci.sh.
+# probe), zones.sh (start, stop, libvirtd, env), remote.sh, ceph.sh (the Ceph cluster) and
+# ci.sh.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -71,6 +82,8 @@ source "$guest_src/network.sh"
 source "$guest_src/zones.sh"
 # shellcheck source=scripts/qemu-tier/remote.sh
 source "$guest_src/remote.sh"
+# shellcheck source=scripts/qemu-tier/ceph.sh
+source "$guest_src/ceph.sh"
 # shellcheck source=scripts/qemu-tier/ci.sh
 source "$guest_src/ci.sh"
 
@@ -93,6 +106,10 @@ prepare)
 start) lock && cmd_start ;;
 stop) lock && cmd_stop ;;
 env) cmd_env ;;
+ceph)
+    shift
+    cmd_ceph "$@"
+    ;;
 ci) cmd_ci ;;
 libvirtd)
     shift

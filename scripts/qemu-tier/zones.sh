@@ -159,6 +159,8 @@ unmount_zones() {
 
 cmd_stop() {
     [[ -d $R ]] || return 0
+    # Ceph first: it undefines its pools and secrets in the zones while they still run.
+    cmd_ceph_stop
     local z
     for z in "${zones[@]}"; do
         mountpoint -q "$(zone_root "$z")" || continue

@@ -47,6 +47,7 @@ mod observe_live;
 mod ops;
 mod phases;
 mod property;
+mod qemu_ceph;
 mod qemu_e2e;
 mod qemu_faults;
 mod qemu_image;

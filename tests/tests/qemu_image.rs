@@ -23,7 +23,7 @@ use virt::domain::Domain;
 use crate::harness::*;
 use crate::qemu_zones::{domain_name, until_explained};
 
-mod guest;
+pub mod guest;
 mod identity;
 mod kvm;
 mod network;

@@ -623,7 +623,11 @@ fn nic_cpu_and_budget_values_reach_the_flags() {
     );
     assert_eq!(file.arg("--host-max-client-requests"), None);
     assert_eq!(file.arg("--disk-allocation-ratio"), None);
-    assert_eq!(file.arg("--seed-pool"), None, "unset: the seeds share --storage-pool");
+    assert_eq!(
+        file.arg("--seed-pool"),
+        None,
+        "unset: the seeds share --storage-pool"
+    );
     let (ok, stderr) = binary_with_chart_args(&file.args(), &[]);
     assert!(ok, "{stderr}");
 }

@@ -89,7 +89,12 @@ pub struct Flags {
     pub storage_pool: String,
     /// Local (dir) pool for the cloud-init seeds (libvirt backend); empty = --storage-pool.
     /// Required when --storage-pool is an rbd pool.
-    #[arg(long, global = true, env = "BIGFLEET_LIBVIRT_SEED_POOL", default_value = "")]
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_SEED_POOL",
+        default_value = ""
+    )]
     pub seed_pool: String,
     /// libvirt network for the domain NIC (libvirt backend); empty = no NIC.
     #[arg(

@@ -75,7 +75,9 @@ fn secret(want: &Expectations, zone: &str, rbd: &RbdFacts) -> Check {
             zone,
             "ceph secret",
             Status::Warn,
-            format!("rbd pool {pool} has no <auth>: the cluster must allow unauthenticated clients"),
+            format!(
+                "rbd pool {pool} has no <auth>: the cluster must allow unauthenticated clients"
+            ),
             "enable cephx and give the pool an <auth> with a libvirt secret (docs/libvirt.md, Ceph RBD)",
         );
     };
@@ -86,7 +88,10 @@ fn secret(want: &Expectations, zone: &str, rbd: &RbdFacts) -> Check {
             zone,
             "ceph secret",
             Status::Ok,
-            format!("{pool}: {who} on {} with libvirt secret {named}", monitors(&rbd.source)),
+            format!(
+                "{pool}: {who} on {} with libvirt secret {named}",
+                monitors(&rbd.source)
+            ),
             "",
         ),
         Probe::Missing => check(
@@ -127,12 +132,7 @@ fn monitors(source: &RbdSource) -> String {
     format!("Ceph pool {} via {}", source.pool, hosts.join(","))
 }
 
-fn seed_pool(
-    want: &Expectations,
-    zone: &str,
-    seed: Option<&Probe<Pool>>,
-    storage: &Pool,
-) -> Check {
+fn seed_pool(want: &Expectations, zone: &str, seed: Option<&Probe<Pool>>, storage: &Pool) -> Check {
     let name = &want.seed_pool;
     let fix = "name a dir pool that every host has with --seed-pool (docs/libvirt.md, Ceph RBD)";
     let facts = match seed {
@@ -144,7 +144,9 @@ fn seed_pool(
             zone,
             "seed pool",
             Status::Block,
-            format!("{name} is an rbd pool; the cloud-init seed is a file QEMU reads and needs a local pool"),
+            format!(
+                "{name} is an rbd pool; the cloud-init seed is a file QEMU reads and needs a local pool"
+            ),
             fix,
         ),
         Probe::Found(p) if !p.active => check(

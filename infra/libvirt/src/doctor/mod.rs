@@ -25,8 +25,8 @@ mod trial;
 pub mod trial_domain;
 
 pub use facts::{
-    Connection, CpuTrial, DomainCaps, Domains, Expectations, HostFacts, Pool, Probe, RbdFacts, Slots,
-    Volume,
+    Connection, CpuTrial, DomainCaps, Domains, Expectations, HostFacts, Pool, Probe, RbdFacts,
+    Slots, Volume,
 };
 pub use judge::judge;
 pub use report::{Check, Report, Status, table};

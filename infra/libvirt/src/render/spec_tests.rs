@@ -158,7 +158,10 @@ fn an_rbd_pool_clones_the_root_and_makes_rbd_data_disks_with_the_pools_auth() {
         base,
     );
     assert_eq!(spec.disks.overlay, rbd_root_name(&spec.name));
-    assert_eq!(spec.disks.data[0].volume, rbd_data_name(&spec.name, "data1"));
+    assert_eq!(
+        spec.disks.data[0].volume,
+        rbd_data_name(&spec.name, "data1")
+    );
     for volume in [&spec.disks.overlay, &spec.disks.data[0].volume] {
         assert_eq!(owner_of(volume), Some(spec.name.as_str()));
     }

@@ -268,7 +268,9 @@ pub fn owned_volumes(domain_xml: &str, domain: &str) -> Vec<String> {
     };
     (document.descendants())
         .filter(|n| n.has_tag_name("source") && n.parent().is_some_and(|d| d.has_tag_name("disk")))
-        .filter_map(|source| (source.attribute("file").or(source.attribute("name"))).and_then(named))
+        .filter_map(|source| {
+            (source.attribute("file").or(source.attribute("name"))).and_then(named)
+        })
         .filter(|volume| {
             *volume != crate::render::spec::overlay_name(domain)
                 && *volume != crate::render::spec::rbd_root_name(domain)

@@ -420,7 +420,9 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let data = (self.inner.config.catalog.get(&machine.instance_type))
             .map(|shape| {
                 let local = data_volumes(&name, &shape.disks, false);
-                local.into_iter().chain(data_volumes(&name, &shape.disks, true))
+                local
+                    .into_iter()
+                    .chain(data_volumes(&name, &shape.disks, true))
             })
             .into_iter()
             .flatten()

@@ -249,14 +249,12 @@ impl OnHost<'_> {
         let (volume, created) =
             volumes::clone_or_adopt(&self.pool, name, &document, &golden).map_err(maybe_done)?;
         let wanted = spec.disks.base.overlay_bytes;
-        let grown = (volume.info())
-            .map_err(|e| text(&e))
-            .and_then(|info| {
-                if info.capacity >= wanted {
-                    return Ok(());
-                }
-                volume.resize(wanted, 0).map_err(|e| text(&e))
-            });
+        let grown = (volume.info()).map_err(|e| text(&e)).and_then(|info| {
+            if info.capacity >= wanted {
+                return Ok(());
+            }
+            volume.resize(wanted, 0).map_err(|e| text(&e))
+        });
         match grown {
             Ok(()) => Ok((volume, created)),
             Err(e) => {
@@ -368,9 +366,7 @@ impl steps::Substrate for OnHost<'_> {
         } else {
             &self.pool
         };
-        volumes::delete(pool, name)
-            .map(|_| ())
-            .map_err(partly_done)
+        volumes::delete(pool, name).map(|_| ()).map_err(partly_done)
     }
 }
 
@@ -397,13 +393,11 @@ pub(crate) fn delete(
     }
     host.ledger().forget(name);
     let pools = volumes::Pools::of(&settings.options);
-    volumes::delete_domain_volumes(session, pools, name, data).map_err(
-        |e| {
-            partly_done(format!(
-                "domain {name} is gone but its volumes were not all deleted: {e}"
-            ))
-        },
-    )
+    volumes::delete_domain_volumes(session, pools, name, data).map_err(|e| {
+        partly_done(format!(
+            "domain {name} is gone but its volumes were not all deleted: {e}"
+        ))
+    })
 }
 
 /// Rewrites the ownership tag of a domain we own (after Configure or Drain).

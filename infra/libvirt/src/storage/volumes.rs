@@ -52,12 +52,22 @@ pub(crate) fn base_image(
     if let Some(base) = cache.as_ref() {
         return Ok(base.clone());
     }
-    let volume = pool.lookup_storage_vol_by_name(image).map_err(|e| {
-        format!(
-            "look up base image volume {image:?} (--image): {}",
-            text(&e)
-        )
-    })?;
+    // A pool's volume list is the daemon's cache: an image put there behind libvirt's back
+    // (`rbd import`, a copied file) is found only after a refresh.
+    let volume = (pool.lookup_storage_vol_by_name(image))
+        .or_else(|e| {
+            if !is_missing_volume(&e) {
+                return Err(e);
+            }
+            let _ = pool.refresh(0);
+            pool.lookup_storage_vol_by_name(image)
+        })
+        .map_err(|e| {
+            format!(
+                "look up base image volume {image:?} (--image): {}",
+                text(&e)
+            )
+        })?;
     let path = volume
         .path()
         .map_err(|e| format!("base image path: {}", text(&e)))?;
@@ -219,7 +229,11 @@ pub(crate) fn delete_domain_volumes(
 }
 
 /// Deletes volume `name` from whichever of `pools` holds it (an orphan's).
-pub(crate) fn delete_anywhere(session: &Session, pools: Pools<'_>, name: &str) -> Result<(), String> {
+pub(crate) fn delete_anywhere(
+    session: &Session,
+    pools: Pools<'_>,
+    name: &str,
+) -> Result<(), String> {
     for each in pools.each() {
         if delete(&pool(session, each)?, name)? {
             return Ok(());

@@ -6,11 +6,11 @@
 
 mod contract;
 mod disks;
-mod rbd;
 mod hosts;
 mod isolation;
 mod lanes;
 mod lifecycle;
+mod rbd;
 mod reconcile;
 mod watch;
 mod watch_timeline;

@@ -84,7 +84,10 @@ async fn an_rbd_pool_gets_cloned_roots_rbd_data_disks_and_seeds_in_the_seed_pool
                 (host.attribute("name"), host.attribute("port")),
                 (Some("127.0.0.1"), Some("6789"))
             );
-            let secret = disk.descendants().find(|n| n.has_tag_name("secret")).unwrap();
+            let secret = disk
+                .descendants()
+                .find(|n| n.has_tag_name("secret"))
+                .unwrap();
             assert_eq!(secret.attribute("uuid"), Some(RBD_SECRET), "{document}");
             (source.attribute("name").unwrap(), serial.text().unwrap())
         })
