@@ -2,9 +2,10 @@
 //! one monitor, one manager, one OSD on a file-backed BlueStore, loopback only) behind the rbd
 //! pool `bigfleet-rbd` that zones `a` and `b` both define, with the cephx secret in each.
 //!
-//! The golden image is the tier's real Debian image, converted to raw and imported into the
-//! Ceph pool once for the cluster (libvirt cannot upload into rbd pools; docs/libvirt.md
-//! §5.12); both zones clone their machines' roots from that one image. One provider runs the
+//! The golden image is the tier's real Debian image, which the provider uploads with
+//! `--image-source` into the Ceph pool once for the cluster (staged in the seed pool and
+//! copied by QEMU, docs/libvirt.md §5.12); both zones clone their machines' roots from that
+//! one image. One provider runs the
 //! tier's tiny guests (`--guest-kernel`) in both zones on it; another boots the real image
 //! itself, its own boot loader on the RBD clone, to its agent. Each walk checks the clone's
 //! parent and size in Ceph, the disks the guest sees by serial, Configure, Drain and Delete,
@@ -23,10 +24,8 @@ use virt::domain::Domain;
 
 use crate::harness::*;
 use crate::qemu_image::{WallTime, guest};
-use crate::qemu_zones::{BOOT, Tier, Zone, domain_name, ids_in, until_explained};
+use crate::qemu_zones::{BOOT, Tier, Zone, domain_name, gauge_until, ids_in, until_explained};
 
-/// The golden images' names in the Ceph pool start so; each ends with its content's hash.
-const GOLDEN: &str = "bigfleet-tier-golden";
 /// The machines' type: a 8 GiB root and two data disks.
 const TYPES: &str = r#"{ "rbd.small": { "vcpu": 1, "memory_mib": 1024, "disk_gib": 8,
     "data_disks": [{ "size_gib": 1 }, { "name": "scratch", "size_gib": 2 }] } }"#;
@@ -42,8 +41,6 @@ fn var(name: &str) -> String {
 struct Ceph {
     rbd_pool: String,
     ceph_pool: String,
-    conf: String,
-    keyring: String,
     script: String,
 }
 
@@ -52,8 +49,6 @@ impl Ceph {
         Self {
             rbd_pool: var("BIGFLEET_QEMU_RBD_POOL"),
             ceph_pool: var("BIGFLEET_QEMU_CEPH_POOL"),
-            conf: var("BIGFLEET_QEMU_CEPH_CONF"),
-            keyring: var("BIGFLEET_QEMU_CEPH_KEYRING"),
             script: var("BIGFLEET_QEMU_TIER_SCRIPT"),
         }
     }
@@ -84,59 +79,34 @@ impl Ceph {
         names
     }
 
-    /// Imports the tier's real image (in every zone's root at `/guest`) as the raw golden
-    /// image, unless the cluster already holds it (the cluster outlives a tier run on one
-    /// machine; the name carries the image's hash): once per cluster, for every zone.
-    /// Returns its name.
-    fn import_golden(&self, zone: &Zone) -> String {
-        let file = zone.root.join("guest/debian-12-bigfleet.qcow2");
-        let out = Command::new("sha256sum")
-            .arg(&file)
-            .output()
-            .expect("sha256sum");
-        let hash = String::from_utf8_lossy(&out.stdout)
-            .chars()
-            .take(16)
-            .collect::<String>();
+    /// Removes golden image `name` and its upload parent (`<name>.upload`, with its
+    /// snapshots) from the cluster, if an earlier run on this machine left them (the
+    /// cluster's data outlives a tier run): the upload then always happens here.
+    fn forget_golden(&self, name: &str) {
+        let pool = &self.ceph_pool;
+        // The golden image first (its clones are gone), then its parent; each with the
+        // snapshots libvirt's clones took, unprotected.
+        let script = format!(
+            "for i in {pool}/{name} {pool}/{name}.upload; do \
+             for s in $(rbd snap ls $i 2>/dev/null | awk 'NR > 1 {{ print $2 }}'); do \
+             rbd snap unprotect $i@$s 2>/dev/null; done; \
+             rbd snap purge --no-progress $i 2>/dev/null; rbd rm --no-progress $i 2>/dev/null; \
+             done; true"
+        );
+        let (ok, text) = self.cli(&["sh", "-c", &script]);
+        assert!(ok, "forget {name}: {text}");
+        let images = self.images();
         assert!(
-            out.status.success() && hash.len() == 16,
-            "hash {}",
-            file.display()
+            !images.iter().any(|i| i.starts_with(name)),
+            "{name} is still there: {images:?}"
         );
-        let golden = format!("{GOLDEN}-{hash}");
-        let (present, _) = self.cli(&["rbd", "info", &format!("{}/{golden}", self.ceph_pool)]);
-        if present {
-            println!("qemu_ceph: {golden} is already in the cluster");
-            return golden;
-        }
-        let started = Instant::now();
-        let target = format!(
-            "rbd:{}/{golden}:id=admin:keyring={}:conf={}",
-            self.ceph_pool, self.keyring, self.conf
-        );
-        let (ok, text) = self.cli(&[
-            "qemu-img",
-            "convert",
-            "-f",
-            "qcow2",
-            "-O",
-            "raw",
-            "/guest/debian-12-bigfleet.qcow2",
-            &target,
-        ]);
-        assert!(ok, "import the golden image: {text}");
-        println!(
-            "qemu_ceph: imported {golden} (raw) into the cluster in {:.1?}",
-            started.elapsed()
-        );
-        golden
     }
 }
 
 /// The provider's flags for `count` slots of `rbd.small` per zone of `zones`, its disks in
 /// the rbd pool and its seeds in the tier's dir pool, plus `extra`.
 fn flags(
-    (tier, ceph, golden): (&Tier, &Ceph, &str),
+    (tier, ceph, image): (&Tier, &Ceph, &str),
     dir: &Path,
     label: &str,
     zones: &[&Zone],
@@ -160,7 +130,7 @@ fn flags(
     vec![
         format!("--connect={}", connect.join(",")),
         format!("--provider={label}"),
-        format!("--image={golden}"),
+        image.to_owned(),
         format!("--storage-pool={}", ceph.rbd_pool),
         format!("--seed-pool={}", tier.pool),
         "--network=".to_owned(),
@@ -293,6 +263,16 @@ fn assert_disks_seen(domain: &Domain, real: bool) {
     }
 }
 
+/// Waits until `server`'s golden image is ready on `zone` (uploaded, or found).
+async fn golden_ready(server: &Server, zone: &Zone) {
+    let labels = [("zone", zone.label), ("state", "ready")];
+    let took = gauge_until(server, "bigfleet_libvirt_golden_image", &labels, 1.0, BOOT).await;
+    println!(
+        "qemu_ceph: the golden image is ready on {} after {took:.1?}",
+        zone.label
+    );
+}
+
 // Guest reads block their worker; the gRPC connections keep their own threads (as in
 // `qemu_image`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -300,8 +280,26 @@ fn assert_disks_seen(domain: &Domain, real: bool) {
 async fn rbd_clones_in_two_zones_and_the_real_image_booted_from_ceph() {
     let _wall = WallTime::start("rbd");
     let (tier, ceph) = (Tier::from_env(), Ceph::from_env());
-    let golden = ceph.import_golden(&tier.a);
-    let cluster = (&tier, &ceph, golden.as_str());
+    // `--image-source`: the tier's real image as the provider reads it, and the
+    // content-addressed name it gets (`<stem>-<first 16 hex of its sha256>.qcow2`).
+    let file = tier.a.root.join("guest/debian-12-bigfleet.qcow2");
+    let out = Command::new("sha256sum")
+        .arg(&file)
+        .output()
+        .expect("sha256sum");
+    let hash: String = String::from_utf8_lossy(&out.stdout)
+        .chars()
+        .take(16)
+        .collect();
+    assert!(
+        out.status.success() && hash.len() == 16,
+        "{}",
+        file.display()
+    );
+    let golden = format!("debian-12-bigfleet-{hash}.qcow2");
+    ceph.forget_golden(&golden);
+    let source = format!("--image-source={}", file.display());
+    let cluster = (&tier, &ceph, source.as_str());
     let dir = tempfile::tempdir().unwrap();
 
     // The tiny guests, one in each zone, both cloned from the one golden image.
@@ -317,6 +315,23 @@ async fn rbd_clones_in_two_zones_and_the_real_image_booted_from_ceph() {
         ids_in(&mut c, tier.a.label).await,
         ids_in(&mut c, tier.b.label).await,
     );
+    // Both zones' rbd pools name the one cluster: one of them uploaded, the other found it.
+    for zone in [&tier.a, &tier.b] {
+        golden_ready(&tiny, zone).await;
+    }
+    let log = tiny.log_text();
+    let uploads = log
+        .matches("golden image uploaded into the Ceph pool")
+        .count();
+    assert_eq!(
+        uploads, 1,
+        "one upload for the cluster, not one per host: {log}"
+    );
+    let (ok, info) = ceph.cli(&["rbd", "info", &format!("{}/{golden}", ceph.ceph_pool)]);
+    assert!(
+        ok && info.contains(&format!("parent: {}/{golden}.upload@", ceph.ceph_pool)),
+        "the golden image is named by a clone of its completed upload: {info}"
+    );
     tokio::join!(
         walk(&tiny, (&ceph, &golden), &tier.a, &in_a[0], false),
         walk(&tiny, (&ceph, &golden), &tier.b, &in_b[0], false)
@@ -327,9 +342,14 @@ async fn rbd_clones_in_two_zones_and_the_real_image_booted_from_ceph() {
     let real = Server::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let mut c = real.client().await;
     let id = ids_in(&mut c, tier.a.label).await.remove(0);
+    golden_ready(&real, &tier.a).await;
+    assert!(
+        !real.log_text().contains("golden image uploaded"),
+        "a second provider finds the image in the cluster"
+    );
     walk(&real, (&ceph, &golden), &tier.a, &id, true).await;
     let left: Vec<String> = (ceph.images().into_iter())
-        .filter(|image| !image.starts_with(GOLDEN))
+        .filter(|image| !image.starts_with(&golden))
         .collect();
     assert_eq!(
         left,

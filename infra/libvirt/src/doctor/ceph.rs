@@ -1,6 +1,6 @@
 //! The doctor's Ceph RBD and seed-pool checks: when `--storage-pool` is an rbd pool, that
-//! the cephx secret it names is defined in libvirt (QEMU opens every RBD disk with it), that
-//! `--image-source` is not asked to upload into it, and that the seeds have a local pool
+//! the cephx secret it names is defined in libvirt (QEMU opens every RBD disk with it) and
+//! that the seeds (and an `--image-source` upload's staged copy) have a local pool
 //! (`--seed-pool`); with a local storage pool and another `--seed-pool`, that the seed pool
 //! is there and local too.
 
@@ -44,23 +44,6 @@ pub(super) fn checks(want: &Expectations, host: &HostFacts, storage: &Pool) -> V
     let mut out = Vec::new();
     if let Some(rbd) = &storage.rbd {
         out.push(secret(want, zone, rbd));
-        if want.image_source.is_some() {
-            out.push(check(
-                zone,
-                "image-source",
-                Status::Block,
-                format!(
-                    "{} is an rbd pool, and libvirt cannot upload into RBD images",
-                    want.storage_pool
-                ),
-                &format!(
-                    "import the golden image once per cluster (qemu-img convert -O raw FILE \
-                     IMAGE.raw && rbd import IMAGE.raw {}/NAME) and pass --image NAME instead \
-                     of --image-source",
-                    rbd.source.pool
-                ),
-            ));
-        }
     }
     if storage.rbd.is_some() || want.seed_pool != want.storage_pool {
         out.push(seed_pool(want, zone, host.seed_pool.as_ref(), storage));

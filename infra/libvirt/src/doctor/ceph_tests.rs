@@ -1,6 +1,6 @@
 //! The doctor's rbd and seed-pool verdicts, on facts the test driver cannot stage (it holds
 //! no secrets): a missing cephx secret, a seed pool that is the rbd pool itself, a missing or
-//! rbd `--seed-pool`, and `--image-source` asked to upload into RBD.
+//! rbd `--seed-pool`, and `--image-source` checked against an RBD image by its size.
 
 use super::tests::{good, status, want};
 use super::*;
@@ -95,18 +95,36 @@ fn seeds_in_the_rbd_pool_or_a_missing_seed_pool_block_naming_the_flag() {
 }
 
 #[test]
-fn image_source_into_an_rbd_pool_blocks_with_the_import_commands() {
+fn image_source_into_an_rbd_pool_is_checked_by_size_and_uploaded_when_missing() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("golden.raw");
-    std::fs::write(&file, b"raw image").unwrap();
+    let file = dir.path().join("golden.qcow2");
+    let mut header = b"QFI\xfb".to_vec();
+    header.resize(24, 0);
+    header.extend_from_slice(&(10u64 << 30).to_be_bytes());
+    std::fs::write(&file, &header).unwrap();
     let golden = crate::storage::golden::read(&file).unwrap();
     let mut want = want_rbd("seeds");
     want.image_source = Some(std::sync::Arc::new(golden));
+    // The image in the rbd pool is raw, of the file's virtual size: it matches.
     let mut host = on_rbd(Probe::Found(()));
     host.seed_pool = Some(dir_pool());
+    let report = judge(&want, &[host.clone()]);
+    assert_eq!(
+        status(&report, "a", "image-source").0,
+        Status::Ok,
+        "{report:#?}"
+    );
+    // Missing: uploaded on connect.
+    host.image = Probe::Missing;
+    let report = judge(&want, &[host.clone()]);
+    let (s, detail, _) = status(&report, "a", "image-source");
+    assert_eq!(s, Status::Ok, "{report:#?}");
+    assert!(detail.contains("uploads"), "{detail}");
+    // Another size: blocks.
+    host.image = Probe::Found(Volume {
+        format: "raw".to_owned(),
+        capacity: 3 << 30,
+    });
     let report = judge(&want, &[host]);
-    let blocked = (report.checks.iter())
-        .find(|c| c.check == "image-source" && c.status == Status::Block)
-        .unwrap_or_else(|| panic!("{report:#?}"));
-    assert!(blocked.fix.contains("rbd import"), "{}", blocked.fix);
+    assert_eq!(status(&report, "a", "image-source").0, Status::Block);
 }

@@ -1,6 +1,7 @@
 //! The doctor's `image-source` check (`--image-source`): whether each host's pool already
 //! holds the content-addressed golden volume and it matches the file, or, when it is
-//! missing, whether the pool has room for the upload the provider will make on connect.
+//! missing, whether the pool has room for the upload the provider will make on connect (into
+//! an rbd pool: once per cluster, staged in `--seed-pool`, storage::golden_rbd).
 //! A same-named volume that does not match blocks, as it keeps the host's slots out.
 
 use super::facts::{Pool, Probe, Volume};
@@ -19,7 +20,11 @@ pub(super) fn check_source(
     let name = golden.volume.as_str();
     let source = golden.path.display();
     match image {
-        Probe::Found(v) if v.format == golden.format && v.capacity == golden.capacity => {
+        // An RBD image is raw to libvirt whatever it was made from.
+        Probe::Found(v)
+            if (v.format == golden.format || pool_facts.rbd.is_some())
+                && v.capacity == golden.capacity =>
+        {
             Some(check(
                 zone,
                 "image-source",

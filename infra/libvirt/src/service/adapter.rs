@@ -74,6 +74,8 @@ fn hosts(config: &LibvirtConfig, metrics: &LibvirtMetrics) -> BTreeMap<String, A
         Arc::new(GoldenGate {
             image: Arc::clone(image),
             pool: options.storage_pool.clone(),
+            seed_pool: options.seed_pool().to_owned(),
+            clusters: crate::storage::golden_rbd::ClusterLocks::default(),
         })
     });
     (config.connections.iter())

@@ -28,7 +28,9 @@ use std::sync::Arc;
 use crate::host::error::{is_missing_volume, text};
 use crate::host::gate::{Ensured, Gate, Refusal};
 use crate::render::ownership::escape;
+use crate::render::rbd::PoolKind;
 use crate::render::xml;
+use crate::storage::golden_rbd;
 
 pub use crate::options::GoldenImage;
 
@@ -110,17 +112,39 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-/// `--image-source` on one host: the image, and the pool it goes to (`--storage-pool`).
+/// `--image-source` on every host: the image, and the pool it goes to (`--storage-pool`).
 pub(crate) struct GoldenGate {
     /// The image file and its volume.
     pub(crate) image: Arc<GoldenImage>,
     /// The storage pool it goes to.
     pub(crate) pool: String,
+    /// `--seed-pool`, resolved: where the file is staged for an rbd storage pool.
+    pub(crate) seed_pool: String,
+    /// One upload at a time per Ceph cluster, across the hosts that share it.
+    pub(crate) clusters: golden_rbd::ClusterLocks,
 }
 
 impl Gate for GoldenGate {
     fn check(&self, conn: &Connect, test_driver: bool, zone: &str) -> Result<Ensured, Refusal> {
-        ensure(conn, test_driver, zone, &self.pool, &self.image)
+        let rbd = (conn.lookup_storage_pool_by_name(&self.pool).ok())
+            .and_then(|pool| crate::storage::volumes::pool_kind(&pool, &self.pool).ok());
+        let Some(PoolKind::Rbd(source)) = rbd else {
+            return ensure(conn, test_driver, zone, &self.pool, &self.image);
+        };
+        if self.seed_pool == self.pool {
+            return Err(Refusal::Failed(format!(
+                "golden image {}: storage pool {:?} is an rbd pool; --image-source stages the \
+                 file in a local pool first: name a dir pool with --seed-pool",
+                self.image.volume, self.pool
+            )));
+        }
+        let target = golden_rbd::Target {
+            zone,
+            pool: &self.pool,
+            source: &source,
+            staging: &self.seed_pool,
+        };
+        golden_rbd::ensure(conn, test_driver, &target, &self.clusters, &self.image)
     }
 }
 
@@ -137,21 +161,10 @@ pub(crate) fn ensure(
     let name = &golden.volume;
     let pool = conn.lookup_storage_pool_by_name(pool_name).map_err(|e| {
         Refusal::Failed(format!(
-            "golden image {name}: look up storage pool {pool_name:?} (--storage-pool): {}",
+            "golden image {name}: look up storage pool {pool_name:?}: {}",
             text(&e)
         ))
     })?;
-    if let Ok(crate::render::rbd::PoolKind::Rbd(source)) =
-        crate::storage::volumes::pool_kind(&pool, pool_name)
-    {
-        return Err(Refusal::Failed(format!(
-            "golden image {name}: storage pool {pool_name:?} is an rbd pool, and libvirt cannot \
-             upload into RBD images; import the image once per cluster (qemu-img convert -O raw \
-             FILE IMAGE.raw && rbd import IMAGE.raw {}/NAME) and pass --image NAME instead of \
-             --image-source",
-            source.pool
-        )));
-    }
     let _ = pool.refresh(0);
     match pool.lookup_storage_vol_by_name(name) {
         Ok(volume) => {

@@ -1,5 +1,7 @@
-//! The storage a domain stands on: its overlay and seed volumes (`volumes`), and the
-//! content-addressed golden image `--image-source` uploads to every host (`golden`).
+//! The storage a domain stands on: its root, data and seed volumes (`volumes`), and the
+//! content-addressed golden image `--image-source` puts on every host's local pool
+//! (`golden`), or once per Ceph cluster into an rbd pool (`golden_rbd`).
 
 pub mod golden;
+pub(crate) mod golden_rbd;
 pub(crate) mod volumes;

@@ -130,3 +130,42 @@ async fn an_rbd_storage_pool_without_a_seed_pool_refuses_create_with_the_fix() {
     assert_eq!(volumes(&rig.hv, ZONE, "ceph").await, ["golden"]);
     assert!(domains(&rig.hv, ZONE).await.is_empty());
 }
+
+#[tokio::test]
+async fn image_source_reaches_the_rbd_pool_staged_in_the_seed_pool_and_machines_clone_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("golden.raw");
+    std::fs::write(&file, vec![7u8; 4096]).unwrap();
+    let golden = std::sync::Arc::new(crate::storage::golden::read(&file).unwrap());
+    let volume = golden.volume.clone();
+    let catalog = instance_types_from_json(SHAPED, "types.json").unwrap();
+    let fixture = Fixture {
+        pools: vec![rbd_pool("ceph", "other", 8 << 30)],
+        ..Fixture::default()
+    };
+    let rig = rig_with(&fixture, slots("libvirt", ZONE, "kvm.small", 1), |config| {
+        config.catalog = catalog;
+        config.options.image = golden.volume.clone();
+        config.options.image_source = Some(golden);
+        config.options.storage_pool = "ceph".to_owned();
+        config.options.seed_pool = "default".to_owned();
+    })
+    .await;
+    create(&rig.hv, &rig.slots[0]).await.unwrap();
+    let name = domain_name("libvirt", rig.slots[0].id.as_str());
+    let mut want = vec![
+        volume.clone(),
+        format!("{volume}.upload"),
+        "other".to_owned(),
+        rbd_root_name(&name),
+        rbd_data_name(&name, "data1"),
+        rbd_data_name(&name, "scratch"),
+    ];
+    want.sort();
+    assert_eq!(volumes(&rig.hv, ZONE, "ceph").await, want);
+    assert_eq!(
+        volumes(&rig.hv, ZONE, "default").await,
+        ["base.qcow2".to_owned(), seed_name(&name)],
+        "the staged copy is gone once the Ceph pool holds the image"
+    );
+}
