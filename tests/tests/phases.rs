@@ -138,6 +138,8 @@ exit 0
            cmd_prepare() { return "${PREPARE_STATUS:-0}"; }
            cmd_start() { :; }
            cmd_env() { echo "export BIGFLEET_QEMU_STUB=1"; }
+           cmd_ceph_start() { :; }
+           cmd_ceph_env() { echo "export BIGFLEET_QEMU_CEPH_STUB=1"; }
            source "$REPO/scripts/qemu-tier/ci.sh"
            cmd_ci"#,
         &all,
@@ -180,10 +182,12 @@ fn the_tier_records_each_step_and_runs_every_test_group_after_a_failure() {
             ok("stop-leftovers"),
             ok("prepare"),
             ok("start"),
+            ok("ceph"),
             ok("build-tests"),
             ok("test qemu_e2e"),
             failed("test qemu_faults", 101),
             ok("test qemu_image"),
+            ok("test qemu_ceph"),
             ok("test qemu_lanes"),
             ok("test qemu_remote"),
             failed("bench", 3),

@@ -263,6 +263,46 @@ fn assert_disks_seen(domain: &Domain, real: bool) {
     }
 }
 
+/// One provider over zones a and b with tiny guests and `--image-source`: one upload for
+/// the cluster, and a machine walked in each zone, both cloned from that one image.
+async fn tiny_guests_in_two_zones(cluster: (&Tier, &Ceph, &str), dir: &Path, golden: &str) {
+    let (tier, ceph, _) = cluster;
+    // The tiny guests, one in each zone, both cloned from the one golden image.
+    let mut args = flags(cluster, dir, "rbd-tiny", &[&tier.a, &tier.b]);
+    args.extend([
+        format!("--guest-kernel={}", tier.kernel),
+        format!("--guest-initrd={}", tier.initrd),
+        format!("--guest-cmdline={}", tier.cmdline),
+    ]);
+    let tiny = Server::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut c = tiny.client().await;
+    let (in_a, in_b) = (
+        ids_in(&mut c, tier.a.label).await,
+        ids_in(&mut c, tier.b.label).await,
+    );
+    // Both zones' rbd pools name the one cluster: one of them uploaded, the other found it.
+    for zone in [&tier.a, &tier.b] {
+        golden_ready(&tiny, zone).await;
+    }
+    let log = tiny.log_text();
+    let uploads = log
+        .matches("golden image uploaded into the Ceph pool")
+        .count();
+    assert_eq!(
+        uploads, 1,
+        "one upload for the cluster, not one per host: {log}"
+    );
+    let (ok, info) = ceph.cli(&["rbd", "info", &format!("{}/{golden}", ceph.ceph_pool)]);
+    assert!(
+        ok && info.contains(&format!("parent: {}/{golden}.upload@", ceph.ceph_pool)),
+        "the golden image is named by a clone of its completed upload: {info}"
+    );
+    tokio::join!(
+        walk(&tiny, (ceph, golden), &tier.a, &in_a[0], false),
+        walk(&tiny, (ceph, golden), &tier.b, &in_b[0], false)
+    );
+}
+
 /// Waits until `server`'s golden image is ready on `zone` (uploaded, or found).
 async fn golden_ready(server: &Server, zone: &Zone) {
     let labels = [("zone", zone.label), ("state", "ready")];
@@ -302,40 +342,7 @@ async fn rbd_clones_in_two_zones_and_the_real_image_booted_from_ceph() {
     let cluster = (&tier, &ceph, source.as_str());
     let dir = tempfile::tempdir().unwrap();
 
-    // The tiny guests, one in each zone, both cloned from the one golden image.
-    let mut args = flags(cluster, dir.path(), "rbd-tiny", &[&tier.a, &tier.b]);
-    args.extend([
-        format!("--guest-kernel={}", tier.kernel),
-        format!("--guest-initrd={}", tier.initrd),
-        format!("--guest-cmdline={}", tier.cmdline),
-    ]);
-    let tiny = Server::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let mut c = tiny.client().await;
-    let (in_a, in_b) = (
-        ids_in(&mut c, tier.a.label).await,
-        ids_in(&mut c, tier.b.label).await,
-    );
-    // Both zones' rbd pools name the one cluster: one of them uploaded, the other found it.
-    for zone in [&tier.a, &tier.b] {
-        golden_ready(&tiny, zone).await;
-    }
-    let log = tiny.log_text();
-    let uploads = log
-        .matches("golden image uploaded into the Ceph pool")
-        .count();
-    assert_eq!(
-        uploads, 1,
-        "one upload for the cluster, not one per host: {log}"
-    );
-    let (ok, info) = ceph.cli(&["rbd", "info", &format!("{}/{golden}", ceph.ceph_pool)]);
-    assert!(
-        ok && info.contains(&format!("parent: {}/{golden}.upload@", ceph.ceph_pool)),
-        "the golden image is named by a clone of its completed upload: {info}"
-    );
-    tokio::join!(
-        walk(&tiny, (&ceph, &golden), &tier.a, &in_a[0], false),
-        walk(&tiny, (&ceph, &golden), &tier.b, &in_b[0], false)
-    );
+    tiny_guests_in_two_zones(cluster, dir.path(), &golden).await;
 
     // The real image, its own boot loader on its clone, in zone a.
     let args = flags(cluster, dir.path(), "rbd-real", &[&tier.a]);

@@ -26,19 +26,6 @@ async fn rig_typed(types: &str) -> Rig {
     .await
 }
 
-/// Each volume's name and virtual size, sorted by name.
-async fn capacities(rig: &Rig) -> Vec<(String, u64)> {
-    on_host(&rig.hv, ZONE, |s| {
-        let pool = s.conn.lookup_storage_pool_by_name("default").unwrap();
-        let mut all: Vec<(String, u64)> = (pool.list_all_volumes(0).unwrap().iter())
-            .map(|v| (v.name().unwrap(), v.info().unwrap().capacity))
-            .collect();
-        all.sort();
-        all
-    })
-    .await
-}
-
 #[tokio::test]
 async fn a_types_root_size_and_data_disks_are_made_served_by_serial_and_removed() {
     let rig = rig_typed(SHAPED).await;
@@ -52,7 +39,7 @@ async fn a_types_root_size_and_data_disks_are_made_served_by_serial_and_removed(
         (data_name(&name, "scratch"), 64 << 30),
     ];
     want.sort();
-    let mut got = capacities(&rig).await;
+    let mut got = sized(&rig, "default").await;
     for (volume, bytes) in &mut got {
         if *volume == seed_name(&name) {
             *bytes = 0; // the seed is sized by its image, not the type

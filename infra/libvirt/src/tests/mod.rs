@@ -233,6 +233,19 @@ pub(super) async fn volumes(
     .await
 }
 
+/// Each volume of `pool` with its virtual size, sorted by name.
+pub(super) async fn sized(rig: &Rig, pool: &'static str) -> Vec<(String, u64)> {
+    on_host(&rig.hv, ZONE, move |s| {
+        let pool = s.conn.lookup_storage_pool_by_name(pool).unwrap();
+        let mut all: Vec<(String, u64)> = (pool.list_all_volumes(0).unwrap().iter())
+            .map(|v| (v.name().unwrap(), v.info().unwrap().capacity))
+            .collect();
+        all.sort();
+        all
+    })
+    .await
+}
+
 /// The record as the provider hands it to Create.
 pub(super) fn creating(slot: &Machine) -> CreateRequest {
     let mut machine = slot.clone();

@@ -33,19 +33,6 @@ async fn rbd_rig(seed_pool: &str) -> Rig {
     .await
 }
 
-/// Each volume of `pool` with its virtual size, sorted.
-async fn sized(rig: &Rig, pool: &'static str) -> Vec<(String, u64)> {
-    on_host(&rig.hv, ZONE, move |s| {
-        let pool = s.conn.lookup_storage_pool_by_name(pool).unwrap();
-        let mut all: Vec<(String, u64)> = (pool.list_all_volumes(0).unwrap().iter())
-            .map(|v| (v.name().unwrap(), v.info().unwrap().capacity))
-            .collect();
-        all.sort();
-        all
-    })
-    .await
-}
-
 #[tokio::test]
 async fn an_rbd_pool_gets_cloned_roots_rbd_data_disks_and_seeds_in_the_seed_pool() {
     let rig = rbd_rig("default").await;
