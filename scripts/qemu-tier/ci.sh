@@ -6,9 +6,7 @@
 
 # The test groups, one `cargo test` run each (in this order, so each group's time shows);
 # every group runs even when an earlier one failed.
-# qemu_ceph is not in ci yet: in the CI rehearsal of 56d5192 its second zone never reported
-# its golden image ready (issue 42); it runs by hand (docs/testing.md, Ceph).
-test_groups=(qemu_e2e qemu_faults qemu_image qemu_lanes qemu_remote)
+test_groups=(qemu_e2e qemu_faults qemu_image qemu_ceph qemu_lanes qemu_remote)
 
 # Prints how long a step took and how it ended ("ok", "failed (exit status N)"), and appends
 # "tier: NAME<TAB>SECONDS<TAB>OUTCOME" to $BIGFLEET_PHASE_LOG when that is set (scripts/test.sh

@@ -187,6 +187,7 @@ fn the_tier_records_each_step_and_runs_every_test_group_after_a_failure() {
             ok("test qemu_e2e"),
             failed("test qemu_faults", 101),
             ok("test qemu_image"),
+            ok("test qemu_ceph"),
             ok("test qemu_lanes"),
             ok("test qemu_remote"),
             failed("bench", 3),

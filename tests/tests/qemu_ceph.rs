@@ -10,6 +10,8 @@
 //! itself, its own boot loader on the RBD clone, to its agent. Each walk checks the clone's
 //! parent and size in Ceph, the disks the guest sees by serial, Configure, Drain and Delete,
 //! and that Delete leaves no image of the machine in Ceph and no seed in the seed pool.
+//! Zone b's libvirtd is restarted first, which leaves its rbd pool inactive (libvirt cannot
+//! check an rbd pool at start): the provider starts it when it connects.
 //! `#[ignore]`d outside the tier (`scripts/qemu-tier/run.sh ci`).
 
 use std::path::Path;
@@ -267,6 +269,18 @@ fn assert_disks_seen(domain: &Domain, real: bool) {
 /// the cluster, and a machine walked in each zone, both cloned from that one image.
 async fn tiny_guests_in_two_zones(cluster: (&Tier, &Ceph, &str), dir: &Path, golden: &str) {
     let (tier, ceph, _) = cluster;
+    // libvirt leaves an rbd pool inactive whenever its daemon restarts (and autostart runs
+    // once per host boot): zone b's libvirtd restarted, as an upgrade would, and the
+    // provider starts the pool again when it connects.
+    tier.libvirtd(&tier.b, "term");
+    tier.libvirtd(&tier.b, "start");
+    let rbd_active = || {
+        (Connect::open(Some(&tier.b.uri)).expect("connect to zone b"))
+            .lookup_storage_pool_by_name(&ceph.rbd_pool)
+            .and_then(|p| p.is_active())
+            .expect("zone b's rbd pool")
+    };
+    assert!(!rbd_active(), "libvirtd left zone b's rbd pool inactive");
     // The tiny guests, one in each zone, both cloned from the one golden image.
     let mut args = flags(cluster, dir, "rbd-tiny", &[&tier.a, &tier.b]);
     args.extend([
@@ -284,7 +298,13 @@ async fn tiny_guests_in_two_zones(cluster: (&Tier, &Ceph, &str), dir: &Path, gol
     for zone in [&tier.a, &tier.b] {
         golden_ready(&tiny, zone).await;
     }
+    assert!(rbd_active(), "the provider started zone b's rbd pool");
     let log = tiny.log_text();
+    assert_eq!(
+        log.matches("rbd storage pool was inactive").count(),
+        1,
+        "zone b's pool, started once: {log}"
+    );
     let uploads = log
         .matches("golden image uploaded into the Ceph pool")
         .count();

@@ -97,6 +97,34 @@ pub(super) fn storage(want: &Expectations, host: &HostFacts, slots: &[Slots]) ->
     out
 }
 
+/// An inactive storage pool. libvirt leaves rbd pools inactive after every restart of its
+/// daemon, and the provider starts its own when it connects (`host::pools`): a warning. A
+/// local pool that is inactive was stopped by someone: it blocks.
+fn inactive_pool(zone: &str, pool: &str, kind: &str) -> Check {
+    if kind == "rbd" {
+        return check(
+            zone,
+            "storage pool",
+            Status::Warn,
+            format!(
+                "{pool} is an rbd pool and is not active (libvirt leaves rbd pools inactive \
+                 whenever its daemon restarts); its space and image are not checked"
+            ),
+            &format!(
+                "the provider starts it when it connects to this host; to start it now: virsh \
+                 pool-start {pool}"
+            ),
+        );
+    }
+    check(
+        zone,
+        "storage pool",
+        Status::Block,
+        format!("{pool} exists but is not active"),
+        &format!("start it: virsh pool-start {pool} && virsh pool-autostart {pool}"),
+    )
+}
+
 /// The pool's check, and its facts when it is usable.
 fn pool<'a>(want: &Expectations, host: &'a HostFacts) -> (Check, Option<&'a Pool>) {
     let zone = host.zone.as_str();
@@ -117,16 +145,7 @@ fn pool<'a>(want: &Expectations, host: &'a HostFacts) -> (Check, Option<&'a Pool
             ),
             Some(p),
         ),
-        Probe::Found(_) => (
-            check(
-                zone,
-                "storage pool",
-                Status::Block,
-                format!("{pool} exists but is not active"),
-                &format!("start it: virsh pool-start {pool} && virsh pool-autostart {pool}"),
-            ),
-            None,
-        ),
+        Probe::Found(p) => (inactive_pool(zone, pool, &p.kind), None),
         Probe::Missing => (
             check(
                 zone,

@@ -107,6 +107,24 @@ fn an_inactive_pool_blocks_and_says_how_to_start_it() {
 }
 
 #[test]
+fn an_inactive_rbd_pool_warns_that_the_provider_starts_it() {
+    let mut host = good();
+    host.pool = Probe::Found(Pool {
+        kind: "rbd".to_owned(),
+        active: false,
+        capacity: 0,
+        available: 0,
+        rbd: None,
+    });
+    let report = judge(&want(), &[host]);
+    let (s, detail, fix) = status(&report, "a", "storage pool");
+    assert_eq!(s, Status::Warn, "{detail}");
+    assert!(detail.contains("daemon restarts"), "{detail}");
+    assert!(fix.contains("the provider starts it"), "{fix}");
+    assert!(fix.contains("virsh pool-start default"), "{fix}");
+}
+
+#[test]
 fn an_inactive_network_blocks() {
     let mut host = good();
     host.network = Some(Probe::Found(false));

@@ -47,7 +47,7 @@ use crate::host::backoff::Backoff;
 use crate::host::capacity::Ledger;
 use crate::host::dial::{dial, ensure_event_loop};
 use crate::host::error::{maybe_done, nothing_done};
-use crate::host::gate::Gate;
+use crate::host::gate::Checks;
 use crate::host::lanes::{Budget, Lane, Lanes};
 use crate::host::session::Session;
 use crate::metrics::lanes::LaneMetrics;
@@ -112,8 +112,8 @@ pub(crate) struct Host {
     busy: Mutex<BTreeSet<String>>,
     /// Signalled whenever a name leaves `busy`.
     freed: Condvar,
-    /// `--image-source` on this host's pool, checked on every (re)connect.
-    golden: Option<Arc<dyn Gate>>,
+    /// The pools to start and `--image-source`'s gate, on every (re)connect.
+    checks: Checks,
     /// A redial was asked for (SIGHUP): dial a fresh connection even while healthy.
     redial: AtomicBool,
     /// Calls the host answered with success, counted: while the budget is saturated, a
@@ -147,7 +147,7 @@ impl Host {
         connections: usize,
         lane_metrics: LaneMetrics,
         metrics: LibvirtMetrics,
-        golden: Option<Arc<dyn Gate>>,
+        checks: Checks,
     ) -> Arc<Self> {
         let host = Self {
             zone: at.zone.clone(),
@@ -167,12 +167,12 @@ impl Host {
             ledger: Mutex::new(Ledger::default()),
             busy: Mutex::new(BTreeSet::new()),
             freed: Condvar::new(),
-            golden,
+            checks,
             redial: AtomicBool::new(false),
             answered: AtomicU64::new(0),
         };
         host.publish(Health::Connecting);
-        if host.golden.is_some() {
+        if host.checks.golden.is_some() {
             host.publish_golden("pending");
         }
         Arc::new(host)
@@ -358,8 +358,9 @@ impl Host {
         self.lost(generation, "severed by a test");
     }
 
-    /// Dials the host's connections, makes sure the golden image is there (with
-    /// `--image-source`) and installs them. A host whose golden image is not in order gets
+    /// Dials the host's connections, starts the provider's inactive rbd pools
+    /// (`host::pools`), makes sure the golden image is there (with `--image-source`) and
+    /// installs them. A host whose golden image is not in order gets
     /// no session: its slots stay out of the inventory, exactly as while it is unreachable,
     /// and the check runs again on the next dial. All connections or none: one that cannot
     /// be dialled fails the whole dial, and the others are closed.
@@ -367,10 +368,12 @@ impl Host {
         ensure_event_loop();
         let uri = self.uri.clone();
         let zone = self.zone.clone();
-        let golden = self.golden.clone();
+        let checks = self.checks.clone();
+        let golden = checks.golden;
         let extra = self.connections - 1;
         let opened = tokio::task::spawn_blocking(move || {
             let (conn, test_driver, node) = dial(&uri, &zone)?;
+            crate::host::pools::start_rbd_pools(&conn, &zone, &checks.pools);
             let checked = golden.map(|gate| gate.check(&conn, test_driver, &zone));
             let mut more = Vec::with_capacity(extra);
             for n in 0..extra {

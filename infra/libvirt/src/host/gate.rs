@@ -1,9 +1,22 @@
-//! The check a fresh connection passes before it is installed: with `--image-source`, that
+//! The checks a fresh connection passes before it is installed: the provider's inactive rbd
+//! pools started (`host::pools`), and, with `--image-source`, that
 //! the golden image is on the host (`storage::golden` does the checking and the upload). The
 //! host only runs it on every (re)dial and acts on its outcome: a refused host gets no
 //! session, so its slots stay withheld, and the check runs again on the next dial.
 
+use std::sync::Arc;
+
 use virt::connect::Connect;
+
+/// What a fresh connection goes through before it is installed.
+#[derive(Clone, Default)]
+pub(crate) struct Checks {
+    /// The storage pools the provider uses (`--storage-pool`, `--seed-pool`): an inactive
+    /// rbd pool among them is started (`host::pools`).
+    pub(crate) pools: Vec<String>,
+    /// `--image-source`, when set.
+    pub(crate) golden: Option<Arc<dyn Gate>>,
+}
 
 /// A check run on every fresh connection, on the blocking thread that dialled it.
 pub(crate) trait Gate: Send + Sync {

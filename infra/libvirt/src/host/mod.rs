@@ -2,8 +2,8 @@
 //! health (`connection`), opening them (`dial`), the dial's refusals as one line with the fix (`credentials`,
 //! `tls_peer`), the reconnect backoff (`backoff`), the per-host lanes (`lanes`), libvirt's
 //! errors sorted by what they mean for the caller (`error`), what a host can run and what
-//! is committed on it (`capacity`), our domains on it (`domains`), the check a fresh connection
-//! passes (`gate`), and the test driver's node files (`fixture`).
+//! is committed on it (`capacity`), our domains on it (`domains`), the checks a fresh connection
+//! passes (`gate`), the rbd pools started again after a daemon restart (`pools`), and the test driver's node files (`fixture`).
 
 pub(crate) mod backoff;
 pub(crate) mod capacity;
@@ -15,5 +15,6 @@ pub(crate) mod error;
 pub mod fixture;
 pub(crate) mod gate;
 pub mod lanes;
+pub(crate) mod pools;
 pub(crate) mod session;
 pub(crate) mod tls_peer;

@@ -13,7 +13,7 @@ use crate::drift::tracked::Tracked;
 use crate::drift::watch::{self, Watched};
 use crate::host::connection::{self, Health, Host};
 use crate::host::dial;
-use crate::host::gate::Gate;
+use crate::host::gate::{Checks, Gate};
 use crate::metrics::LibvirtMetrics;
 use crate::options::{DomainConfig, LibvirtConfig};
 use crate::render::devices::MacBook;
@@ -87,7 +87,10 @@ fn hosts(config: &LibvirtConfig, metrics: &LibvirtMetrics) -> BTreeMap<String, A
                 dial::connections_for(&c.uri, options.connections),
                 metrics.lanes.clone(),
                 metrics.clone(),
-                golden.clone(),
+                Checks {
+                    pools: vec![options.storage_pool.clone(), options.seed_pool().to_owned()],
+                    golden: golden.clone(),
+                },
             );
             (c.zone.clone(), host)
         })

@@ -206,7 +206,7 @@ fn three_connection_host(budget: Budget) -> Arc<Host> {
         3,
         crate::metrics::lanes::LaneMetrics::default(),
         LibvirtMetrics::unexposed(),
-        None,
+        crate::host::gate::Checks::default(),
     )
 }
 

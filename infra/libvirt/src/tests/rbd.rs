@@ -156,3 +156,32 @@ async fn image_source_reaches_the_rbd_pool_staged_in_the_seed_pool_and_machines_
         "the staged copy is gone once the Ceph pool holds the image"
     );
 }
+
+/// libvirt leaves rbd pools inactive after its daemon restarts; the dial starts the
+/// provider's rbd pools again and leaves an inactive local pool (stopped by someone) alone.
+#[tokio::test]
+async fn a_dial_starts_the_providers_inactive_rbd_pools_and_no_other() {
+    use crate::host::pools::{Woken, start_rbd_pools};
+    let rig = rbd_rig("default").await;
+    let woken = on_host(&rig.hv, ZONE, |s| {
+        for name in ["ceph", "default"] {
+            let pool = s.conn.lookup_storage_pool_by_name(name).unwrap();
+            pool.destroy().unwrap();
+        }
+        let names = ["ceph", "default", "ceph", "absent", ""].map(str::to_owned);
+        let woken = start_rbd_pools(&s.conn, ZONE, &names);
+        let active = |name: &str| {
+            (s.conn.lookup_storage_pool_by_name(name).unwrap())
+                .is_active()
+                .unwrap()
+        };
+        (woken, active("ceph"), active("default"))
+    })
+    .await;
+    let want = vec![
+        ("absent".to_owned(), Woken::Untouched),
+        ("ceph".to_owned(), Woken::Started),
+        ("default".to_owned(), Woken::Untouched),
+    ];
+    assert_eq!(woken, (want, true, false));
+}
