@@ -150,6 +150,22 @@ pub fn volume(name: &str, capacity: u64) -> String {
 /// `vda`) on virtio, with `serial`.
 #[must_use]
 pub fn disk(source: &RbdSource, image: &str, target: &str, serial: &str) -> String {
+    network_disk(source, image, (target, serial), "")
+}
+
+/// [`disk`], marked `<shareable/>`: a disk another writer (a block job) may write beside the
+/// device that holds it (the golden image's copier, `storage::golden_rbd`).
+#[must_use]
+pub fn shareable_disk(source: &RbdSource, image: &str, target: &str, serial: &str) -> String {
+    network_disk(source, image, (target, serial), "\n      <shareable/>")
+}
+
+fn network_disk(
+    source: &RbdSource,
+    image: &str,
+    (target, serial): (&str, &str),
+    extra: &str,
+) -> String {
     let hosts: String = (source.hosts.iter())
         .map(|h| match h.port {
             Some(port) => format!("\n        <host name='{}' port='{port}'/>", escape(&h.name)),
@@ -176,7 +192,7 @@ pub fn disk(source: &RbdSource, image: &str, target: &str, serial: &str) -> Stri
       <source protocol='rbd' name='{}/{}'>{hosts}
       </source>{auth}
       <target dev='{target}' bus='virtio'/>
-      <serial>{}</serial>
+      <serial>{}</serial>{extra}
     </disk>",
         escape(&source.pool),
         escape(image),
@@ -245,5 +261,22 @@ mod tests {
             let error = pool_kind(document).unwrap_err();
             assert!(error.contains(lacks), "{document}: {error}");
         }
+    }
+
+    #[test]
+    fn a_shareable_disk_is_the_disk_marked_shareable() {
+        let PoolKind::Rbd(source) = pool_kind(POOL).unwrap() else {
+            panic!("not rbd");
+        };
+        let plain = disk(&source, "img", "vdb", "upload");
+        let shared = shareable_disk(&source, "img", "vdb", "upload");
+        for (document, shareable) in [(&plain, false), (&shared, true)] {
+            let parsed = roxmltree::Document::parse(document).unwrap();
+            let root = parsed.root_element();
+            assert!(root.has_tag_name("disk"), "{document}");
+            let has = root.children().any(|c| c.has_tag_name("shareable"));
+            assert_eq!(has, shareable, "{document}");
+        }
+        assert_eq!(shared.replace("\n      <shareable/>", ""), plain);
     }
 }

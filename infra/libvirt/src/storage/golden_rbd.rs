@@ -187,8 +187,7 @@ fn copier_xml(
     (path, format): (&str, &str),
     upload: &str,
 ) -> String {
-    let target = rbd::disk(source, upload, "vdb", "upload")
-        .replace("</disk>", "  <shareable/>\n    </disk>");
+    let target = rbd::shareable_disk(source, upload, "vdb", "upload");
     format!(
         "<domain type='qemu'>
   <name>{}</name>
