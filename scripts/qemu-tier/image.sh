@@ -24,8 +24,12 @@ image_packages=(linux-image-cloud-amd64 systemd systemd-sysv udev dbus cloud-ini
 # systemd-networkd-wait-online holds network-online.target (and cloud-init's network stage
 # after it) until a link is up or 2 minutes pass, and the qemu_ceph guests boot in zones
 # without a NIC, where that was 110 s of every boot (the tier's guests need no network to be
-# up before cloud-init: their seed is a local disk). A real node keeps all three.
-image_tier_masks=(e2scrub_reap.service systemd-fsck-root.service systemd-networkd-wait-online.service)
+# up before cloud-init: their seed is a local disk). A real node keeps all three. The rest
+# compete for the vCPU while udev brings up the agent's port and cloud-init starts, and a
+# tier guest uses none of them: the boot record in wtmp, binfmt handlers, the debug and
+# tracing file systems.
+image_tier_masks=(e2scrub_reap.service systemd-fsck-root.service systemd-networkd-wait-online.service
+    systemd-update-utmp.service systemd-binfmt.service sys-kernel-debug.mount sys-kernel-tracing.mount)
 # The initramfs's modules (image/initramfs.conf): the root disk's drivers.
 image_initramfs_modules=(virtio_pci virtio_blk)
 # Bump when the image recipe changes in a way the stamp cannot see.
@@ -77,6 +81,9 @@ image_rootfs() {
     install -d "$root/opt/bigfleet"
     install -m 0755 "$src/bootstrap" "$src/drain" "$src/join" "$root/opt/bigfleet/"
     install -m 0644 "$src/bigfleet-join.service" "$root/etc/systemd/system/"
+    install -d "$root/etc/systemd/system/qemu-guest-agent.service.d"
+    install -m 0644 "$src/qemu-guest-agent-early.conf" \
+        "$root/etc/systemd/system/qemu-guest-agent.service.d/bigfleet-early.conf"
     install -m 0644 "$src/90-bigfleet.cfg" "$root/etc/cloud/cloud.cfg.d/"
     install -m 0644 "$src/ds-identify.cfg" "$root/etc/cloud/ds-identify.cfg"
     install -m 0644 "$src/80-dhcp.network" "$root/etc/systemd/network/"

@@ -81,26 +81,31 @@ impl Ceph {
         names
     }
 
-    /// Removes golden image `name` and its upload parent (`<name>.upload`, with its
-    /// snapshots) from the cluster, if an earlier run on this machine left them (the
-    /// cluster's data outlives a tier run): the upload then always happens here.
-    fn forget_golden(&self, name: &str) {
+    /// Removes every golden image an earlier run on this machine left in the cluster (the
+    /// cluster's data outlives a tier run, and a rebuilt image has another name): each image
+    /// named `<stem>…` with its upload parent (`….upload`) and their snapshots, so the upload
+    /// always happens here and only this run's image is left at the end.
+    fn forget_goldens(&self, stem: &str) {
         let pool = &self.ceph_pool;
-        // The golden image first (its clones are gone), then its parent; each with the
-        // snapshots libvirt's clones took, unprotected.
-        let script = format!(
-            "for i in {pool}/{name} {pool}/{name}.upload; do \
-             for s in $(rbd snap ls $i 2>/dev/null | awk 'NR > 1 {{ print $2 }}'); do \
-             rbd snap unprotect $i@$s 2>/dev/null; done; \
-             rbd snap purge --no-progress $i 2>/dev/null; rbd rm --no-progress $i 2>/dev/null; \
-             done; true"
-        );
-        let (ok, text) = self.cli(&["sh", "-c", &script]);
-        assert!(ok, "forget {name}: {text}");
+        let mut names: Vec<String> = (self.images().into_iter())
+            .filter(|i| i.starts_with(stem))
+            .collect();
+        // A golden image before its parent (clones before the images they are cloned from).
+        names.sort_by_key(|n| n.ends_with(".upload"));
+        for name in &names {
+            let script = format!(
+                "i={pool}/{name}; \
+                 for s in $(rbd snap ls $i 2>/dev/null | awk 'NR > 1 {{ print $2 }}'); do \
+                 rbd snap unprotect $i@$s 2>/dev/null; done; \
+                 rbd snap purge --no-progress $i 2>/dev/null; rbd rm --no-progress $i 2>/dev/null; true"
+            );
+            let (ok, text) = self.cli(&["sh", "-c", &script]);
+            assert!(ok, "forget {name}: {text}");
+        }
         let images = self.images();
         assert!(
-            !images.iter().any(|i| i.starts_with(name)),
-            "{name} is still there: {images:?}"
+            !images.iter().any(|i| i.starts_with(stem)),
+            "earlier golden images are still there: {images:?}"
         );
     }
 }
@@ -357,7 +362,7 @@ async fn rbd_clones_in_two_zones_and_the_real_image_booted_from_ceph() {
         file.display()
     );
     let golden = format!("debian-12-bigfleet-{hash}.qcow2");
-    ceph.forget_golden(&golden);
+    ceph.forget_goldens("debian-12-bigfleet-");
     let source = format!("--image-source={}", file.display());
     let cluster = (&tier, &ceph, source.as_str());
     let dir = tempfile::tempdir().unwrap();

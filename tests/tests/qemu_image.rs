@@ -358,6 +358,9 @@ pub struct Timings {
     pub cloud_init_done: Duration,
     pub drain: Duration,
     pub delete: Duration,
+    /// The guest's own account of its boot: `systemd-analyze` (firmware, loader, kernel,
+    /// initrd, userspace), the chain the agent's unit waited on, and the slowest units.
+    pub boot: String,
 }
 
 impl Timings {
@@ -384,6 +387,10 @@ impl Timings {
             "  Delete → Speculative                {:>9.2?}",
             self.delete
         );
+        println!("  the guest's boot, as systemd saw it:");
+        for line in self.boot.lines() {
+            println!("    {line}");
+        }
     }
 }
 
@@ -444,6 +451,11 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str, disks: &DiskPl
     assert_eq!(configured.last_error, "");
     guest::cloud_init_done(&domain, &name).await;
     let cloud_init_done = start.elapsed();
+    let boot = guest::run(
+        &domain,
+        "systemd-analyze time; systemd-analyze critical-chain --no-pager \
+         qemu-guest-agent.service; systemd-analyze blame --no-pager | head -n 15",
+    );
     disks.assert_seen(&domain);
     guest::assert_joined(&domain, cluster, &sha256_hex(&blob));
 
@@ -474,6 +486,7 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str, disks: &DiskPl
         cloud_init_done,
         drain: drain_wall,
         delete: delete_wall,
+        boot,
     }
 }
 
