@@ -84,10 +84,22 @@ pub async fn lease_seen_by_guest(
         leased(tier, &mac).map(|_| ())
     })
     .await;
+    // The agent answers before the guest's DHCP is done (and dnsmasq still holds an earlier
+    // incarnation's lease for the same MAC): wait until the guest's own view of the NIC is
+    // the current lease.
+    let settled = until_explained(&format!("{name}'s NIC to hold its lease"), BOOT, || {
+        let (lease, seen) = (leased(tier, &mac)?, guest_addresses(domain, &mac));
+        if seen == std::slice::from_ref(&lease) {
+            return Ok(());
+        }
+        Err(format!("lease {lease}, the guest sees {seen:?}"))
+    })
+    .await;
     let address = leased(tier, &mac).unwrap();
     let seen = guest_addresses(domain, &mac);
     println!(
-        "  {name}: MAC {mac}, lease {address} ({waited:.2?} after the agent, {boot:.2?} boot), guest sees {seen:?}"
+        "  {name}: MAC {mac}, lease {address} ({waited:.2?} after the agent, the guest's view \
+         {settled:.2?} later, {boot:.2?} boot), guest sees {seen:?}"
     );
     assert!(
         address.starts_with("192.168.122."),
