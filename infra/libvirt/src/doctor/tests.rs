@@ -87,17 +87,22 @@ fn a_good_host_is_ok_with_exit_0() {
     );
 }
 
-#[test]
-fn an_inactive_pool_blocks_and_says_how_to_start_it() {
+/// The doctor's report on a good host whose storage pool, of `kind`, is inactive.
+fn with_inactive_pool(kind: &str) -> Report {
     let mut host = good();
     host.pool = Probe::Found(Pool {
-        kind: "dir".to_owned(),
+        kind: kind.to_owned(),
         active: false,
         capacity: 0,
         available: 0,
         rbd: None,
     });
-    let report = judge(&want(), &[host]);
+    judge(&want(), &[host])
+}
+
+#[test]
+fn an_inactive_pool_blocks_and_says_how_to_start_it() {
+    let report = with_inactive_pool("dir");
     assert_eq!(report.exit_code(), 1);
     let (s, detail, fix) = status(&report, "a", "storage pool");
     assert_eq!(s, Status::Block);
@@ -108,15 +113,7 @@ fn an_inactive_pool_blocks_and_says_how_to_start_it() {
 
 #[test]
 fn an_inactive_rbd_pool_warns_that_the_provider_starts_it() {
-    let mut host = good();
-    host.pool = Probe::Found(Pool {
-        kind: "rbd".to_owned(),
-        active: false,
-        capacity: 0,
-        available: 0,
-        rbd: None,
-    });
-    let report = judge(&want(), &[host]);
+    let report = with_inactive_pool("rbd");
     let (s, detail, fix) = status(&report, "a", "storage pool");
     assert_eq!(s, Status::Warn, "{detail}");
     assert!(detail.contains("daemon restarts"), "{detail}");
