@@ -65,6 +65,30 @@ fn guest_addresses(domain: &Domain, mac: &str) -> Vec<String> {
         .collect()
 }
 
+/// Waits until dnsmasq leased an address to `mac` and the guest's own view of that NIC is
+/// that address: the agent answers before the guest's DHCP is done, and dnsmasq may still
+/// hold an earlier incarnation's lease for the same MAC. Returns the address and the wait.
+async fn lease_held(
+    tier: &ImageTier,
+    domain: &Domain,
+    name: &str,
+    mac: &str,
+) -> (String, Duration) {
+    let waited = until_explained(
+        &format!("{name}'s NIC ({mac}) to hold its lease"),
+        BOOT,
+        || {
+            let (lease, seen) = (leased(tier, mac)?, guest_addresses(domain, mac));
+            if seen == std::slice::from_ref(&lease) {
+                return Ok(());
+            }
+            Err(format!("lease {lease}, the guest sees {seen:?}"))
+        },
+    )
+    .await;
+    (leased(tier, mac).unwrap(), waited)
+}
+
 /// A guest's NIC and the address dnsmasq leased to it.
 pub struct Lease {
     pub mac: String,
@@ -80,26 +104,11 @@ pub async fn lease_seen_by_guest(
     boot: Duration,
 ) -> Lease {
     let mac = mac_of(domain);
-    let waited = until_explained(&format!("a DHCP lease for {name} ({mac})"), BOOT, || {
-        leased(tier, &mac).map(|_| ())
-    })
-    .await;
-    // The agent answers before the guest's DHCP is done (and dnsmasq still holds an earlier
-    // incarnation's lease for the same MAC): wait until the guest's own view of the NIC is
-    // the current lease.
-    let settled = until_explained(&format!("{name}'s NIC to hold its lease"), BOOT, || {
-        let (lease, seen) = (leased(tier, &mac)?, guest_addresses(domain, &mac));
-        if seen == std::slice::from_ref(&lease) {
-            return Ok(());
-        }
-        Err(format!("lease {lease}, the guest sees {seen:?}"))
-    })
-    .await;
-    let address = leased(tier, &mac).unwrap();
+    let (address, settled) = lease_held(tier, domain, name, &mac).await;
     let seen = guest_addresses(domain, &mac);
     println!(
-        "  {name}: MAC {mac}, lease {address} ({waited:.2?} after the agent, the guest's view \
-         {settled:.2?} later, {boot:.2?} boot), guest sees {seen:?}"
+        "  {name}: MAC {mac}, lease {address} (held {settled:.2?} after the agent, \
+         {boot:.2?} boot), guest sees {seen:?}"
     );
     assert!(
         address.starts_with("192.168.122."),
@@ -198,15 +207,7 @@ async fn guest_network_on_a_bridge() {
         "{name} has its NIC on the bridge: {xml}"
     );
     let mac = mac_of(&domain);
-    until_explained(&format!("a DHCP lease for {name} ({mac})"), BOOT, || {
-        leased(&tier, &mac).map(|_| ())
-    })
-    .await;
-    let address = leased(&tier, &mac).unwrap();
-    assert_eq!(
-        guest_addresses(&domain, &mac),
-        std::slice::from_ref(&address)
-    );
+    let (address, _) = lease_held(&tier, &domain, &name, &mac).await;
     println!("  {name}: bridge NIC, MAC {mac}, lease {address}");
     let mut c = server.client().await;
     let accepted = delete(&mut c, &id, None).await;
