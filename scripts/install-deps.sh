@@ -15,8 +15,9 @@ cd "$(dirname "$0")/.."
 # jq, with which deploy/sbom.sh adds the image's Debian packages to the SBOM (tests/tests/image.rs);
 # libvirt-daemon (without its recommends: no QEMU on the host), for the tests that stop and
 # resume a private libvirtd serving libvirt's test driver on its own socket (host isolation);
-# and faketime (libfaketime), for the test that steps the wall clock under the binary.
-packages=(pkg-config libvirt-dev openssl binutils prometheus shellcheck jq libvirt-daemon faketime)
+# faketime (libfaketime), for the test that steps the wall clock under the binary; and python3,
+# which runs scripts/timing-headroom.py in its own test (tests/tests/harness/timing.rs).
+packages=(pkg-config libvirt-dev openssl binutils prometheus shellcheck jq libvirt-daemon faketime python3)
 
 missing=()
 for package in "${packages[@]}"; do

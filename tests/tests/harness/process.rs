@@ -37,6 +37,17 @@ pub struct Server {
     pub claimed: Mutex<std::collections::BTreeSet<String>>,
 }
 
+/// How long the provider started with `args` may take to serve: 30 s, or 120 s when it
+/// dials real libvirt daemons (`--connect` naming a `qemu` URI), because it starts their
+/// inactive storage pools before it serves (an rbd pool connects to Ceph first: 9 s in a CI
+/// rehearsal of the real-QEMU tier).
+fn start_bound(args: &[&str]) -> Duration {
+    let real = args
+        .iter()
+        .any(|a| a.starts_with("--connect") && a.contains("qemu"));
+    Duration::from_secs(if real { 120 } else { 30 })
+}
+
 impl Server {
     /// Starts the binary with `args` (plus loopback `--addr`/`--metrics-addr` and JSON logs,
     /// unless `args` sets them) and waits until it serves.
@@ -95,15 +106,18 @@ impl Server {
             }
         });
         let spawned = Instant::now();
-        let (addr, metrics_addr) = match rx.recv_timeout(Duration::from_secs(30)) {
+        let within = start_bound(args);
+        let (addr, metrics_addr) = match rx.recv_timeout(within) {
             Ok(addrs) => {
-                super::timing::seen("start serving", spawned.elapsed(), Duration::from_secs(30));
+                super::timing::seen("start serving", spawned.elapsed(), within);
                 addrs
             }
             Err(_) => {
                 let _ = child.kill();
                 let lines = log.lock().unwrap().join("\n");
-                panic!("bigfleet-libvirt did not start serving within 30s; its log:\n{lines}");
+                panic!(
+                    "bigfleet-libvirt did not start serving within {within:?}; its log:\n{lines}"
+                );
             }
         };
         Server {

@@ -47,22 +47,24 @@ fn leased(tier: &ImageTier, mac: &str) -> Result<String, String> {
         .ok_or_else(|| format!("no lease for {mac} yet: {text}"))
 }
 
-/// The guest's interface with `mac` and its IPv4 addresses, from `ip -j addr`.
-fn guest_addresses(domain: &Domain, mac: &str) -> Vec<String> {
+/// The guest's interface with `mac` and its IPv4 addresses, from `ip -j addr`; an error
+/// while the guest has no such interface (the agent answers before the guest's udev has
+/// brought up its NIC).
+fn guest_addresses(domain: &Domain, mac: &str) -> Result<Vec<String>, String> {
     let links: Value = serde_json::from_str(&guest::run(domain, "ip -j addr show")).unwrap();
     let link = links
         .as_array()
         .unwrap()
         .iter()
         .find(|l| l["address"].as_str() == Some(mac))
-        .unwrap_or_else(|| panic!("the guest has no NIC with MAC {mac}: {links:#}"));
-    link["addr_info"]
+        .ok_or_else(|| format!("the guest has no NIC with MAC {mac} yet: {links}"))?;
+    Ok(link["addr_info"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|a| a["family"] == "inet")
         .filter_map(|a| a["local"].as_str().map(str::to_owned))
-        .collect()
+        .collect())
 }
 
 /// Waits until dnsmasq leased an address to `mac` and the guest's own view of that NIC is
@@ -78,7 +80,7 @@ async fn lease_held(
         &format!("{name}'s NIC ({mac}) to hold its lease"),
         BOOT,
         || {
-            let (lease, seen) = (leased(tier, mac)?, guest_addresses(domain, mac));
+            let (lease, seen) = (leased(tier, mac)?, guest_addresses(domain, mac)?);
             if seen == std::slice::from_ref(&lease) {
                 return Ok(());
             }
@@ -105,7 +107,7 @@ pub async fn lease_seen_by_guest(
 ) -> Lease {
     let mac = mac_of(domain);
     let (address, settled) = lease_held(tier, domain, name, &mac).await;
-    let seen = guest_addresses(domain, &mac);
+    let seen = guest_addresses(domain, &mac).expect("the NIC that holds the lease");
     println!(
         "  {name}: MAC {mac}, lease {address} (held {settled:.2?} after the agent, \
          {boot:.2?} boot), guest sees {seen:?}"
