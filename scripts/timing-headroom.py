@@ -22,6 +22,12 @@ def seconds(text):
     return float(number) * UNIT[text[len(number):]]
 
 
+def headroom(bound, took):
+    """bound / took, with one decimal below 10 (so 4.95 does not read as 5)."""
+    ratio = bound / max(took, 1e-9)
+    return f"{ratio:.1f}" if ratio < 10 else f"{ratio:.0f}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", help="test logs (default: stdin)")
@@ -43,7 +49,7 @@ def main():
     print("|---|---|---|---|---|---|")
     for (what, bound), (count, took, test) in rows[: args.top]:
         print(f"| {what} | {bound} | {count} | {took:.3f} s | `{test}` | "
-              f"{seconds(bound) / max(took, 1e-9):.0f}× |")
+              f"{headroom(seconds(bound), took)}× |")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,10 @@ use crate::harness::*;
 
 /// Healthy walks and most reach-FAILED deadlines: timeout 2 s + 5 s.
 const SEVEN: Duration = Duration::from_secs(7);
-/// The short reach-FAILED deadline of B703/B704: timeout 2 s + 3 s.
-/// How long a transition that runs into the fake's 2 s transition timeout may take to fail:
-/// five times its worst under `stress-ng --cpu 2` (2.017 s; docs/testing.md, "Liveness
-/// bounds under load").
-const TIMED_OUT_WITHIN: Duration = Duration::from_secs(10);
+/// How long a transition that runs into the fake's 2 s transition timeout (B703, B704) may
+/// take to fail: at least five times its worst under `stress-ng --cpu 2` (2.021 s;
+/// docs/testing.md, "Liveness bounds under load").
+const TIMED_OUT_WITHIN: Duration = Duration::from_secs(12);
 /// NeverReaches window after a failure.
 const WINDOW: Duration = Duration::from_millis(300);
 /// Our provider's wording for a transition that hit the 2 s deadline.

@@ -55,8 +55,8 @@ fn headroom_script_reads_the_lines_this_harness_prints() {
     assert_eq!(
         rows,
         [
-            "| start serving | 30s | 1 | 9.077 s | `d::start` | 3× |",
-            "| reach Idle | 15s | 2 | 2.500 s | `a::slow` | 6× |",
+            "| start serving | 30s | 1 | 9.077 s | `d::start` | 3.3× |",
+            "| reach Idle | 15s | 2 | 2.500 s | `a::slow` | 6.0× |",
             "| log line | 10s | 1 | 0.000 s | `c::log` | 50000× |",
         ],
         "{table}"
