@@ -117,7 +117,12 @@ cmd_ci() {
     timed prepare cmd_prepare
     timed start cmd_start
     eval "$(cmd_env)"
-    # The single-node Ceph cluster behind zones a and b's rbd pool (the qemu_ceph tests).
+    # The single-node Ceph cluster behind zones a and b's rbd pool (the qemu_ceph tests),
+    # made anew for every run: a cluster kept from an earlier run can hold damaged objects
+    # (seen on a reused machine: a BlueStore checksum error in an old golden image's object
+    # map, after which `rbd snap purge` of that image waited forever), and a run must not
+    # depend on what earlier runs left.
+    rm -f "$ceph_created"
     timed ceph cmd_ceph_start
     eval "$(cmd_ceph_env)"
     # The tests drive the real binary; cargo builds it with them (the tests are its
