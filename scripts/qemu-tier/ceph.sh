@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real-QEMU tier's Ceph cluster: `ceph start|stop|env|cli`. A real single-node cluster
+# The real-QEMU tier's Ceph cluster: `ceph start [fresh]|stop|env|cli`. A real single-node cluster
 # from Debian 12's own packages (one monitor, one manager, one OSD on a sparse file-backed
 # BlueStore store; no LVM or ceph-volume, the kernel may lack device-mapper) that zones a and
 # b use as a libvirt `rbd` storage pool, and their QEMU opens RBD disks through. Loopback
@@ -321,9 +321,11 @@ zone_up() {
 
 # --- the commands ----------------------------------------------------------------------
 
+# `ceph start [fresh]`: with `fresh`, the cluster is made anew even when one exists.
 cmd_ceph_start() {
     local started=$SECONDS daemon z
     prepared || die "not prepared; run: $0 prepare"
+    [[ ${1:-} != fresh ]] || rm -f "$ceph_created"
     local taken
     if ! ceph_running; then
         taken=$(ss -Hltnp "( sport = :$ceph_mon_v2_port or sport = :$ceph_mon_v1_port )")
@@ -397,10 +399,13 @@ cmd_ceph() {
     local action=${1:-}
     shift || true
     case $action in
-    start) lock && cmd_ceph_start ;;
+    start)
+        [[ $# -eq 0 || ${1:-} == fresh ]] || die "usage: $0 ceph start [fresh]"
+        lock && cmd_ceph_start "$@"
+        ;;
     stop) lock && cmd_ceph_stop ;;
     env) cmd_ceph_env ;;
     cli) cmd_ceph_cli "$@" ;;
-    *) die "usage: $0 ceph start|stop|env|cli COMMAND..." ;;
+    *) die "usage: $0 ceph start [fresh]|stop|env|cli COMMAND..." ;;
     esac
 }

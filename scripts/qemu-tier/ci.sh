@@ -122,8 +122,7 @@ cmd_ci() {
     # (seen on a reused machine: a BlueStore checksum error in an old golden image's object
     # map, after which `rbd snap purge` of that image waited forever), and a run must not
     # depend on what earlier runs left.
-    rm -f "$ceph_created"
-    timed ceph cmd_ceph_start
+    timed ceph cmd_ceph_start fresh
     eval "$(cmd_ceph_env)"
     # The tests drive the real binary; cargo builds it with them (the tests are its
     # package's), once, before the groups run.
