@@ -23,7 +23,8 @@
 //! Run: `cargo bench -p bigfleet-libvirt --bench provider`
 //! Sizes: `BENCH_QUICK=1` for a smoke run; `BENCH_LIST_SIZES=10000,100000`,
 //! `BENCH_C1_CALLS`, `BENCH_WORKERS`, `BENCH_CALLS_PER_WORKER`, `BENCH_ROUNDS`, `BENCH_DELTA_FLEET`,
-//! `BENCH_DELTA_CHANGED`, `BENCH_DELTA_REPS`, `BENCH_LIST_REPS` override single values.
+//! `BENCH_DELTA_CHANGED`, `BENCH_DELTA_REPS`, `BENCH_LIST_REPS` override single values;
+//! `BENCH_ONLY=shipped` runs phase 4 alone (for profiling the shipped binary).
 //! Started without `--bench` (e.g. by `cargo test --benches`) it always uses the quick sizes.
 //!
 //! This file holds the sizes, the statistics and the driver; `provider/` holds the servers,
@@ -99,6 +100,8 @@ struct Sizes {
     delta_fleet: usize,
     delta_changed: usize,
     delta_reps: usize,
+    /// `BENCH_ONLY=shipped`: only phase 4 (for profiling the shipped binary).
+    only_shipped: bool,
 }
 
 fn env_string(name: &str) -> Option<String> {
@@ -144,6 +147,7 @@ impl Sizes {
             delta_fleet: env_usize("BENCH_DELTA_FLEET", pick(100_000, 5_000)).max(1),
             delta_changed: env_usize("BENCH_DELTA_CHANGED", 100).max(1),
             delta_reps: env_usize("BENCH_DELTA_REPS", pick(300, 100)).max(1),
+            only_shipped: env_string("BENCH_ONLY").is_some_and(|v| v.trim() == "shipped"),
         }
     }
 
@@ -242,6 +246,9 @@ fn load_average() -> String {
 }
 
 async fn bench(sizes: Sizes) -> Result<(), BoxError> {
+    if sizes.only_shipped {
+        return bench_shipped(&sizes).await;
+    }
     let total = Instant::now();
     let load_before = load_average();
     let mut verdicts = Vec::new();
@@ -360,10 +367,33 @@ async fn bench(sizes: Sizes) -> Result<(), BoxError> {
     print_delta(&delta, &mut verdicts);
     shipped::print_shipped(&shipped_rows, sizes.workers, &mut verdicts);
 
+    print_summary(&verdicts, total.elapsed());
+    Ok(())
+}
+
+/// `BENCH_ONLY=shipped`: phase 4 alone, with its verdicts.
+async fn bench_shipped(sizes: &Sizes) -> Result<(), BoxError> {
+    let total = Instant::now();
+    let load_before = load_average();
+    let rows = shipped::measure_shipped(sizes).await?;
+    let mut verdicts = Vec::new();
+    say!();
+    say!(
+        "bigfleet-libvirt provider benchmark, phase 4 only (BENCH_ONLY=shipped), {} cores, load average {} at start / {} at end",
+        std::thread::available_parallelism().map_or(0, usize::from),
+        load_before,
+        load_average(),
+    );
+    shipped::print_shipped(&rows, sizes.workers, &mut verdicts);
+    print_summary(&verdicts, total.elapsed());
+    Ok(())
+}
+
+fn print_summary(verdicts: &[Verdict], took: Duration) {
     say!();
     say!("== Summary ==");
     let width = verdicts.iter().map(|v| v.what.len()).max().unwrap_or(10);
-    for v in &verdicts {
+    for v in verdicts {
         say!(
             "{:<width$}  {:>14}  target {:<14}  {}",
             v.what,
@@ -377,9 +407,8 @@ async fn bench(sizes: Sizes) -> Result<(), BoxError> {
         "{} of {} targets met; total bench time {}",
         verdicts.len() - missed,
         verdicts.len(),
-        fmt_d(total.elapsed())
+        fmt_d(took)
     );
-    Ok(())
 }
 
 fn main() -> Result<(), BoxError> {

@@ -15,6 +15,8 @@ pub mod export;
 #[cfg(feature = "side-server")]
 pub mod http;
 pub mod instrumented;
+#[cfg(feature = "otlp")]
+pub mod json_fields;
 pub mod limits;
 pub mod metrics;
 #[cfg(feature = "process")]

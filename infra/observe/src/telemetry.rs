@@ -95,6 +95,7 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<Telemetry> {
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
+            .fmt_fields(crate::json_fields::AppendedJsonFields)
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .boxed(),

@@ -47,7 +47,7 @@ const LONG_FUNCTIONS: &[(&str, usize, &str)] = &[
     ),
     (
         "tests/benches/provider.rs::bench",
-        126,
+        111,
         "the benchmark driver: the phases in their required order (List sizes on fresh providers first), then the report",
     ),
     (
