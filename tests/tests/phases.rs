@@ -208,3 +208,59 @@ fn the_tier_records_each_step_and_runs_every_test_group_after_a_failure() {
         "a failed step ends ci, still recorded, and the tier is stopped"
     );
 }
+
+#[test]
+fn a_background_phase_shows_its_own_time_and_fails_the_script_when_it_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, table) = bash(
+        dir.path(),
+        r#"set -euo pipefail
+           source "$REPO/scripts/phases.sh"
+           log=$(mktemp)
+           phase_start "beside" "$log" bash -c 'sleep 1; echo from-beside'
+           phase "in front" true
+           phase_finish
+           phase_start "failing beside" "$log" bash -c 'echo said-why; exit 5'
+           phase "in front again" sleep 1
+           phase_finish
+           phase "never run" true"#,
+        &[],
+    );
+    assert_eq!(code, 5, "the background phase's status is the script's");
+    let (seconds, outcome) = row(&table, "beside").expect("the background phase's row");
+    assert!(
+        seconds.parse::<u64>().unwrap() >= 1,
+        "it slept 1 s: {seconds}"
+    );
+    assert_eq!(outcome, "ok");
+    assert_eq!(row(&table, "in front").unwrap().1, "ok");
+    assert!(
+        table.contains("from-beside"),
+        "its output is printed: {table}"
+    );
+    assert!(table.contains("said-why"), "{table}");
+    let failed = row(&table, "failing beside").expect("the failed background phase's row");
+    assert_eq!(failed.1, "failed (exit status 5)");
+    assert_eq!(row(&table, "in front again").unwrap().1, "ok");
+    assert_eq!(row(&table, "never run"), None, "{table}");
+}
+
+#[test]
+fn a_script_that_fails_first_stops_its_background_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("still-running");
+    let (code, _) = bash(
+        dir.path(),
+        r#"set -euo pipefail
+           source "$REPO/scripts/phases.sh"
+           phase_start "long" "$(mktemp)" bash -c 'sleep 3; touch "$MARK"'
+           phase "fails" bash -c 'exit 3'"#,
+        &[("MARK", marker.to_str().unwrap())],
+    );
+    assert_eq!(code, 3);
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    assert!(
+        !marker.exists(),
+        "the background phase was stopped with the script"
+    );
+}
