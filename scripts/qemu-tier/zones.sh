@@ -84,15 +84,43 @@ ensure_pool() {
     fi
 }
 
+# Huge pages for the placement scenario (qemu_e2e::placement): 2 MiB pages reserved on this
+# host while the tier runs (what the host had is kept in $tier_dir/hugepages.before and put
+# back at stop), and hugetlbfs mounted in every zone before its libvirtd starts (libvirt
+# finds the mount in its /proc/mounts then). The mount is the zone's own: $R/dev is a slave
+# of the host's /dev, so nothing propagates back.
+tier_hugepages=256
+reserve_hugepages() {
+    local have
+    have=$(cat /proc/sys/vm/nr_hugepages)
+    ((have >= tier_hugepages)) && return 0
+    [[ -f $tier_dir/hugepages.before ]] || echo "$have" >"$tier_dir/hugepages.before"
+    echo "$tier_hugepages" >/proc/sys/vm/nr_hugepages \
+        || die "cannot reserve $tier_hugepages huge pages of 2 MiB (/proc/sys/vm/nr_hugepages)"
+    say "huge pages: $(cat /proc/sys/vm/nr_hugepages) of 2 MiB reserved (were $have)"
+}
+mount_hugetlbfs() {
+    mkdir -p "$R/dev/hugepages"
+    mountpoint -q "$R/dev/hugepages" || mount -t hugetlbfs -o pagesize=2M hugetlbfs "$R/dev/hugepages"
+}
+release_hugepages() {
+    [[ -f $tier_dir/hugepages.before ]] || return 0
+    cat "$tier_dir/hugepages.before" >/proc/sys/vm/nr_hugepages
+    say "huge pages: back to $(cat /proc/sys/vm/nr_hugepages)"
+    rm -f "$tier_dir/hugepages.before"
+}
+
 cmd_start() {
     local started=$SECONDS z
     prepared || die "not prepared; run: $0 prepare"
     ensure_netns
+    reserve_hugepages
     # The daemons probe QEMU at once, then each gets its pool (and zone c its network and
     # the real golden image).
     for z in "${zones[@]}"; do
         mount_zone "$z"
         in_zone "$z" mount_chroot
+        in_zone "$z" mount_hugetlbfs
         in_zone "$z" setup_remote_zone "$z"
         in_zone "$z" set_daemon_limits
         in_zone "$z" launch_daemons
@@ -167,6 +195,7 @@ cmd_stop() {
         in_zone "$z" stop_root
     done
     unmount_zones
+    release_hugepages
     remove_netns
     # The chroot itself: mounts left by prepare (and daemons of an older, single-zone tier).
     stop_root

@@ -669,3 +669,52 @@ fn a_subcommand_flag_variable_sets_the_flag() {
         "{table}"
     );
 }
+
+#[test]
+fn dedicated_cpus_need_the_flag_and_the_flag_a_cpu_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let types = dir.path().join("types.json");
+    std::fs::write(
+        &types,
+        r#"{"kvm.small": {"vcpu": 2, "memory_mib": 2048, "dedicated_cpus": true,
+            "hugepages": "2Mi"}}"#,
+    )
+    .unwrap();
+    let types = types.to_str().unwrap();
+    let libvirt = [
+        "--connect",
+        "rack1=test:///default",
+        "--image",
+        "base.qcow2",
+    ];
+    let with = |extra: &[&'static str]| {
+        let mut args = libvirt.to_vec();
+        args.extend(["--instance-types", types]);
+        args.extend_from_slice(extra);
+        args
+    };
+    let error = refused(&with(&[]));
+    assert!(
+        error.contains(
+            "\"kvm.small\" asks for dedicated_cpus, and --dedicated-cpus names no host CPU"
+        ),
+        "{error}"
+    );
+    let error = refused(&with(&["--dedicated-cpus", "8-4"]));
+    assert!(
+        error.contains("--dedicated-cpus \"8-4\": \"8-4\" runs backwards"),
+        "{error}"
+    );
+    dry_run(&with(&["--dedicated-cpus", "4-15"]));
+    let bad_page = dir.path().join("bad.json");
+    std::fs::write(
+        &bad_page,
+        r#"{"k": {"vcpu": 1, "memory_mib": 1000, "hugepages": "1Gi"}}"#,
+    )
+    .unwrap();
+    let error = refused(&["--instance-types", bad_page.to_str().unwrap()]);
+    assert!(
+        error.contains("\"k\" hugepages is \"1Gi\", and memory_mib 1000"),
+        "{error}"
+    );
+}

@@ -516,4 +516,5 @@ async fn a_domain_that_will_not_start_says_why() {
 
 mod doctor;
 mod image_source;
+mod placement;
 mod stopped;

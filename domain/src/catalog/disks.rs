@@ -72,9 +72,9 @@ impl DiskShape {
     /// Checks type `name`'s disk fields from `source_name`.
     ///
     /// # Errors
-    /// [`CatalogError::InstanceTypeDisk`] naming the field, the value and the fix.
+    /// [`CatalogError::InstanceTypeField`] naming the field, the value and the fix.
     pub fn from_raw(raw: &RawDisks, source_name: &str, name: &str) -> Result<Self, CatalogError> {
-        let refuse = |field: String, problem: String| CatalogError::InstanceTypeDisk {
+        let refuse = |field: String, problem: String| CatalogError::InstanceTypeField {
             source_name: source_name.to_owned(),
             name: name.to_owned(),
             field,

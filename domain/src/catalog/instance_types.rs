@@ -2,7 +2,8 @@
 //!
 //! The built-in `kvm.*` catalog covers a first run; `--instance-types` replaces it (no merge)
 //! with a JSON object `name -> {"vcpu": N, "memory_mib": N}` (and optionally `disk_gib` and
-//! `data_disks`, see [`DiskShape`]), which the configuration loader
+//! `data_disks`, see [`DiskShape`]; `hugepages` and `dedicated_cpus`, see [`Placement`]),
+//! which the configuration loader
 //! decodes into [`RawInstanceType`] entries and hands to [`InstanceCatalog::from_raw`]. The
 //! catalog is the only source of a machine's `allocatable`, so a shape is refused unless both
 //! numbers are positive, and a name is refused if it could not sit inside a machine id.
@@ -13,6 +14,7 @@ use serde::Deserialize;
 
 use super::CatalogError;
 use super::disks::{DiskShape, RawDisks};
+use super::placement::{Placement, RawPlacement};
 use crate::StringMap;
 
 const FLAG: &str = "--instance-types";
@@ -26,6 +28,8 @@ pub struct InstanceType {
     pub memory_mib: u64,
     /// The root disk's size and the data disks.
     pub disks: DiskShape,
+    /// Huge pages and dedicated CPUs.
+    pub placement: Placement,
 }
 
 /// Instance types by name, in name order.
@@ -48,6 +52,9 @@ pub struct RawInstanceType {
     /// The disk fields as written.
     #[serde(flatten)]
     pub disks: RawDisks,
+    /// The placement fields as written.
+    #[serde(flatten)]
+    pub placement: RawPlacement,
 }
 
 impl InstanceCatalog {
@@ -72,6 +79,7 @@ impl InstanceCatalog {
                     vcpu,
                     memory_mib,
                     disks,
+                    placement: Placement::default(),
                 };
                 (name.to_owned(), shape)
             })
@@ -85,7 +93,7 @@ impl InstanceCatalog {
     /// # Errors
     /// [`CatalogError::Empty`] for `{}` or `null`, [`CatalogError::InstanceTypeName`] for an
     /// empty name or one containing `/`, [`CatalogError::InstanceTypeShape`] for a
-    /// non-positive (or, for vCPU, oversized) shape, [`CatalogError::InstanceTypeDisk`] for
+    /// non-positive (or, for vCPU, oversized) shape, [`CatalogError::InstanceTypeField`] for
     /// a disk size or name that cannot be used.
     pub fn from_raw(
         raw: Option<BTreeMap<String, RawInstanceType>>,
@@ -117,10 +125,12 @@ impl InstanceCatalog {
                 });
             };
             let disks = DiskShape::from_raw(&shape.disks, source_name, &name)?;
+            let placement = Placement::from_raw(&shape.placement, memory_mib, source_name, &name)?;
             let shape = InstanceType {
                 vcpu,
                 memory_mib,
                 disks,
+                placement,
             };
             types.insert(name, shape);
         }
@@ -196,6 +206,7 @@ mod tests {
                 root_gib: Some(root_gib),
                 data: Vec::new(),
             },
+            placement: Placement::default(),
         };
         assert_eq!(catalog.get("kvm.small"), Some(&shape(2, 4096, 40)));
         assert_eq!(catalog.get("kvm.medium"), Some(&shape(4, 8192, 80)));

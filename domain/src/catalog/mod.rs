@@ -17,6 +17,7 @@ mod instance_types;
 mod inventory;
 mod machine_id;
 mod offerings;
+mod placement;
 mod pricing;
 
 #[cfg(test)]
@@ -34,6 +35,7 @@ pub use offerings::{
     DEFAULT_SEED_COUNT, FAULT_CREATE_LABEL, FAULT_CREATE_VALUE, FAULT_SLOT_COUNT, Offering,
     default_offerings, fault_offering, offerings_from_raw,
 };
+pub use placement::{Placement, RawPlacement, page_kib, page_name};
 pub use pricing::{DEFAULT_PER_GIB_HOUR, DEFAULT_PER_VCPU_HOUR, PriceTable, parse_prices};
 
 /// Why a catalog value was refused. Each message names the flag or file at fault and says
@@ -73,9 +75,9 @@ pub enum CatalogError {
         /// The instance type.
         name: String,
     },
-    /// An instance type whose disk sizes or names cannot be used.
+    /// An instance type field that cannot be used (a disk's size or name, a huge page size).
     #[error("--instance-types {source_name}: {name:?} {field} {problem}")]
-    InstanceTypeDisk {
+    InstanceTypeField {
         /// The file name.
         source_name: String,
         /// The instance type.

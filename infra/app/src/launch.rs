@@ -14,7 +14,9 @@ use bigfleet_libvirt_ports::ProviderConfig;
 use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsFiles;
 use bigfleet_libvirt_libvirt::golden;
-use bigfleet_libvirt_libvirt::{Budget, CapacityPolicy, DomainConfig, GcPolicy, fit_connections};
+use bigfleet_libvirt_libvirt::{
+    Budget, CapacityPolicy, CpuSet, DomainConfig, GcPolicy, fit_connections,
+};
 
 use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
 
@@ -150,6 +152,9 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     };
     let inventory = catalog::build_inventory(&offerings, &inventory_config)?;
     check_roots(&libvirt, &catalog, &inventory)?;
+    if backend == Backend::Libvirt {
+        check_dedicated(&libvirt, &catalog, &inventory)?;
+    }
     let provider = provider_config(flags, &inventory);
     let grpc_addr = listen_addr("--addr", &flags.addr)?
         .ok_or_else(|| flag("--addr must not be empty; the default is :9000"))?;
@@ -344,6 +349,7 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
             cpu_ratio: flags.cpu_allocation_ratio,
             memory_ratio: flags.memory_allocation_ratio,
             disk_ratio: flags.disk_allocation_ratio,
+            dedicated_cpus: dedicated_cpus(&flags.dedicated_cpus)?,
         },
         gc: GcPolicy {
             collect: flags.gc_orphans,
@@ -358,6 +364,15 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
         .map_err(flag)?,
         max_client_requests: flags.host_max_client_requests,
     })
+}
+
+/// `--dedicated-cpus`: a CPU list, or empty for none.
+fn dedicated_cpus(text: &str) -> Result<CpuSet, LaunchError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(CpuSet::default());
+    }
+    CpuSet::parse(text).map_err(|why| flag(format!("--dedicated-cpus {why}")))
 }
 
 /// With `--image-source` the golden image's virtual size is known before any host is
@@ -382,6 +397,33 @@ fn check_roots(
         }
     }
     Ok(())
+}
+
+/// A served type that asks for dedicated CPUs needs `--dedicated-cpus` to name some: refused
+/// now rather than at its first Create.
+fn check_dedicated(
+    libvirt: &DomainConfig,
+    catalog: &InstanceCatalog,
+    inventory: &Inventory,
+) -> Result<(), LaunchError> {
+    if !libvirt.capacity.dedicated_cpus.is_empty() {
+        return Ok(());
+    }
+    let dedicated = (inventory.machines.iter())
+        .map(|m| m.instance_type.as_str())
+        .find(|name| {
+            catalog
+                .get(name)
+                .is_some_and(|t| t.placement.dedicated_cpus)
+        });
+    match dedicated {
+        Some(name) => Err(flag(format!(
+            "instance type {name:?} asks for dedicated_cpus, and --dedicated-cpus names no \
+             host CPU for them: set it to the CPUs such machines may hold on every host (e.g. \
+             --dedicated-cpus 4-15), or drop dedicated_cpus from the type"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// `--image-source`: hashes the file and makes its content-addressed volume the base image.

@@ -64,7 +64,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
         network: settings.network.clone(),
         domain_type: settings.platform.domain_type.as_str().to_owned(),
         user_data,
-        capacity: settings.capacity,
+        capacity: settings.capacity.clone(),
         slots,
         budget: settings.budget,
         connections: settings.connections,

@@ -122,6 +122,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                 tag: Tag::new(PROVIDER, slot.id.as_str()),
                 vcpu: 2,
                 memory_mib: 4096,
+                placed: xml::Placed::default(),
                 cpu: None,
                 nics,
                 platform: xml::Platform::default(),
@@ -180,6 +181,7 @@ async fn provider_side(uri: &str, slots: &[Machine]) -> Result<(f64, Vec<f64>), 
         memory_ratio: 1.0,
         // The test driver's pools report 100 GiB; the bench's thousands of slots need more.
         disk_ratio: 1e9,
+        ..CapacityPolicy::default()
     };
     // The root is linked without its libvirt feature: the adapter's series stand alone.
     let libvirt_metrics = LibvirtMetrics::unexposed();

@@ -44,7 +44,7 @@ pub use host::lanes::Lane;
 pub use host::{fixture, lanes};
 pub use metrics::lanes::LaneMetrics;
 pub use options::{
-    AgentPolicy, Budget, CapacityPolicy, CpuChoice, CpuMode, DirectKernel, DomainConfig,
+    AgentPolicy, Budget, CapacityPolicy, CpuChoice, CpuMode, CpuSet, DirectKernel, DomainConfig,
     DomainType, Firmware, GcPolicy, HostPolicy, LibvirtConfig, NicSource, Platform, SeedBus,
     fit_connections,
 };
@@ -56,5 +56,6 @@ pub use storage::golden;
 /// What a host of `cpus` CPUs and `memory_kib` KiB can run under `policy`.
 #[must_use]
 pub fn allocatable_for(cpus: u32, memory_kib: u64, policy: &CapacityPolicy) -> Shape {
-    host::capacity::allocatable(host::capacity::Node { cpus, memory_kib }, None, policy)
+    let node = host::capacity::Node { cpus, memory_kib };
+    host::capacity::allocatable(node, None, policy, host::capacity::Carved::default())
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bigfleet_libvirt_libvirt::xml::{
-    self, Base, DirectKernel, Disks, DomainSpec, DomainType, Platform, VolumePaths,
+    self, Base, DirectKernel, Disks, DomainSpec, DomainType, Placed, Platform, VolumePaths,
 };
 use bigfleet_libvirt_libvirt::{CpuChoice, Tag};
 use virt::connect::Connect;
@@ -106,6 +106,7 @@ impl Bare {
             instance_id: format!("{name}-bare"),
             vcpu: VCPU,
             memory_mib: MEMORY_MIB,
+            placed: Placed::default(),
             cpu: self.cpu.clone(),
             nics: Vec::new(),
             platform: self.platform.clone(),

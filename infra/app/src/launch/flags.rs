@@ -325,6 +325,15 @@ pub struct Flags {
         default_value_t = 2048
     )]
     pub host_reserve_memory_mib: u64,
+    /// libvirt: the host CPUs (e.g. 4-15) that machines of a dedicated_cpus instance type are
+    /// pinned to, one vCPU each; every other machine keeps to the host's other CPUs.
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_DEDICATED_CPUS",
+        default_value = ""
+    )]
+    pub dedicated_cpus: String,
     /// libvirt: vCPUs offered per remaining physical CPU of a host.
     #[arg(
         long,

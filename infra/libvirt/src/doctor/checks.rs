@@ -6,7 +6,7 @@ use super::facts::{
 };
 use super::golden;
 use super::report::{Check, Status, check, gib};
-use crate::host::capacity::{Node, allocatable};
+use crate::host::capacity::{Carved, Node, allocatable};
 
 pub(super) fn version(v: u32) -> String {
     format!("{}.{}.{}", v / 1_000_000, (v / 1000) % 1000, v % 1000)
@@ -373,6 +373,7 @@ pub(super) fn capacity(
         },
         None,
         &want.capacity,
+        Carved::default(),
     );
     let mut parts = Vec::new();
     let (mut vcpu, mut memory) = (0u64, 0u64);

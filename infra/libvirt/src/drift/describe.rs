@@ -20,10 +20,14 @@ use tracing::warn;
 
 use crate::drift::orphans::Orphan;
 use crate::host::capacity::{Node, PoolRoom, Shape};
+use crate::host::claims::{Ask, Claim, Room, needs};
 use crate::host::domains::{is_active, read_tag};
 use crate::host::error::context;
 use crate::host::session::Session;
+use crate::host::topology;
+use crate::options::CpuSet;
 use crate::render::ownership::Tag;
+use crate::render::placement::{Held, Topology};
 use crate::storage::volumes;
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_domain::catalog::InstanceCatalog;
@@ -37,6 +41,9 @@ pub struct ScannedDomain {
     pub tag: Option<Tag>,
     /// Its vCPUs and memory.
     pub shape: Shape,
+    /// What its definition binds (read only when some instance type holds CPUs or huge
+    /// pages alone, or `--dedicated-cpus` is set).
+    pub held: Option<Held>,
 }
 
 /// One host's scan.
@@ -55,16 +62,21 @@ pub struct Scan {
     /// before its define): ours are sized from the catalog instead, which saves a call per
     /// volume.
     pub foreign_volumes: BTreeMap<String, u64>,
+    /// The host's CPU and huge page topology, and its free huge pages by size (read with
+    /// the definitions, see [`ScannedDomain::held`]).
+    pub topology: Option<(Topology, BTreeMap<u64, u64>)>,
 }
 
 impl Scan {
     /// The domains that hold host resources: active ones, and ours even when stopped; the
     /// disk of each of ours is `disk_of` its tag (its type's disks), others' are counted
-    /// with the foreign volumes.
+    /// with the foreign volumes. What a domain holds alone (CPUs of `dedicated`, huge
+    /// pages) is left out of its shape: [`Scan::claims`] counts it.
     #[must_use]
     pub fn committed(
         &self,
         provider: &str,
+        dedicated: &CpuSet,
         disk_of: &dyn Fn(&Tag) -> u64,
     ) -> BTreeMap<String, Shape> {
         self.domains
@@ -77,11 +89,55 @@ impl Scan {
                     name.clone(),
                     Shape {
                         disk_bytes,
-                        ..d.shape
+                        ..self.shared(d, dedicated)
                     },
                 )
             })
             .collect()
+    }
+
+    /// `d`'s share of the host's shared budget: no vCPUs when every CPU it is bound to is a
+    /// dedicated one (it holds those alone), no memory when huge pages back it.
+    fn shared(&self, d: &ScannedDomain, dedicated: &CpuSet) -> Shape {
+        let Some(held) = &d.held else {
+            return d.shape;
+        };
+        let pinned_alone = !held.pinned.is_empty() && held.pinned.minus(dedicated).is_empty();
+        Shape {
+            vcpu: if pinned_alone { 0 } else { d.shape.vcpu },
+            memory_mib: if held.hugepages.is_some() {
+                0
+            } else {
+                d.shape.memory_mib
+            },
+            disk_bytes: d.shape.disk_bytes,
+        }
+    }
+
+    /// The claims of the domains that hold resources (as [`Scan::committed`] counts
+    /// them), and the huge pages the running ones hold, by size; `None` when the scan did
+    /// not read the definitions.
+    #[must_use]
+    pub fn claims(
+        &self,
+        provider: &str,
+        dedicated: &CpuSet,
+    ) -> Option<(BTreeMap<String, Claim>, BTreeMap<u64, u64>)> {
+        let (topology, _) = self.topology.as_ref()?;
+        let default_page = topology.default_page_kib();
+        let mut claims = BTreeMap::new();
+        let mut running: BTreeMap<u64, u64> = BTreeMap::new();
+        for (name, d) in &self.domains {
+            let Some(held) = &d.held else { continue };
+            let claim = Claim::scanned(held, dedicated, default_page);
+            if let (true, Some((size, count))) = (d.running, claim.pages) {
+                *running.entry(size).or_default() += count;
+            }
+            if d.running || d.tag.as_ref().is_some_and(|t| t.provider == provider) {
+                claims.insert(name.clone(), claim);
+            }
+        }
+        Some((claims, running))
     }
 
     /// The pool as the ledger counts it, when it was read.
@@ -97,13 +153,15 @@ impl Scan {
     }
 }
 
-/// Reads node info, every domain, the volume names of `pools` (`--storage-pool` first, then
+/// Reads node info, every domain (with what its definition binds when `placement`, and
+/// then the host's topology and free huge pages too), the volume names of `pools` (`--storage-pool` first, then
 /// `--seed-pool` when it is another), the storage pool's size, and the size of every volume
 /// in it not named after a domain of `provider`'s.
 pub(crate) fn scan(
     session: &Session,
     pools: &[String],
     provider: &str,
+    placement: bool,
 ) -> Result<Scan, HypervisorError> {
     let conn = &session.conn;
     let info = conn
@@ -126,6 +184,7 @@ pub(crate) fn scan(
                 memory_mib: details.max_mem / 1024,
                 disk_bytes: 0,
             },
+            held: placement.then(|| topology::held(&domain)),
         };
         domains.insert(name, scanned);
     }
@@ -154,6 +213,7 @@ pub(crate) fn scan(
         }
     };
     Ok(Scan {
+        topology: placement.then(|| read_topology(session)).transpose()?,
         node: Some(Node {
             cpus: info.cpus,
             memory_kib: info.memory,
@@ -163,6 +223,18 @@ pub(crate) fn scan(
         pool,
         foreign_volumes,
     })
+}
+
+/// The host's topology and its free huge pages by size (none when they cannot be read: then
+/// only the domains' own claims count against the pools).
+fn read_topology(session: &Session) -> Result<(Topology, BTreeMap<u64, u64>), HypervisorError> {
+    let read = topology::read(session)?;
+    let free = topology::free_pages(session, &read).unwrap_or_else(|e| {
+        warn!(error = %e, "cannot read the host's free huge pages; only the domains' own \
+              claims are counted against its pools");
+        BTreeMap::new()
+    });
+    Ok((read, free))
 }
 
 /// The disks of a machine of `instance_type` over a golden image of `image_bytes` (`None`:
@@ -190,6 +262,8 @@ pub struct HostView<'a> {
     pub image_bytes: Option<u64>,
     /// Capacity still free (after reservations in flight), if the node is known.
     pub free: Option<Shape>,
+    /// Dedicated CPUs and huge pages still free, once the host's topology is known.
+    pub room: Option<Room>,
 }
 
 /// The inventory: every slot on a reachable host, Idle when its domain runs, Speculative
@@ -204,6 +278,9 @@ pub fn inventory(
 ) -> Vec<Machine> {
     let mut free: BTreeMap<&str, Option<Shape>> =
         views.iter().map(|(z, v)| (z.as_str(), v.free)).collect();
+    let mut rooms: BTreeMap<&str, Option<Room>> = (views.iter())
+        .map(|(z, v)| (z.as_str(), v.room.clone()))
+        .collect();
     let mut machines = Vec::new();
     for slot in slots {
         let Some(view) = views.get(&slot.zone) else {
@@ -228,16 +305,21 @@ pub fn inventory(
                 ),
             },
             None => {
-                let shape = catalog.get(&slot.instance_type).map(|t| Shape {
-                    vcpu: u64::from(t.vcpu),
-                    memory_mib: t.memory_mib,
-                    disk_bytes: disk_bytes(catalog, &slot.instance_type, view.image_bytes),
+                let needs = catalog.get(&slot.instance_type).map(|t| {
+                    let disk = disk_bytes(catalog, &slot.instance_type, view.image_bytes);
+                    needs(t.vcpu, t.memory_mib, t.placement, disk)
                 });
-                let room = free.entry(slot.zone.as_str()).or_insert(None);
-                match (shape, room.as_mut()) {
-                    (Some(shape), Some(left)) => {
-                        if shape.fits_in(*left) {
+                let left = free.entry(slot.zone.as_str()).or_insert(None);
+                let room = rooms.entry(slot.zone.as_str()).or_insert(None);
+                match (needs, left.as_mut()) {
+                    (Some((shape, ask)), Some(left)) => {
+                        let alone = ask == Ask::default()
+                            || room.as_mut().is_some_and(|r| r.clone().take(ask));
+                        if shape.fits_in(*left) && alone {
                             *left = left.minus(shape);
+                            if let Some(room) = room.as_mut() {
+                                room.take(ask);
+                            }
                             machines.push(slot.clone());
                         }
                     }

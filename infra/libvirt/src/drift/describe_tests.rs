@@ -18,6 +18,7 @@ fn tagged(machine_id: &str, running: bool) -> ScannedDomain {
             memory_mib: 4096,
             disk_bytes: 0,
         },
+        held: None,
     }
 }
 
@@ -26,6 +27,7 @@ fn view(scan: &Scan, free: Option<Shape>) -> HostView<'_> {
         scan,
         image_bytes: Some(2 << 30),
         free,
+        room: None,
     }
 }
 
@@ -172,7 +174,8 @@ fn committed_counts_active_and_our_stopped_domains() {
     let mut foreign_on = tagged("y", true);
     foreign_on.tag = None;
     scan.domains.insert("foreign-on".into(), foreign_on);
-    let committed = scan.committed(P, &|tag| if tag.machine_id == "m" { 7 } else { 99 });
+    let none = CpuSet::default();
+    let committed = scan.committed(P, &none, &|tag| if tag.machine_id == "m" { 7 } else { 99 });
     let names: Vec<&str> = committed.keys().map(String::as_str).collect();
     assert_eq!(names, ["foreign-on", "ours-off"]);
     assert_eq!(
@@ -219,4 +222,48 @@ fn the_pool_room_counts_every_volume_not_of_ours() {
         (room.capacity, room.allocation, room.foreign),
         (100 << 30, 20 << 30, 15 << 30)
     );
+}
+
+#[test]
+fn what_a_domain_holds_alone_leaves_the_shared_budget_and_becomes_a_claim() {
+    let dedicated = CpuSet::parse("4-7").unwrap();
+    let held = |xml: &str| Some(Held::parse(xml));
+    let mut scan = Scan::default();
+    let mut pinned = tagged("m", false);
+    pinned.held = held(
+        "<domain><memory unit='MiB'>4096</memory><cputune><vcpupin vcpu='0' cpuset='4'/>\
+         <vcpupin vcpu='1' cpuset='5'/><emulatorpin cpuset='4-5'/></cputune>\
+         <memoryBacking><hugepages><page size='2048'/></hugepages></memoryBacking></domain>",
+    );
+    scan.domains.insert("pinned".into(), pinned);
+    // Someone else's running domain floats over CPUs 0-5: its shape stays shared, and the
+    // dedicated CPUs it touches (4-5) count as held.
+    let mut floating = tagged("y", true);
+    floating.tag = None;
+    floating.held = held("<domain><vcpu cpuset='0-5'>2</vcpu></domain>");
+    scan.domains.insert("floating".into(), floating);
+    let topology = Topology {
+        cells: Vec::new(),
+        pages: BTreeMap::from([(2048, 4096)]),
+    };
+    scan.topology = Some((topology, BTreeMap::from([(2048, 1000)])));
+    let committed = scan.committed(P, &dedicated, &|_| 0);
+    assert_eq!(
+        (committed["pinned"].vcpu, committed["pinned"].memory_mib),
+        (0, 0)
+    );
+    assert_eq!(
+        (committed["floating"].vcpu, committed["floating"].memory_mib),
+        (2, 4096)
+    );
+    let (claims, running) = scan.claims(P, &dedicated).unwrap();
+    assert_eq!(claims["pinned"].cpus.to_string(), "4-5");
+    assert_eq!(claims["pinned"].pages, Some((2048, 2048)));
+    assert_eq!(claims["floating"].cpus.to_string(), "4-5");
+    assert_eq!(
+        running,
+        BTreeMap::new(),
+        "the pinned domain is stopped: it uses no pages yet"
+    );
+    assert_eq!(Scan::default().claims(P, &dedicated), None);
 }

@@ -14,7 +14,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::host::claims::{Ask, Claim, Claims};
 use crate::options::CapacityPolicy;
+use crate::render::placement::Placed;
 
 /// vCPUs, memory and disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,12 +77,23 @@ pub struct Node {
     pub memory_kib: u64,
 }
 
-/// The shape `policy` lets the provider allocate on `node` with storage pool `pool`; disk is
-/// unbounded while the pool is not known.
+/// The shape `policy` lets the provider allocate on `node` with storage pool `pool`, less
+/// what is `carved` out for machines that hold resources alone (dedicated CPUs, huge page
+/// pools); disk is unbounded while the pool is not known.
 #[must_use]
-pub fn allocatable(node: Node, pool: Option<PoolRoom>, policy: &CapacityPolicy) -> Shape {
-    let cpus = f64::from(node.cpus.saturating_sub(policy.reserve_cpu));
-    let memory = (node.memory_kib / 1024).saturating_sub(policy.reserve_memory_mib);
+pub fn allocatable(
+    node: Node,
+    pool: Option<PoolRoom>,
+    policy: &CapacityPolicy,
+    carved: Carved,
+) -> Shape {
+    let cpus = node
+        .cpus
+        .saturating_sub(carved.cpus)
+        .saturating_sub(policy.reserve_cpu);
+    let memory = (node.memory_kib / 1024)
+        .saturating_sub(carved.memory_mib)
+        .saturating_sub(policy.reserve_memory_mib);
     // The products are non-negative; the casts saturate at u64::MAX, and below 2^53 they
     // are exact enough.
     #[allow(
@@ -89,13 +102,22 @@ pub fn allocatable(node: Node, pool: Option<PoolRoom>, policy: &CapacityPolicy) 
         clippy::cast_precision_loss
     )]
     Shape {
-        vcpu: (cpus * policy.cpu_ratio).floor() as u64,
+        vcpu: (f64::from(cpus) * policy.cpu_ratio).floor() as u64,
         memory_mib: (memory as f64 * policy.memory_ratio).floor() as u64,
         disk_bytes: pool.map_or(u64::MAX, |pool| {
             let offered = (pool.capacity as f64 * policy.disk_ratio).floor() as u64;
             offered.saturating_sub(pool.foreign)
         }),
     }
+}
+
+/// What the shared budget leaves out: the host's dedicated CPUs and its huge page pools.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Carved {
+    /// Host CPUs of `--dedicated-cpus`.
+    pub cpus: u32,
+    /// Memory in huge page pools, in MiB.
+    pub memory_mib: u64,
 }
 
 /// `bytes` in GiB, one decimal.
@@ -105,21 +127,37 @@ fn gib(bytes: u64) -> String {
     format!("{value:.1}")
 }
 
-/// One host's books: node, pool, committed domains and reservations in flight.
+/// One host's books: node, pool, committed domains and reservations in flight, and the
+/// dedicated CPUs and huge pages machines hold alone ([`Claims`]).
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
     node: Option<Node>,
     pool: Option<PoolRoom>,
     committed: BTreeMap<String, Shape>,
     pending: BTreeMap<String, Shape>,
+    claims: Claims,
+    /// Scans begun so far ([`Ledger::begin_scan`]).
+    scans: u64,
+    /// Domains committed since some scan began: how many scans had begun then, and what
+    /// they hold. A scan that began before the commit may have missed the domain.
+    recent: BTreeMap<String, (u64, Shape, Option<Claim>)>,
 }
 
 impl Ledger {
-    /// Replaces the node info and the committed domains with a fresh scan. Reservations
-    /// in flight are kept.
+    /// A scan of this host is about to read its domains: the ticket to hand back to
+    /// [`Ledger::refresh`] with what it read.
+    pub fn begin_scan(&mut self) -> u64 {
+        self.scans += 1;
+        self.scans
+    }
+
+    /// Replaces the node info and the committed domains with what the scan of `ticket`
+    /// read. Reservations in flight are kept, and so are domains committed after that scan
+    /// began (it may have missed them; the next scan reads them).
     /// `pool` is `None` when the pool could not be read (its last reading is kept).
     pub fn refresh(
         &mut self,
+        ticket: u64,
         node: Node,
         committed: BTreeMap<String, Shape>,
         pool: Option<PoolRoom>,
@@ -129,6 +167,26 @@ impl Ledger {
         if pool.is_some() {
             self.pool = pool;
         }
+        self.recent.retain(|_, (at, _, _)| *at >= ticket);
+        for (name, (_, shape, claim)) in &self.recent {
+            if !self.committed.contains_key(name) {
+                self.committed.insert(name.clone(), *shape);
+                if let Some(claim) = claim {
+                    self.claims.keep(name, claim.clone());
+                }
+            }
+        }
+    }
+
+    /// The dedicated CPUs and huge pages, for a scan to replace and the metrics to read.
+    pub fn claims_mut(&mut self) -> &mut Claims {
+        &mut self.claims
+    }
+
+    /// The dedicated CPUs and huge pages.
+    #[must_use]
+    pub fn claims(&self) -> &Claims {
+        &self.claims
     }
 
     /// The pool as last read.
@@ -137,10 +195,25 @@ impl Ledger {
         self.pool
     }
 
+    /// What the shared budget leaves out on this host under `policy`.
+    fn carved(&self, policy: &CapacityPolicy) -> Carved {
+        let Some(topology) = self.claims.topology() else {
+            return Carved::default();
+        };
+        let dedicated = policy.dedicated_cpus.and(&topology.cpus()).len();
+        let pages_kib = (topology.pages.iter()).fold(0u64, |sum, (size, count)| {
+            sum.saturating_add(size.saturating_mul(*count))
+        });
+        Carved {
+            cpus: u32::try_from(dedicated).unwrap_or(u32::MAX),
+            memory_mib: pages_kib / 1024,
+        }
+    }
+
     /// What the host offers in all, or `None` before the node is known.
     #[must_use]
     pub fn allocatable(&self, policy: &CapacityPolicy) -> Option<Shape> {
-        self.node.map(|node| allocatable(node, self.pool, policy))
+        (self.node).map(|node| allocatable(node, self.pool, policy, self.carved(policy)))
     }
 
     /// Records the node info (at connect time).
@@ -172,73 +245,94 @@ impl Ledger {
         self.pending.contains_key(name)
     }
 
-    /// Reserves `shape` for the domain `name`, or explains why it does not fit.
+    /// Reserves `shape` (its shared part) and `ask` (what it holds alone) for the domain
+    /// `name`, and says where it goes; or explains why it does not fit.
     ///
     /// # Errors
-    /// The refusal, naming the shape asked for, what is left and how the budget is made.
+    /// The refusal, naming what was asked for, what is left and how the budget is made.
     pub fn reserve(
         &mut self,
         name: &str,
         shape: Shape,
+        ask: Ask,
         policy: &CapacityPolicy,
-    ) -> Result<(), String> {
+    ) -> Result<Placed, String> {
         if let (Some(node), Some(free)) = (self.node, self.free(policy)) {
             if !shape.fits_in(free) {
-                let total = allocatable(node, self.pool, policy);
-                let mut why = format!(
-                    "needs {} vCPU and {} MiB but only {} vCPU and {} MiB are free of {} vCPU \
-                     and {} MiB allocatable (node {} CPUs and {} MiB, minus \
-                     --host-reserve-cpu {} and --host-reserve-memory-mib {}, times \
-                     --cpu-allocation-ratio {} and --memory-allocation-ratio {})",
-                    shape.vcpu,
-                    shape.memory_mib,
-                    free.vcpu,
-                    free.memory_mib,
-                    total.vcpu,
-                    total.memory_mib,
-                    node.cpus,
-                    node.memory_kib / 1024,
-                    policy.reserve_cpu,
-                    policy.reserve_memory_mib,
-                    policy.cpu_ratio,
-                    policy.memory_ratio,
-                );
-                if let Some(pool) = self.pool.filter(|_| shape.disk_bytes > free.disk_bytes) {
-                    why = format!(
-                        "needs {} GiB of disk but only {} GiB are free of {} GiB allocatable \
-                         in the storage pool (capacity {} GiB times --disk-allocation-ratio \
-                         {}, less {} GiB of volumes no machine here accounts for); {why}",
-                        gib(shape.disk_bytes),
-                        gib(free.disk_bytes),
-                        gib(total.disk_bytes),
-                        gib(pool.capacity),
-                        policy.disk_ratio,
-                        gib(pool.foreign),
-                    );
-                }
-                return Err(why);
+                let total = allocatable(node, self.pool, policy, self.carved(policy));
+                return Err(refusal(shape, free, total, node, self.pool, policy));
             }
         }
+        let placed = self.claims.grant(name, ask, &policy.dedicated_cpus)?;
         self.pending.insert(name.to_owned(), shape);
-        Ok(())
+        Ok(placed)
     }
 
     /// A Create finished: its reservation becomes a committed domain.
     pub fn commit(&mut self, name: &str) {
         if let Some(shape) = self.pending.remove(name) {
             self.committed.insert(name.to_owned(), shape);
+            let claim = self.claims.commit(name);
+            self.recent
+                .insert(name.to_owned(), (self.scans, shape, claim));
         }
     }
 
     /// A Create failed and rolled back: its reservation is dropped.
     pub fn release(&mut self, name: &str) {
         self.pending.remove(name);
+        self.claims.release(name);
     }
 
     /// A domain was deleted.
     pub fn forget(&mut self, name: &str) {
         self.committed.remove(name);
+        self.claims.forget(name);
+        self.recent.remove(name);
     }
+}
+
+/// Why `shape` does not fit in `free` of `total`.
+fn refusal(
+    shape: Shape,
+    free: Shape,
+    total: Shape,
+    node: Node,
+    pool: Option<PoolRoom>,
+    policy: &CapacityPolicy,
+) -> String {
+    let mut why = format!(
+        "needs {} vCPU and {} MiB but only {} vCPU and {} MiB are free of {} vCPU \
+         and {} MiB allocatable (node {} CPUs and {} MiB, minus \
+         --host-reserve-cpu {} and --host-reserve-memory-mib {}, times \
+         --cpu-allocation-ratio {} and --memory-allocation-ratio {})",
+        shape.vcpu,
+        shape.memory_mib,
+        free.vcpu,
+        free.memory_mib,
+        total.vcpu,
+        total.memory_mib,
+        node.cpus,
+        node.memory_kib / 1024,
+        policy.reserve_cpu,
+        policy.reserve_memory_mib,
+        policy.cpu_ratio,
+        policy.memory_ratio,
+    );
+    if let Some(pool) = pool.filter(|_| shape.disk_bytes > free.disk_bytes) {
+        why = format!(
+            "needs {} GiB of disk but only {} GiB are free of {} GiB allocatable \
+             in the storage pool (capacity {} GiB times --disk-allocation-ratio \
+             {}, less {} GiB of volumes no machine here accounts for); {why}",
+            gib(shape.disk_bytes),
+            gib(free.disk_bytes),
+            gib(total.disk_bytes),
+            gib(pool.capacity),
+            policy.disk_ratio,
+            gib(pool.foreign),
+        );
+    }
+    why
 }
 
 #[cfg(test)]
@@ -262,7 +356,7 @@ mod tests {
     fn allocatable_applies_reserve_then_ratio() {
         let policy = CapacityPolicy::default();
         assert_eq!(
-            allocatable(NODE, None, &policy),
+            allocatable(NODE, None, &policy, Carved::default()),
             Shape {
                 disk_bytes: u64::MAX,
                 ..shape(28, 14336)
@@ -274,9 +368,10 @@ mod tests {
             cpu_ratio: 2.0,
             memory_ratio: 1.5,
             disk_ratio: 1.0,
+            ..CapacityPolicy::default()
         };
         assert_eq!(
-            allocatable(NODE, None, &lean),
+            allocatable(NODE, None, &lean, Carved::default()),
             Shape {
                 disk_bytes: u64::MAX,
                 ..shape(0, 0)
@@ -292,14 +387,19 @@ mod tests {
             cpu_ratio: 1.0,
             memory_ratio: 1.0,
             disk_ratio: 1.0,
+            ..CapacityPolicy::default()
         };
         let mut ledger = Ledger::default();
+        let ticket = ledger.begin_scan();
         ledger.refresh(
+            ticket,
             NODE,
             BTreeMap::from([("foreign".to_owned(), shape(2, 4096))]),
             None,
         );
-        ledger.reserve("a", shape(4, 8192), &policy).unwrap();
+        ledger
+            .reserve("a", shape(4, 8192), Ask::default(), &policy)
+            .unwrap();
         let free = ledger.free(&policy).unwrap();
         assert_eq!((free.vcpu, free.memory_mib), (2, 4096));
         assert_eq!(
@@ -307,7 +407,9 @@ mod tests {
             u64::MAX,
             "no pool read: disk is not limited"
         );
-        let refusal = ledger.reserve("b", shape(4, 2048), &policy).unwrap_err();
+        let refusal = ledger
+            .reserve("b", shape(4, 2048), Ask::default(), &policy)
+            .unwrap_err();
         assert!(refusal.contains("needs 4 vCPU and 2048 MiB"), "{refusal}");
         assert!(
             refusal.contains("only 2 vCPU and 4096 MiB are free"),
@@ -318,12 +420,15 @@ mod tests {
             ("foreign".to_owned(), shape(2, 4096)),
             ("a".to_owned(), shape(4, 8192)),
         ]);
-        ledger.refresh(NODE, seen, None);
+        let ticket = ledger.begin_scan();
+        ledger.refresh(ticket, NODE, seen, None);
         assert_eq!(ledger.used(), shape(6, 12288));
         ledger.commit("a");
         assert_eq!(ledger.used(), shape(6, 12288));
         ledger.forget("a");
-        ledger.reserve("c", shape(2, 1024), &policy).unwrap();
+        ledger
+            .reserve("c", shape(2, 1024), Ask::default(), &policy)
+            .unwrap();
         ledger.release("c");
         assert_eq!(ledger.used(), shape(2, 4096));
         assert!(!ledger.is_pending("c"));
@@ -337,6 +442,7 @@ mod tests {
             cpu_ratio: 1.0,
             memory_ratio: 1.0,
             disk_ratio: 2.0,
+            ..CapacityPolicy::default()
         };
         let disk = |vcpu, gib: u64| Shape {
             disk_bytes: gib << 30,
@@ -349,18 +455,24 @@ mod tests {
         };
         let mut ledger = Ledger::default();
         let ours = BTreeMap::from([("ours".to_owned(), disk(1, 60))]);
-        ledger.refresh(NODE, ours, Some(pool));
+        let ticket = ledger.begin_scan();
+        ledger.refresh(ticket, NODE, ours, Some(pool));
         // 100 GiB × 2 − 10 GiB foreign − 60 GiB of ours: 130 GiB free.
         assert_eq!(ledger.free(&policy).unwrap().disk_bytes, 130 << 30);
-        ledger.reserve("a", disk(1, 100), &policy).unwrap();
-        let refusal = ledger.reserve("b", disk(1, 40), &policy).unwrap_err();
+        ledger
+            .reserve("a", disk(1, 100), Ask::default(), &policy)
+            .unwrap();
+        let refusal = ledger
+            .reserve("b", disk(1, 40), Ask::default(), &policy)
+            .unwrap_err();
         assert!(
             refusal.starts_with("needs 40.0 GiB of disk but only 30.0 GiB are free of 190.0 GiB"),
             "{refusal}"
         );
         assert!(refusal.contains("--disk-allocation-ratio 2"), "{refusal}");
         // A scan that could not read the pool keeps the last reading.
-        ledger.refresh(NODE, BTreeMap::new(), None);
+        let ticket = ledger.begin_scan();
+        ledger.refresh(ticket, NODE, BTreeMap::new(), None);
         assert_eq!(ledger.pool(), Some(pool));
     }
 
@@ -369,7 +481,9 @@ mod tests {
         let mut ledger = Ledger::default();
         let policy = CapacityPolicy::default();
         assert_eq!(ledger.free(&policy), None);
-        ledger.reserve("a", shape(1000, 1 << 40), &policy).unwrap();
+        ledger
+            .reserve("a", shape(1000, 1 << 40), Ask::default(), &policy)
+            .unwrap();
         assert!(ledger.is_pending("a"));
     }
 }

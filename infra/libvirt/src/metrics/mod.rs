@@ -36,7 +36,8 @@ pub struct HostLabels {
 pub struct CapacityLabels {
     /// The host's zone.
     pub zone: String,
-    /// `vcpu`, `memory_bytes` or `disk_bytes`.
+    /// `vcpu`, `memory_bytes`, `disk_bytes`, `dedicated_cpus`, or `hugepages_<size>kib`
+    /// (pages of one size).
     pub resource: String,
     /// `allocatable` (what the host offers under the reserves and ratios) or `committed`
     /// (what its domains and the Creates in flight take).

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use super::cpuset::CpuSet;
+
 pub use bigfleet_libvirt_ports::lanes::Budget;
 
 pub use bigfleet_libvirt_ports::spread::{REQUESTS_PER_CALL, fit_connections};
@@ -70,7 +72,7 @@ impl Default for AgentPolicy {
 }
 
 /// How much of a host the provider may hand out.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CapacityPolicy {
     /// CPUs kept for the host itself.
     pub reserve_cpu: u32,
@@ -82,6 +84,10 @@ pub struct CapacityPolicy {
     pub memory_ratio: f64,
     /// Bytes of virtual disk allocatable per byte of storage pool capacity.
     pub disk_ratio: f64,
+    /// The host CPUs machines of a `dedicated_cpus` type are pinned to, one vCPU each
+    /// (`--dedicated-cpus`); every other machine we make keeps to the host's other CPUs,
+    /// and the shared vCPU budget is made from those. Empty: no dedicated CPUs.
+    pub dedicated_cpus: CpuSet,
 }
 
 impl Default for CapacityPolicy {
@@ -92,6 +98,7 @@ impl Default for CapacityPolicy {
             cpu_ratio: 4.0,
             memory_ratio: 1.0,
             disk_ratio: 1.0,
+            dedicated_cpus: CpuSet::default(),
         }
     }
 }

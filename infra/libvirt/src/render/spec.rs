@@ -1,7 +1,8 @@
 //! What one domain looks like, as one plain value: [`DomainSpec`]. Everything that decides
 //! the domain's documents is in it (the slot's instance type, shape, machine id and
 //! incarnation; the operator's CPU, NICs, accelerator, boot, firmware, seed bus and
-//! user-data; the volumes and the base image facts the host gave), it is built in one place
+//! user-data; the volumes and the base image facts the host gave; where it sits on the
+//! host's CPUs and huge pages, as the host's ledger granted), it is built in one place
 //! ([`DomainSpec::new`], from the operator's [`Choices`], the [`Slot`] and the host's
 //! [`Base`]), and `render::xml` and `render::seed` turn it into documents without reading
 //! configuration. A new shape of domain is a field here, its rendering, and its snapshot
@@ -19,6 +20,7 @@ use bigfleet_libvirt_domain::catalog::{DiskShape, gib_bytes};
 use crate::options::{CpuChoice, DomainConfig, Platform};
 use crate::render::devices::{MacBook, Nic};
 use crate::render::ownership::Tag;
+use crate::render::placement::Placed;
 use crate::render::rbd::RbdSource;
 use crate::render::seed;
 
@@ -38,6 +40,10 @@ pub struct DomainSpec {
     pub vcpu: u32,
     /// Memory in MiB.
     pub memory_mib: u64,
+    /// Where its vCPUs and memory sit on the host: dedicated CPUs, the CPUs shared machines
+    /// keep to, huge pages. Decided with the host's ledger when the Create reserves
+    /// ([`DomainSpec::placed`]); the default places nothing.
+    pub placed: Placed,
     /// The guest CPU; `None` is the platform's default (`host-passthrough` on KVM, QEMU's
     /// own model under TCG).
     pub cpu: Option<CpuChoice>,
@@ -154,6 +160,7 @@ impl DomainSpec {
             instance_id: seed::instance_id(&name, slot.operation_id),
             vcpu: slot.vcpu,
             memory_mib: slot.memory_mib,
+            placed: Placed::default(),
             cpu: options.cpu_for(slot.instance_type).cloned(),
             nics,
             platform: options.platform.clone(),
@@ -166,6 +173,14 @@ impl DomainSpec {
             user_data: Arc::clone(choices.user_data),
             name,
         }
+    }
+}
+
+impl DomainSpec {
+    /// This spec placed as `placed` says (the host ledger's grant).
+    #[must_use]
+    pub fn placed(self, placed: Placed) -> Self {
+        Self { placed, ..self }
     }
 }
 

@@ -169,6 +169,37 @@ fn an_rbd_pool_clones_the_root_and_makes_rbd_data_disks_with_the_pools_auth() {
 }
 
 #[test]
+fn dedicated_cpus_in_one_cell_on_huge_pages() {
+    use crate::render::placement::{Pinning, Placed};
+    let placed = Placed {
+        pinning: Some(Pinning {
+            cpus: vec![6, 7],
+            cell: Some(1),
+        }),
+        shared: None,
+        hugepage_kib: Some(2048),
+    };
+    let spec = spec_with(&options(|_| {})).placed(placed);
+    insta::assert_snapshot!("dedicated_hugepages", documents(&spec));
+}
+
+#[test]
+fn a_shared_machine_keeps_off_the_dedicated_cpus() {
+    use crate::render::placement::Placed;
+    let placed = Placed {
+        shared: Some(crate::options::CpuSet::parse("0-1,8-15").unwrap()),
+        ..Placed::default()
+    };
+    let spec = spec_with(&options(|_| {})).placed(placed);
+    let domain = documents(&spec);
+    assert!(
+        domain.contains("<vcpu placement='static' cpuset='0-1,8-15'>2</vcpu>"),
+        "{domain}"
+    );
+    assert!(!domain.contains("<cputune>"), "{domain}");
+}
+
+#[test]
 fn efi_firmware() {
     let options = options(|o| o.platform.firmware = Firmware::Efi);
     insta::assert_snapshot!("efi", documents(&spec_with(&options)));

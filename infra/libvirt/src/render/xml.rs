@@ -24,6 +24,7 @@ use crate::render::ownership::escape;
 use crate::render::rbd::{self, RbdSource};
 
 pub use crate::options::platform::{DirectKernel, DomainType, Firmware, Platform, SeedBus};
+pub use crate::render::placement::Placed;
 pub use crate::render::spec::{Base, DataVolume, Disks, DomainSpec, VolumePaths};
 
 /// The guest-agent channel name qemu-ga listens on.
@@ -148,13 +149,14 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     let (firmware, firmware_choice) = firmware_elements(spec.platform.firmware);
     let cpu = cpu_element(spec.cpu.as_ref(), spec.platform.domain_type);
     let nic: String = spec.nics.iter().map(Nic::to_xml).collect();
+    let (cpuset, placement) = (spec.placed.vcpu_cpuset(), spec.placed.elements());
     format!(
         "<domain type='{kind}'>
   <name>{name}</name>
   <metadata>{tag}</metadata>
   <memory unit='MiB'>{memory}</memory>
   <currentMemory unit='MiB'>{memory}</currentMemory>
-  <vcpu placement='static'>{vcpu}</vcpu>{SYSINFO}
+  <vcpu placement='static'{cpuset}>{vcpu}</vcpu>{placement}{SYSINFO}
   <os{firmware}>
     <type arch='x86_64' machine='q35'>hvm</type>{firmware_choice}
     {boot}

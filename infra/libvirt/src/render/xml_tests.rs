@@ -30,6 +30,7 @@ fn spec(tag: &Tag, nics: &[Nic]) -> DomainSpec {
         instance_id: format!("{name}-op"),
         vcpu: 2,
         memory_mib: 4096,
+        placed: crate::render::placement::Placed::default(),
         nics: nics.to_vec(),
         cpu: None,
         disks: Disks {

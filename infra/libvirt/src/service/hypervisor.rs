@@ -26,12 +26,12 @@ use crate::drift::tracked::Busy;
 use crate::guest::addresses;
 use crate::guest::agent;
 use crate::guest::bootstrap::{self as guest, DomainAgent};
-use crate::host::capacity::Ledger;
+use crate::host::capacity::{Ledger, Node};
 use crate::host::connection::Host;
 use crate::host::error::{maybe_done, refused};
 use crate::host::lanes::Lane;
 use crate::metrics::{DriftLabels, LibvirtMetrics};
-use crate::options::CapacityPolicy;
+use crate::options::{CapacityPolicy, LibvirtConfig};
 use crate::render::ownership::Tag;
 use crate::render::spec::data_volumes;
 use crate::service::lifecycle::{self, CreateSpec};
@@ -131,9 +131,11 @@ impl<C: Clock> LibvirtHypervisor<C> {
         .map_err(|e| prefixed(what, e))
     }
 
-    /// Scans one host, or `None` when it is unreachable, fails, or is too slow.
-    async fn scan(&self, host: &Arc<Host>) -> Option<Scan> {
+    /// Scans one host, or `None` when it is unreachable, fails, or is too slow; with the
+    /// ledger's ticket for it.
+    async fn scan(&self, host: &Arc<Host>) -> Option<(u64, Scan)> {
         host.session().ok()?;
+        let placement = uses_placement(&self.inner.config);
         let pools: Vec<String> = (Pools::of(&self.inner.config.options).each())
             .into_iter()
             .map(str::to_owned)
@@ -144,8 +146,10 @@ impl<C: Clock> LibvirtHypervisor<C> {
             .now()
             .saturating_add(self.inner.config.describe_timeout);
         // Biased: a scan that completes with the deadline is still used.
+        let ticket = host.ledger().begin_scan();
+        let read = move |s: &_| describe::scan(s, &pools, &provider, placement);
         let scanned = futures::select_biased! {
-            scanned = host.call(Lane::Read, move |s| describe::scan(s, &pools, &provider)).fuse() => scanned,
+            scanned = host.call(Lane::Read, read).fuse() => scanned,
             () = clock.sleep_until(deadline).fuse() => {
                 warn!(zone = %host.zone, "describe: host too slow; its slots are withheld");
                 return None;
@@ -154,6 +158,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
         scanned
             .inspect_err(|e| warn!(zone = %host.zone, error = %e, "describe: scan failed"))
             .ok()
+            .map(|scan| (ticket, scan))
     }
 
     fn report_drift(&self, views: &BTreeMap<String, HostView<'_>>, orphans: &[Orphan]) {
@@ -261,6 +266,36 @@ impl<C: Clock> LibvirtHypervisor<C> {
     }
 }
 
+/// Whether any machine holds CPUs or huge pages alone: `--dedicated-cpus` is set, or an
+/// instance type asks for dedicated CPUs or huge pages. Only then do scans read every
+/// domain's definition and the host's topology.
+fn uses_placement(config: &LibvirtConfig) -> bool {
+    !config.options.capacity.dedicated_cpus.is_empty()
+        || (config.catalog.iter()).any(|(_, shape)| !shape.placement.is_default())
+}
+
+/// Replaces `ledger`'s books with what the scan of `ticket` read.
+fn refresh(
+    ledger: &mut Ledger,
+    ticket: u64,
+    node: Node,
+    scan: &Scan,
+    provider: &str,
+    policy: &CapacityPolicy,
+    disk_of: &dyn Fn(&Tag) -> u64,
+) {
+    let dedicated = &policy.dedicated_cpus;
+    if let (Some((topology, free)), Some((claims, running))) =
+        (&scan.topology, scan.claims(provider, dedicated))
+    {
+        let books = ledger.claims_mut();
+        books.set_topology(topology.clone());
+        books.refresh(claims, free, &running);
+    }
+    let committed = scan.committed(provider, dedicated, disk_of);
+    ledger.refresh(ticket, node, committed, scan.pool_room());
+}
+
 /// The host's capacity and pool series, from its ledger (disk only once the pool was read).
 fn publish_capacity(
     metrics: &LibvirtMetrics,
@@ -283,6 +318,24 @@ fn publish_capacity(
         metrics.set_capacity(zone, "disk_bytes", total.disk_bytes, used.disk_bytes);
         metrics.set_pool(zone, pool.capacity, pool.allocation);
     }
+    let claims = ledger.claims();
+    let Some(topology) = claims.topology() else {
+        return;
+    };
+    let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    if !policy.dedicated_cpus.is_empty() {
+        let dedicated = policy.dedicated_cpus.and(&topology.cpus()).len();
+        metrics.set_capacity(
+            zone,
+            "dedicated_cpus",
+            count(dedicated),
+            count(claims.held().0),
+        );
+    }
+    for (size, pool) in &topology.pages {
+        let taken = pool.saturating_sub(claims.free_pages(*size));
+        metrics.set_capacity(zone, &format!("hugepages_{size}kib"), *pool, taken);
+    }
 }
 
 impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
@@ -293,7 +346,11 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
                 .map(move |scan| scan.map(|s| (zone.clone(), s)))
         }))
         .await;
-        let scans: BTreeMap<String, Scan> = scanned.into_iter().flatten().collect();
+        let (tickets, scans): (BTreeMap<String, u64>, BTreeMap<String, Scan>) = (scanned
+            .into_iter())
+        .flatten()
+        .map(|(zone, (ticket, scan))| ((zone.clone(), ticket), (zone, scan)))
+        .unzip();
         let provider = &inner.config.provider;
         let mut views = BTreeMap::new();
         let catalog = &inner.config.catalog;
@@ -308,17 +365,27 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
                     describe::disk_bytes(catalog, &id.instance_type, image_bytes)
                 })
             };
+            let policy = &inner.config.options.capacity;
             let mut ledger = host.ledger();
             if let Some(node) = scan.node {
-                ledger.refresh(node, scan.committed(provider, &disk_of), scan.pool_room());
+                refresh(
+                    &mut ledger,
+                    tickets[zone],
+                    node,
+                    scan,
+                    provider,
+                    policy,
+                    &disk_of,
+                );
             }
-            let policy = &inner.config.options.capacity;
             publish_capacity(&self.inner.metrics, zone, &ledger, policy);
             let free = ledger.free(policy);
+            let room = ledger.claims().room(&policy.dedicated_cpus);
             let view = HostView {
                 scan,
                 image_bytes,
                 free,
+                room,
             };
             views.insert(zone.clone(), view);
         }
@@ -355,6 +422,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             vcpu: shape.vcpu,
             memory_mib: shape.memory_mib,
             disks: shape.disks.clone(),
+            placement: shape.placement,
         };
         let placed = DomainRef::new(machine.zone.clone(), spec.name.clone());
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use bigfleet_libvirt_domain::catalog::DiskShape;
+use bigfleet_libvirt_domain::catalog::{DiskShape, Placement};
 use bigfleet_libvirt_ports::HypervisorError;
 use bigfleet_libvirt_ports::steps;
 use tracing::warn;
@@ -23,11 +23,12 @@ use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 
 use super::SequenceContext;
-use crate::host::capacity::Shape;
+use crate::host::claims::{Ask, needs};
 use crate::host::connection::Host;
 use crate::host::domains::{self, ensure_running, owned};
 use crate::host::error::{maybe_done, nothing_done, one_line, partly_done, refused, text};
 use crate::host::session::{BaseImage, Session};
+use crate::host::topology;
 use crate::render::rbd::PoolKind;
 use crate::render::seed;
 use crate::render::spec::{Base, Choices, DomainSpec, Slot, VolumePaths};
@@ -48,6 +49,8 @@ pub(crate) struct CreateSpec {
     pub(crate) memory_mib: u64,
     /// The instance type's root size and data disks.
     pub(crate) disks: DiskShape,
+    /// The instance type's huge pages and dedicated CPUs.
+    pub(crate) placement: Placement,
 }
 
 /// Creates (or adopts) the domain and leaves it running. What it needs is read first (the
@@ -65,21 +68,25 @@ pub(crate) fn create(
     }
     let (mut on_host, plan) = prepare(session, settings, spec)?;
     let disks = &on_host.spec.disks;
-    let shape = Shape {
-        vcpu: u64::from(spec.vcpu),
-        memory_mib: spec.memory_mib,
-        disk_bytes: (disks.data.iter()).fold(disks.base.overlay_bytes, |sum, d| {
-            sum.saturating_add(d.bytes)
-        }),
-    };
-    host.ledger()
-        .reserve(&spec.name, shape, &settings.options.capacity)
-        .map_err(|why| {
-            refused(format!(
-                "zone {:?} has no room for machine {}: {why}",
-                host.zone, spec.machine_id
-            ))
-        })?;
+    let disk_bytes = (disks.data.iter()).fold(disks.base.overlay_bytes, |sum, d| {
+        sum.saturating_add(d.bytes)
+    });
+    let (shape, ask) = needs(spec.vcpu, spec.memory_mib, spec.placement, disk_bytes);
+    let policy = &settings.options.capacity;
+    if (ask != Ask::default() || !policy.dedicated_cpus.is_empty())
+        && host.ledger().claims().topology().is_none()
+    {
+        // No scan has read the host's topology yet (its first describe is still running).
+        let read = topology::read(session)?;
+        host.ledger().claims_mut().set_topology(read);
+    }
+    let placed = (host.ledger().reserve(&spec.name, shape, ask, policy)).map_err(|why| {
+        refused(format!(
+            "zone {:?} has no room for machine {}: {why}",
+            host.zone, spec.machine_id
+        ))
+    })?;
+    on_host.spec.placed = placed;
     match run(session, &mut on_host, &plan) {
         Ok(()) => {
             host.ledger().commit(&spec.name);

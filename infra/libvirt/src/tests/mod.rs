@@ -10,6 +10,7 @@ mod hosts;
 mod isolation;
 mod lanes;
 mod lifecycle;
+mod placement;
 mod rbd;
 mod reconcile;
 mod watch;
@@ -55,6 +56,7 @@ pub(super) fn planted_domain(
         instance_id: String::new(),
         vcpu,
         memory_mib,
+        placed: crate::render::placement::Placed::default(),
         cpu: None,
         nics: Vec::new(),
         platform: Platform::default(),
@@ -136,6 +138,7 @@ pub(super) fn config(
         // The test driver's pools always report 100 GiB: room for the rigs' built-in types,
         // whose roots are 40 GiB and up (the disk tests set their own ratio).
         disk_ratio: 1000.0,
+        ..CapacityPolicy::default()
     };
     config.hosts = HostPolicy {
         probe_interval: Duration::from_millis(200),
@@ -299,6 +302,7 @@ pub(super) async fn create_refused_at_define(
         vcpu: 0,
         memory_mib: 512,
         disks,
+        placement: bigfleet_libvirt_domain::catalog::Placement::default(),
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {

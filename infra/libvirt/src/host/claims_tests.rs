@@ -1,0 +1,315 @@
+//! The books of dedicated CPUs and huge pages: choices, exhaustion, release, pages in use
+//! elsewhere, a scan that began before a commit, and a property test that no CPU is ever
+//! held twice under any order of Creates, rollbacks, Deletes, removals and scans.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::host::capacity::{Ledger, Node, Shape};
+use crate::options::CapacityPolicy;
+use crate::render::placement::{Cell, Held};
+
+/// Two cells of four CPUs (0-3, 4-7), 512 huge pages of 2 MiB.
+fn topology() -> Topology {
+    let cell = |id, cpus: &str| Cell {
+        id,
+        cpus: CpuSet::parse(cpus).unwrap(),
+    };
+    Topology {
+        cells: vec![cell(0, "0-3"), cell(1, "4-7")],
+        pages: BTreeMap::from([(2048, 512)]),
+    }
+}
+
+fn cpus(text: &str) -> CpuSet {
+    CpuSet::parse(text).unwrap()
+}
+
+fn claims() -> Claims {
+    let mut claims = Claims::default();
+    claims.set_topology(topology());
+    claims
+}
+
+fn pinned(placed: &Placed) -> (String, Option<u32>) {
+    let pinning = placed.pinning.as_ref().unwrap();
+    let set: CpuSet = pinning.cpus.iter().copied().collect();
+    (set.to_string(), pinning.cell)
+}
+
+const DEDICATED: Ask = Ask {
+    dedicated: 2,
+    pages: None,
+};
+
+#[test]
+fn dedicated_cpus_fill_the_tightest_cell_and_are_never_given_twice() {
+    let dedicated = cpus("1-7");
+    let mut claims = claims();
+    // Cell 0 has 3 of the set (1-3), cell 1 has 4: the tighter cell that fits comes first.
+    let a = claims.grant("a", DEDICATED, &dedicated).unwrap();
+    assert_eq!(pinned(&a), ("1-2".into(), Some(0)));
+    assert_eq!(a.shared, Some(cpus("0")), "shared machines keep to CPU 0");
+    let b = claims.grant("b", DEDICATED, &dedicated).unwrap();
+    assert_eq!(pinned(&b), ("4-5".into(), Some(1)));
+    let c = claims.grant("c", DEDICATED, &dedicated).unwrap();
+    assert_eq!(pinned(&c), ("6-7".into(), Some(1)));
+    // One left (3): a 2-CPU machine does not fit, and the refusal says what is free.
+    let refusal = claims.grant("d", DEDICATED, &dedicated).unwrap_err();
+    assert_eq!(
+        refusal,
+        "needs 2 dedicated CPUs but only 1 of --dedicated-cpus 1-7 are free on this host (3)"
+    );
+    claims.commit("a");
+    claims.release("c");
+    let d = claims.grant("d", DEDICATED, &dedicated).unwrap();
+    assert_eq!(
+        pinned(&d),
+        ("6-7".into(), Some(1)),
+        "a rollback gives its CPUs back"
+    );
+    claims.forget("a");
+    let across = claims
+        .grant(
+            "e",
+            Ask {
+                dedicated: 3,
+                pages: None,
+            },
+            &dedicated,
+        )
+        .unwrap();
+    assert_eq!(pinned(&across), ("1-3".into(), Some(0)));
+    assert_eq!(claims.held().0, 7);
+}
+
+#[test]
+fn a_machine_larger_than_any_cell_spans_cells() {
+    let dedicated = cpus("0-7");
+    let mut claims = claims();
+    let wide = claims
+        .grant(
+            "w",
+            Ask {
+                dedicated: 6,
+                pages: None,
+            },
+            &dedicated,
+        )
+        .unwrap();
+    assert_eq!(pinned(&wide), ("0-5".into(), None));
+}
+
+#[test]
+fn huge_pages_count_the_pool_less_others_use_and_every_claim() {
+    let mut claims = claims();
+    let none = CpuSet::default();
+    // The host's processes use 12 pages; running domains hold 100 (their claims below).
+    let scanned = BTreeMap::from([(
+        "running".to_owned(),
+        Claim {
+            cpus: CpuSet::default(),
+            pages: Some((2048, 100)),
+        },
+    )]);
+    claims.refresh(
+        scanned,
+        &BTreeMap::from([(2048, 400)]),
+        &BTreeMap::from([(2048, 100)]),
+    );
+    assert_eq!(claims.free_pages(2048), 400);
+    assert_eq!(claims.free_pages(1 << 20), 0, "no 1 GiB pool");
+    let ask = Ask {
+        dedicated: 0,
+        pages: Some((2048, 300)),
+    };
+    let placed = claims.grant("a", ask, &none).unwrap();
+    assert_eq!(placed.hugepage_kib, Some(2048));
+    assert_eq!(placed.shared, None, "no dedicated CPUs: no cpuset");
+    let refusal = claims.grant("b", ask, &none).unwrap_err();
+    assert!(
+        refusal.starts_with(
+            "needs 300 huge pages of 2048 KiB but only 100 are free of the host's 512"
+        ),
+        "{refusal}"
+    );
+    assert!(
+        refusal.contains("hugepages-2048kB/nr_hugepages"),
+        "{refusal}"
+    );
+    assert_eq!(claims.held().1, BTreeMap::from([(2048, 400)]));
+}
+
+#[test]
+fn without_placement_nothing_is_claimed_and_without_topology_nothing_is_granted() {
+    let mut claims = Claims::default();
+    let refusal = claims.grant("a", DEDICATED, &cpus("0-3")).unwrap_err();
+    assert!(
+        refusal.contains("topology has not been read yet"),
+        "{refusal}"
+    );
+    let refusal = self::claims()
+        .grant("a", DEDICATED, &CpuSet::default())
+        .unwrap_err();
+    assert!(refusal.contains("--dedicated-cpus names none"), "{refusal}");
+    let mut claims = self::claims();
+    assert_eq!(
+        claims
+            .grant("a", Ask::default(), &CpuSet::default())
+            .unwrap(),
+        Placed::default()
+    );
+    assert_eq!(claims.held(), (0, BTreeMap::new()));
+}
+
+#[test]
+fn a_scan_that_began_before_a_commit_keeps_its_claim() {
+    let policy = CapacityPolicy {
+        dedicated_cpus: cpus("4-7"),
+        ..CapacityPolicy::default()
+    };
+    let node = Node {
+        cpus: 8,
+        memory_kib: 16 << 20,
+    };
+    let mut ledger = Ledger::default();
+    ledger.claims_mut().set_topology(topology());
+    let early = ledger.begin_scan();
+    let ask = Ask {
+        dedicated: 4,
+        pages: None,
+    };
+    let placed = ledger.reserve("a", Shape::default(), ask, &policy).unwrap();
+    assert_eq!(pinned(&placed), ("4-7".into(), Some(1)));
+    ledger.commit("a");
+    // The early scan did not see "a": its claim stays.
+    ledger
+        .claims_mut()
+        .refresh(BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new());
+    ledger.refresh(early, node, BTreeMap::new(), None);
+    let refusal = ledger
+        .reserve("b", Shape::default(), ask, &policy)
+        .unwrap_err();
+    assert!(
+        refusal.starts_with("needs 4 dedicated CPUs but only 0"),
+        "{refusal}"
+    );
+    // A scan that began after the commit and does not see "a" frees its CPUs.
+    let late = ledger.begin_scan();
+    ledger
+        .claims_mut()
+        .refresh(BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new());
+    ledger.refresh(late, node, BTreeMap::new(), None);
+    ledger.reserve("b", Shape::default(), ask, &policy).unwrap();
+    // The shared budget leaves the dedicated CPUs out: 8 − 4 − 1 reserved, times 4.
+    assert_eq!(ledger.allocatable(&policy).unwrap().vcpu, 12);
+}
+
+/// One step a host's books can take.
+#[derive(Clone, Debug)]
+enum Step {
+    /// A Create of machine `n` with `vcpu` dedicated CPUs reserves.
+    Grant(usize, u32),
+    /// Machine `n`'s Create defines its domain and commits.
+    Commit(usize),
+    /// Machine `n`'s Create rolls back.
+    Release(usize),
+    /// Machine `n` is deleted (its domain undefined first).
+    Delete(usize),
+    /// Machine `n`'s domain is undefined out of band.
+    Vanish(usize),
+    /// A scan begins (it reads the host's definitions now) …
+    ScanBegin,
+    /// … and its result is applied.
+    ScanApply,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0..6usize, 1..4u32).prop_map(|(n, v)| Step::Grant(n, v)),
+        (0..6usize).prop_map(Step::Commit),
+        (0..6usize).prop_map(Step::Release),
+        (0..6usize).prop_map(Step::Delete),
+        (0..6usize).prop_map(Step::Vanish),
+        Just(Step::ScanBegin),
+        Just(Step::ScanApply),
+    ]
+}
+
+/// The host: defined domains and the CPUs their definitions pin.
+type Defined = BTreeMap<String, CpuSet>;
+
+proptest! {
+    /// Whatever order Creates, rollbacks, deletes, out-of-band removals and scans come in,
+    /// no dedicated CPU is held by two defined domains, nor by a defined domain and a
+    /// Create in flight.
+    #[test]
+    fn no_cpu_is_ever_given_to_two_machines(steps in prop::collection::vec(step(), 1..60)) {
+        let policy = CapacityPolicy { dedicated_cpus: cpus("0-7"), ..CapacityPolicy::default() };
+        let node = Node { cpus: 8, memory_kib: 16 << 20 };
+        let mut ledger = Ledger::default();
+        ledger.claims_mut().set_topology(topology());
+        let mut defined = Defined::new();
+        let mut granted: BTreeMap<String, CpuSet> = BTreeMap::new();
+        let mut scan: Option<(u64, Defined)> = None;
+        for step in steps {
+            match step {
+                Step::Grant(n, vcpu) => {
+                    let name = format!("m{n}");
+                    if defined.contains_key(&name) || granted.contains_key(&name) { continue; }
+                    let ask = Ask { dedicated: vcpu, pages: None };
+                    if let Ok(placed) = ledger.reserve(&name, Shape::default(), ask, &policy) {
+                        let set = placed.pinning.unwrap().cpus.into_iter().collect();
+                        granted.insert(name, set);
+                    }
+                }
+                Step::Commit(n) => {
+                    if let Some(set) = granted.remove(&format!("m{n}")) {
+                        defined.insert(format!("m{n}"), set);
+                        ledger.commit(&format!("m{n}"));
+                    }
+                }
+                Step::Release(n) => {
+                    if granted.remove(&format!("m{n}")).is_some() {
+                        ledger.release(&format!("m{n}"));
+                    }
+                }
+                Step::Delete(n) => {
+                    if defined.remove(&format!("m{n}")).is_some() {
+                        ledger.forget(&format!("m{n}"));
+                    }
+                }
+                Step::Vanish(n) => { defined.remove(&format!("m{n}")); }
+                Step::ScanBegin => scan = Some((ledger.begin_scan(), defined.clone())),
+                Step::ScanApply => {
+                    if let Some((ticket, seen)) = scan.take() {
+                        let committed = (seen.iter())
+                            .map(|(name, set)| (name.clone(), Claim { cpus: set.clone(), pages: None }))
+                            .collect();
+                        ledger.claims_mut().refresh(committed, &BTreeMap::new(), &BTreeMap::new());
+                        let shapes = seen.keys().map(|n| (n.clone(), Shape::default())).collect();
+                        ledger.refresh(ticket, node, shapes, None);
+                    }
+                }
+            }
+            let mut seen = BTreeSet::new();
+            for set in defined.values().chain(granted.values()) {
+                for cpu in set.iter() {
+                    prop_assert!(seen.insert(cpu), "CPU {cpu} held twice: {defined:?} {granted:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_scanned_definition_holds_what_it_pins_inside_the_dedicated_set() {
+    let held = Held::parse(
+        "<domain><vcpu cpuset='0-1'>2</vcpu><cputune><vcpupin vcpu='0' cpuset='5'/>\
+         <vcpupin vcpu='1' cpuset='6'/></cputune></domain>",
+    );
+    let claim = Claim::scanned(&held, &cpus("4-7"), None);
+    assert_eq!(claim.cpus.to_string(), "5-6", "CPUs 0-1 are shared ones");
+}
