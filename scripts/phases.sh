@@ -5,12 +5,6 @@
 #   source scripts/phases.sh    sets the EXIT trap that prints the table
 #   phase NAME COMMAND...       runs one phase; a failing one ends the script (set -e) and
 #                               shows in the table as "failed (exit status N)"
-#   phase_start NAME LOG COMMAND...
-#                               starts a phase in the background, its output going to LOG
-#                               (one at a time), while the phases after it run
-#   phase_finish                waits for it, prints LOG, and ends the script (set -e) when
-#                               it failed; the table shows its own seconds and outcome. A
-#                               script that exits before it is finished stops it.
 #
 # The table's lines live in the file $BIGFLEET_PHASE_LOG, one per phase:
 # NAME<TAB>SECONDS<TAB>OUTCOME. The commands a phase runs may append lines of their own
@@ -39,48 +33,9 @@ phase() { # name command...
     phase_name=""
 }
 
-phase_background_pid="" phase_background_log=""
-
-phase_start() { # name log command...
-    local name=$1
-    phase_background_log=$2
-    shift 2
-    (
-        started=$SECONDS status=0
-        "$@" >"$phase_background_log" 2>&1 || status=$?
-        outcome=ok
-        ((status == 0)) || outcome="failed (exit status $status)"
-        phase_record "$name" "$((SECONDS - started))" "$outcome"
-        exit "$status"
-    ) &
-    phase_background_pid=$!
-}
-
-phase_finish() {
-    local status=0
-    wait "$phase_background_pid" || status=$?
-    phase_background_pid=""
-    cat "$phase_background_log"
-    return "$status"
-}
-
-# SIGTERM to process $1 and everything under it, children first.
-phase_stop_tree() {
-    local child
-    for child in $(pgrep -P "$1"); do
-        phase_stop_tree "$child"
-    done
-    kill -TERM "$1" 2>/dev/null || true
-}
-
-# The EXIT trap: stop a background phase still running; record the phase that failed, if one
-# did; the owner prints the table.
+# The EXIT trap: record the phase that failed, if one did; the owner prints the table.
 phases_report() {
     local status=$? outcome=ok
-    if [[ -n $phase_background_pid ]]; then
-        phase_stop_tree "$phase_background_pid"
-        wait "$phase_background_pid" 2>/dev/null || true
-    fi
     ((status == 0)) || outcome="failed (exit status $status)"
     if [[ -n $phase_name ]]; then
         phase_record "$phase_name" "$((SECONDS - phase_started))" "$outcome"

@@ -42,18 +42,9 @@ phase "install cargo-cyclonedx" scripts/install-cargo-tools.sh cargo-cyclonedx
 # registry holds only what the builds before it downloaded.
 phase "cargo fetch" cargo fetch --locked
 phase "cargo build (tests)" cargo test --locked --workspace --no-run
+phase "cargo tests" cargo test --locked --workspace
 if [[ ${1:-} == --quick ]]; then
-    phase "cargo tests" cargo test --locked --workspace
     exit 0
 fi
-# The simulation (its own release build, then its seeds) runs beside the cargo tests: they
-# wait on timers and child processes more than they compute, and every liveness bound in
-# them holds with two CPU-bound processes beside them (docs/testing.md, "Liveness bounds
-# under load"); it runs at a lower priority (nice 10) so that the tests' waits stay short.
-# Its output follows the tests'.
-sim_log=$(mktemp)
-phase_start simulation "$sim_log" nice -n 10 scripts/sim.sh --ci
-phase "cargo tests" cargo test --locked --workspace
-phase_finish
-rm -f "$sim_log"
+phase simulation scripts/sim.sh --ci
 phase "tier: total" scripts/qemu-tier/run.sh ci
