@@ -366,3 +366,41 @@ fn doctor_exits_with_its_code_every_time() {
         }
     });
 }
+
+/// With dedicated CPUs and huge pages served, doctor reads the host's topology the way the
+/// provider's scans do: the test driver's node-file host has 32 CPUs in one cell and no huge
+/// page pools, so the CPUs pass and the pages block, naming how to reserve them.
+#[test]
+fn doctor_reads_the_dedicated_cpus_and_huge_pages_a_host_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let connect = format!("--connect=a={}", node(dir.path(), &big(), "big.xml"));
+    let types = dir.path().join("types.json");
+    std::fs::write(
+        &types,
+        r#"{"kvm.small": {"vcpu": 2, "memory_mib": 4096, "disk_gib": 10,
+            "dedicated_cpus": true, "hugepages": "2Mi"}}"#,
+    )
+    .unwrap();
+    let types = format!("--instance-types={}", types.display());
+    let (code, r) = report(&[
+        &connect,
+        "--image=base.qcow2",
+        &types,
+        "--seed-count=2",
+        "--dedicated-cpus=8-15",
+    ]);
+    assert_eq!(code, 1, "{r:#}");
+    let cpus = find(&r, "a", "dedicated cpus");
+    assert_eq!(cpus["status"], "ok", "{cpus}");
+    assert_eq!(
+        cpus["detail"],
+        "8 CPUs (8-15) for machines needing 4 in all (the largest 2)"
+    );
+    blocked(
+        &r,
+        "a",
+        "huge pages",
+        "2048 KiB pages: a pool of 0, 0 free; one machine needs 2048, every slot 4096",
+        "hugepages-2048kB/nr_hugepages",
+    );
+}

@@ -462,6 +462,8 @@ fn the_dashboard_parses_and_covers_what_operators_look_at() {
         "Host queue depth",
         "Host queue wait",
         "in flight and budget",
+        "Dedicated CPUs",
+        "Huge pages",
     ] {
         assert!(
             titles.iter().any(|t| t.contains(wanted)),

@@ -43,6 +43,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
                         vcpu: shape.map_or(0, |s| u64::from(s.vcpu)),
                         memory_mib: shape.map_or(0, |s| s.memory_mib),
                         disks: shape.map(|s| s.disks.clone()).unwrap_or_default(),
+                        placement: shape.map(|s| s.placement).unwrap_or_default(),
                         instance_type,
                     }
                 })
@@ -112,6 +113,7 @@ pub async fn run<C: Clock>(
             .map(|m| m.id.to_string())
             .collect::<BTreeSet<_>>(),
         trial: trial_domain.then(|| trial_plan(plan)),
+        placement: plan.libvirt.places(&plan.catalog),
     };
     let probes = plan.connections.iter().map(|connection| {
         let (zone, uri, target) = (
@@ -137,6 +139,7 @@ pub async fn run<C: Clock>(
                 cpu_trials: None,
                 max_workers: Probe::Unsupported(String::new()),
                 max_client_requests: Probe::Unsupported(String::new()),
+                topology: None,
             };
             futures::select_biased! {
                 done = futures::FutureExt::fuse(work) => done.unwrap_or_else(|e| {

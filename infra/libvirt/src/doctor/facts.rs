@@ -1,10 +1,13 @@
 //! What doctor judges: the facts the probe read from each host ([`HostFacts`]) and what the
 //! flags would run there ([`Expectations`]).
 
-use bigfleet_libvirt_domain::catalog::DiskShape;
+use std::collections::BTreeMap;
+
+use bigfleet_libvirt_domain::catalog::{DiskShape, Placement};
 use std::sync::Arc;
 
 use crate::options::{Budget, CapacityPolicy, GoldenImage};
+use crate::render::placement::Topology;
 
 /// A probe's answer about one object on a host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,6 +126,9 @@ pub struct HostFacts {
     /// libvirtd's `max_workers`, the calls it executes at once for all clients together
     /// (read the same way, so unsupported too).
     pub max_workers: Probe<usize>,
+    /// The host's CPU and huge page topology and its free huge pages by size; read only
+    /// when some type holds part of a host alone or `--dedicated-cpus` is set (`None`).
+    pub topology: Option<Probe<(Topology, BTreeMap<u64, u64>)>>,
 }
 
 /// One CPU choice tried on a throw-away paused domain (`doctor --trial-domain`).
@@ -151,6 +157,8 @@ pub struct Slots {
     pub memory_mib: u64,
     /// The type's root size and data disks.
     pub disks: DiskShape,
+    /// The type's huge pages and dedicated CPUs.
+    pub placement: Placement,
 }
 
 /// What the flags would run.

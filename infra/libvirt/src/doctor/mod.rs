@@ -10,7 +10,8 @@
 //! them from a host (and `doctor/trial_domain.rs` runs the opt-in throw-away domains);
 //! `doctor/checks.rs` the checks of one host (`doctor/golden.rs` the `image-source` one,
 //! `doctor/ceph.rs` the rbd pool's and the seed pool's, with the probe's read of the pool's
-//! cephx secret, `doctor/trial.rs` the `cpu trial` ones), `doctor/judge.rs` the judgement that runs them in
+//! cephx secret, `doctor/trial.rs` the `cpu trial` ones, `doctor/placement.rs` the `dedicated cpus` and `huge
+//! pages` ones), `doctor/judge.rs` the judgement that runs them in
 //! order, and `doctor/report.rs` the report, its verdict and its table.
 
 mod budget;
@@ -19,6 +20,7 @@ mod checks;
 mod facts;
 mod golden;
 mod judge;
+mod placement;
 pub(crate) mod probe;
 mod report;
 mod trial;
@@ -33,5 +35,7 @@ pub use report::{Check, Report, Status, table};
 
 #[cfg(test)]
 mod ceph_tests;
+#[cfg(test)]
+mod placement_tests;
 #[cfg(test)]
 mod tests;

@@ -6,7 +6,7 @@
 //! The judgement lives in [`crate::doctor`]; this file only turns libvirt answers into
 //! [`HostFacts`], telling "missing" apart from "this driver cannot say" and from errors.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use virt::connect::Connect;
 use virt::error::{Error as VirtError, ErrorNumber};
@@ -16,6 +16,7 @@ use super::facts::{Connection, DomainCaps, Domains, HostFacts, Pool, Probe, Volu
 use super::trial_domain::{self, TrialPlan};
 use crate::host::domains::{is_active, read_tag};
 use crate::host::error::{is_unsupported, text};
+use crate::render::placement::Topology;
 use crate::render::xml;
 
 /// What the probe looks for.
@@ -37,6 +38,9 @@ pub struct ProbeTarget {
     pub machine_ids: BTreeSet<String>,
     /// `--trial-domain`: the CPU choices to try on throw-away domains; `None`: none.
     pub trial: Option<TrialPlan>,
+    /// Whether to read the host's CPU and huge page topology (some type holds part of a
+    /// host alone, or `--dedicated-cpus` is set).
+    pub placement: bool,
 }
 
 fn answer<T>(result: Result<T, VirtError>, missing: ErrorNumber) -> Probe<T> {
@@ -70,6 +74,7 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
         cpu_trials: None,
         max_client_requests: skipped(),
         max_workers: skipped(),
+        topology: None,
     };
     let conn = match Connect::open(Some(uri)) {
         Ok(conn) => conn,
@@ -97,22 +102,12 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
             facts.image = volume(p, &target.image);
         }
         if !target.network.is_empty() {
-            facts.network = Some(
-                match answer(
-                    conn.lookup_network_by_name(&target.network),
-                    ErrorNumber::NoNetwork,
-                ) {
-                    Probe::Found(n) => match n.is_active() {
-                        Ok(active) => Probe::Found(active),
-                        Err(e) => Probe::Failed(text(&e)),
-                    },
-                    Probe::Missing => Probe::Missing,
-                    Probe::Unsupported(e) => Probe::Unsupported(e),
-                    Probe::Failed(e) => Probe::Failed(e),
-                },
-            );
+            facts.network = Some(network(&conn, &target.network));
         }
         facts.domains = domains(&conn, target);
+        if target.placement {
+            facts.topology = Some(topology(&conn));
+        }
         // After the domain count, so the trial domains are never in it.
         if let Some(plan) = &target.trial {
             facts.cpu_trials = Some(trial_domain::run(&conn, &target.provider, plan));
@@ -159,6 +154,29 @@ fn domain_caps(conn: &Connect, domain_type: &str) -> Probe<DomainCaps> {
     match parse_domain_caps(&xml) {
         Some(caps) => Probe::Found(caps),
         None => Probe::Failed("the domain capabilities do not parse".to_owned()),
+    }
+}
+
+/// Whether network `name` exists and is active.
+fn network(conn: &Connect, name: &str) -> Probe<bool> {
+    match answer(conn.lookup_network_by_name(name), ErrorNumber::NoNetwork) {
+        Probe::Found(n) => match n.is_active() {
+            Ok(active) => Probe::Found(active),
+            Err(e) => Probe::Failed(text(&e)),
+        },
+        Probe::Missing => Probe::Missing,
+        Probe::Unsupported(e) => Probe::Unsupported(e),
+        Probe::Failed(e) => Probe::Failed(e),
+    }
+}
+
+/// The host's topology and its free huge pages by size (as the provider's scans read them).
+fn topology(conn: &Connect) -> Probe<(Topology, BTreeMap<u64, u64>)> {
+    let read = crate::host::topology::read(conn)
+        .and_then(|t| crate::host::topology::free_pages(conn, &t).map(|free| (t, free)));
+    match read {
+        Ok(found) => Probe::Found(found),
+        Err(e) => Probe::Failed(e.message),
     }
 }
 

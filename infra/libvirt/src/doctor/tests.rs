@@ -25,6 +25,7 @@ pub(super) fn want() -> Expectations {
                 vcpu: 2,
                 memory_mib: 4096,
                 disks: bigfleet_libvirt_domain::catalog::DiskShape::default(),
+                placement: bigfleet_libvirt_domain::catalog::Placement::default(),
             }],
         )],
     }
@@ -63,6 +64,7 @@ pub(super) fn good() -> HostFacts {
         cpu_trials: None,
         max_client_requests: Probe::Unsupported("no admin API".to_owned()),
         max_workers: Probe::Unsupported("no admin API".to_owned()),
+        topology: None,
     }
 }
 

@@ -228,8 +228,8 @@ pub(crate) fn scan(
 /// The host's topology and its free huge pages by size (none when they cannot be read: then
 /// only the domains' own claims count against the pools).
 fn read_topology(session: &Session) -> Result<(Topology, BTreeMap<u64, u64>), HypervisorError> {
-    let read = topology::read(session)?;
-    let free = topology::free_pages(session, &read).unwrap_or_else(|e| {
+    let read = topology::read(&session.conn)?;
+    let free = topology::free_pages(&session.conn, &read).unwrap_or_else(|e| {
         warn!(error = %e, "cannot read the host's free huge pages; only the domains' own \
               claims are counted against its pools");
         BTreeMap::new()

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use bigfleet_libvirt_ports::HypervisorError;
+use virt::connect::Connect;
 use virt::domain::Domain;
 
 use crate::host::error::context;
-use crate::host::session::Session;
 use crate::render::placement::{Held, Topology};
 
 /// The host's topology; a host whose capabilities list no NUMA cell (libvirt's test driver
@@ -15,13 +15,13 @@ use crate::render::placement::{Held, Topology};
 ///
 /// # Errors
 /// libvirt's.
-pub(crate) fn read(session: &Session) -> Result<Topology, HypervisorError> {
+pub(crate) fn read(conn: &Connect) -> Result<Topology, HypervisorError> {
     let capabilities =
-        (session.conn.capabilities()).map_err(|e| context("read the host's capabilities", &e))?;
+        (conn.capabilities()).map_err(|e| context("read the host's capabilities", &e))?;
     if let Some(topology) = Topology::parse(&capabilities) {
         return Ok(topology);
     }
-    let info = (session.conn.node_info()).map_err(|e| context("read node info", &e))?;
+    let info = (conn.node_info()).map_err(|e| context("read node info", &e))?;
     Ok(Topology::flat(info.cpus))
 }
 
@@ -30,7 +30,7 @@ pub(crate) fn read(session: &Session) -> Result<Topology, HypervisorError> {
 /// # Errors
 /// libvirt's.
 pub(crate) fn free_pages(
-    session: &Session,
+    conn: &Connect,
     topology: &Topology,
 ) -> Result<BTreeMap<u64, u64>, HypervisorError> {
     let sizes: Vec<u32> = (topology.pages.keys())
@@ -41,7 +41,7 @@ pub(crate) fn free_pages(
         return Ok(BTreeMap::new());
     }
     let first = topology.cells.iter().map(|c| c.id).min().unwrap_or(0);
-    let counts = (session.conn.free_pages(&sizes, first, cells, 0))
+    let counts = (conn.free_pages(&sizes, first, cells, 0))
         .map_err(|e| context("read the host's free huge pages", &e))?;
     // libvirt answers cell by cell, each with one count per size in the order asked.
     let mut free = BTreeMap::new();

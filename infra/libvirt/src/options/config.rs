@@ -118,6 +118,15 @@ impl DomainConfig {
         }
     }
 
+    /// Whether any machine holds part of a host alone: `--dedicated-cpus` is set, or a type
+    /// of `catalog` asks for dedicated CPUs or huge pages. Only then do scans (and doctor)
+    /// read every domain's definition and the host's topology.
+    #[must_use]
+    pub fn places(&self, catalog: &InstanceCatalog) -> bool {
+        !self.capacity.dedicated_cpus.is_empty()
+            || (catalog.iter()).any(|(_, shape)| !shape.placement.is_default())
+    }
+
     /// The CPU choice for a domain of `instance_type` (`None`: the platform's default).
     #[must_use]
     pub fn cpu_for(&self, instance_type: &str) -> Option<&CpuChoice> {

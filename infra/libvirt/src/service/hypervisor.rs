@@ -31,7 +31,7 @@ use crate::host::connection::Host;
 use crate::host::error::{maybe_done, refused};
 use crate::host::lanes::Lane;
 use crate::metrics::{DriftLabels, LibvirtMetrics};
-use crate::options::{CapacityPolicy, LibvirtConfig};
+use crate::options::CapacityPolicy;
 use crate::render::ownership::Tag;
 use crate::render::spec::data_volumes;
 use crate::service::lifecycle::{self, CreateSpec};
@@ -135,7 +135,8 @@ impl<C: Clock> LibvirtHypervisor<C> {
     /// ledger's ticket for it.
     async fn scan(&self, host: &Arc<Host>) -> Option<(u64, Scan)> {
         host.session().ok()?;
-        let placement = uses_placement(&self.inner.config);
+        let config = &self.inner.config;
+        let placement = config.options.places(&config.catalog);
         let pools: Vec<String> = (Pools::of(&self.inner.config.options).each())
             .into_iter()
             .map(str::to_owned)
@@ -264,14 +265,6 @@ impl<C: Clock> LibvirtHypervisor<C> {
             }
         }
     }
-}
-
-/// Whether any machine holds CPUs or huge pages alone: `--dedicated-cpus` is set, or an
-/// instance type asks for dedicated CPUs or huge pages. Only then do scans read every
-/// domain's definition and the host's topology.
-fn uses_placement(config: &LibvirtConfig) -> bool {
-    !config.options.capacity.dedicated_cpus.is_empty()
-        || (config.catalog.iter()).any(|(_, shape)| !shape.placement.is_default())
 }
 
 /// Replaces `ledger`'s books with what the scan of `ticket` read.

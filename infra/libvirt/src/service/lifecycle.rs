@@ -77,7 +77,7 @@ pub(crate) fn create(
         && host.ledger().claims().topology().is_none()
     {
         // No scan has read the host's topology yet (its first describe is still running).
-        let read = topology::read(session)?;
+        let read = topology::read(&session.conn)?;
         host.ledger().claims_mut().set_topology(read);
     }
     let placed = (host.ledger().reserve(&spec.name, shape, ask, policy)).map_err(|why| {
