@@ -137,8 +137,20 @@ fn main() -> Result<(), BoxError> {
     results::write("real_libvirt (scripts/bench/real-libvirt.sh)")
 }
 
-/// Picks the domain type: `kvm` when a bare KVM domain starts in zone a, else `qemu`.
+/// Picks the domain type: `kvm` when a bare KVM domain starts in zone a, else `qemu`. The
+/// tier's own verdict (`BIGFLEET_QEMU_KVM`, from a guest that must print within 40 s) comes
+/// first: on a host where KVM starts QEMU but no guest runs (nested `kvm_pvm`), a started
+/// domain proves nothing, and the bench's later KVM starts then hang.
 fn probe(tier: &mut Tier) -> Result<(Option<String>, String), BoxError> {
+    if let Ok(verdict) = std::env::var("BIGFLEET_QEMU_KVM") {
+        if !verdict.starts_with("yes") {
+            tier.domain_type = "qemu";
+            return Ok((
+                None,
+                format!("the tier says KVM cannot run guests ({verdict}); using qemu (TCG)"),
+            ));
+        }
+    }
     let cpu = std::env::var("REAL_LIBVIRT_KVM_CPU").unwrap_or_else(|_| "kvm64".to_owned());
     tier.domain_type = "kvm";
     let side = Bare::open(tier, &tier.a, Some(&cpu), &format!("{LABEL}-probe"))?;
