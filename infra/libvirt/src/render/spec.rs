@@ -42,7 +42,7 @@ pub struct DomainSpec {
     pub memory_mib: u64,
     /// Where its vCPUs and memory sit on the host: dedicated CPUs, the CPUs shared machines
     /// keep to, huge pages. Decided with the host's ledger when the Create reserves
-    /// ([`DomainSpec::placed`]); the default places nothing.
+    /// (`service::lifecycle` sets it); the default places nothing.
     pub placed: Placed,
     /// The guest CPU; `None` is the platform's default (`host-passthrough` on KVM, QEMU's
     /// own model under TCG).
@@ -173,14 +173,6 @@ impl DomainSpec {
             user_data: Arc::clone(choices.user_data),
             name,
         }
-    }
-}
-
-impl DomainSpec {
-    /// This spec placed as `placed` says (the host ledger's grant).
-    #[must_use]
-    pub fn placed(self, placed: Placed) -> Self {
-        Self { placed, ..self }
     }
 }
 

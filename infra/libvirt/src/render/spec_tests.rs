@@ -179,7 +179,10 @@ fn dedicated_cpus_in_one_cell_on_huge_pages() {
         shared: None,
         hugepage_kib: Some(2048),
     };
-    let spec = spec_with(&options(|_| {})).placed(placed);
+    let spec = DomainSpec {
+        placed,
+        ..spec_with(&options(|_| {}))
+    };
     insta::assert_snapshot!("dedicated_hugepages", documents(&spec));
 }
 
@@ -190,7 +193,10 @@ fn a_shared_machine_keeps_off_the_dedicated_cpus() {
         shared: Some(crate::options::CpuSet::parse("0-1,8-15").unwrap()),
         ..Placed::default()
     };
-    let spec = spec_with(&options(|_| {})).placed(placed);
+    let spec = DomainSpec {
+        placed,
+        ..spec_with(&options(|_| {}))
+    };
     let domain = documents(&spec);
     assert!(
         domain.contains("<vcpu placement='static' cpuset='0-1,8-15'>2</vcpu>"),
