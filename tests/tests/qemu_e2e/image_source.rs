@@ -16,6 +16,7 @@ use pb::MachineState as S;
 use virt::storage_vol::StorageVol;
 use virt::stream::Stream;
 
+use super::full_pool::TinyPool;
 use super::{BOOT, Libvirt, Tier, domain_name};
 use crate::harness::*;
 use crate::image_source::golden_state;
@@ -200,79 +201,43 @@ async fn image_source_uploads_once_boots_from_it_and_refuses_a_mismatch() {
     forget(&lv, &image.volume);
 }
 
-/// A transient `dir` pool on a 256 KiB tmpfs inside the daemon's root: too small for the
-/// upload. Dropping it destroys the pool and unmounts the tmpfs.
-struct TinyPool {
-    pool: virt::storage_pool::StoragePool,
-    mount: std::path::PathBuf,
-}
+/// The two ways a failed write shows: libvirt reports it (at a send or at finish), or libvirt
+/// 9.0 loses it (when the daemon learns of it only at finish) and the volume, read back,
+/// gives it away.
+const REASONS: [&str; 2] = [
+    "No space left on device",
+    "libvirt reported the upload finished, but the volume holds",
+];
 
-impl TinyPool {
-    const NAME: &'static str = "e2e-tiny";
-
-    fn make(lv: &Libvirt) -> Self {
-        let inside = "/var/tmp/bigfleet-e2e-tiny";
-        let mount = lv.tier.root.join(inside.trim_start_matches('/'));
-        std::fs::create_dir_all(&mount).unwrap();
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=256k", "bigfleet-e2e-tiny"])
-            .arg(&mount)
-            .status()
-            .expect("run mount");
-        assert!(status.success(), "mount a tmpfs at {}", mount.display());
-        let xml = format!(
-            "<pool type='dir'><name>{}</name><target><path>{inside}</path></target></pool>",
-            Self::NAME
-        );
-        let pool = lv
-            .conn
-            .create_storage_pool_xml(&xml, 0)
-            .expect("create the tiny pool");
-        Self { pool, mount }
-    }
-}
-
-impl Drop for TinyPool {
-    fn drop(&mut self) {
-        let _ = self.pool.destroy();
-        let _ = std::process::Command::new("umount")
-            .arg(&self.mount)
-            .status();
-        let _ = std::fs::remove_dir(&self.mount);
-    }
-}
-
-#[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
-async fn image_source_upload_failure_keeps_the_slot_out() {
-    let tier = Tier::from_env();
-    let lv = Libvirt::open(Tier::from_env());
+/// An upload of `bytes` into the tiny pool fails, and the slot stays out with the reason
+/// logged and no partial volume left.
+async fn an_upload_that_does_not_fit(tier: &Tier, lv: &Libvirt, bytes: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let tiny = TinyPool::make(&lv);
+    let tiny = TinyPool::make(lv, "64k");
     let source = dir.path().join("big.img");
-    std::fs::write(&source, vec![0x5au8; 2 << 20]).unwrap();
+    std::fs::write(&source, vec![0x5au8; bytes]).unwrap();
     let image = golden::read(&source).unwrap();
-    let mut args = flags(&tier, dir.path(), &source);
+    let mut args = flags(tier, dir.path(), &source);
     args.retain(|a| !a.starts_with("--storage-pool="));
     args.push(format!("--storage-pool={}", TinyPool::NAME));
     let server = start(&args);
     golden_state(&server, "failed").await;
     let log = server.log_text();
     assert!(log.contains("slots withheld: golden image"), "{log}");
-    assert!(log.contains("upload to pool"), "{log}");
     let line = log
         .lines()
         .find(|l| l.contains("upload to pool"))
         .unwrap_or_default();
-    println!("the reason logged: {line}");
+    println!("{bytes} bytes: the reason logged: {line}");
+    assert!(REASONS.iter().any(|r| line.contains(r)), "{log}");
+    assert!(line.contains("the partial volume was deleted"), "{line}");
     let mut c = server.client().await;
     assert_eq!(
         list_all(&mut c).await.machines.len(),
         0,
         "the slot is withheld"
     );
-    tiny.pool.refresh(0).unwrap();
-    let left = tiny.pool.list_volumes().unwrap();
+    let left = tiny.volumes();
     assert!(
         !left.contains(&image.volume),
         "the partial volume is deleted: {left:?}"
@@ -280,4 +245,15 @@ async fn image_source_upload_failure_keeps_the_slot_out() {
     drop(c);
     drop(server);
     drop(tiny);
+}
+
+#[tokio::test]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
+async fn image_source_upload_failure_keeps_the_slot_out() {
+    let tier = Tier::from_env();
+    let lv = Libvirt::open(Tier::from_env());
+    // Many stream packets: mostly a later send, or finish, reports the failed write.
+    an_upload_that_does_not_fit(&tier, &lv, 2 << 20).await;
+    // One packet (256 KiB): on libvirt 9.0 mostly reported finished though its write failed.
+    an_upload_that_does_not_fit(&tier, &lv, 200 << 10).await;
 }

@@ -7,7 +7,8 @@
 //! checked (format and virtual size; the name already carries the content hash, and
 //! downloading gigabytes on every reconnect to re-hash them is not cheap) and, when it does
 //! not match, the host is refused. When it is missing it is created in `--storage-pool` and
-//! the file is streamed up (libvirt volume upload); a failed upload deletes the volume it
+//! the file is streamed up (libvirt volume upload) and, since libvirt can report a failed
+//! write as a finished upload, checked ([`readback`]); a failed upload deletes the volume it
 //! made, so no half-written base is ever left to be taken for a good one.
 //!
 //! [`GoldenGate`] is the host's [`Gate`]: `host` runs it on every (re)connect before the
@@ -31,6 +32,7 @@ use crate::render::ownership::escape;
 use crate::render::rbd::PoolKind;
 use crate::render::xml;
 use crate::storage::golden_rbd;
+use crate::storage::readback::{self, Content, hex};
 
 pub use crate::options::GoldenImage;
 
@@ -102,14 +104,6 @@ fn volume_name(path: &Path, format: &str, sha256: &str) -> String {
         .filter(|s| !s.is_empty())
         .unwrap_or(format);
     format!("{stem}-{}.{ext}", &sha256[..16])
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// `--image-source` on every host: the image, and the pool it goes to (`--storage-pool`).
@@ -186,7 +180,11 @@ pub(crate) fn ensure(
         ))
     })?;
     if !test_driver {
-        if let Err(e) = upload(conn, &volume, zone, golden) {
+        let uploaded = upload(conn, &volume, zone, golden).and_then(|()| {
+            let _ = pool.refresh(0);
+            written(conn, &volume, golden)
+        });
+        if let Err(e) = uploaded {
             let cleanup = match volume.delete(0) {
                 Ok(()) => "the partial volume was deleted".to_owned(),
                 Err(d) => format!("deleting the partial volume failed too: {}", text(&d)),
@@ -196,7 +194,6 @@ pub(crate) fn ensure(
                  check the pool's free space and that the host accepts volume uploads"
             )));
         }
-        let _ = pool.refresh(0);
     }
     info!(zone, volume = %name, bytes = golden.bytes, "golden image uploaded");
     Ok(Ensured::Uploaded)
@@ -239,17 +236,18 @@ fn check(
         .and_then(|desc| xml::volume_format(&desc))
         .unwrap_or_default();
     if capacity == golden.capacity && format == golden.format {
-        if test_driver || info.allocation >= golden.bytes {
+        if test_driver {
             return Ok(());
         }
-        let digest = downloaded_sha256(conn, volume, golden.bytes).map_err(|e| {
-            Refusal::Failed(format!(
-                "golden image {name}: it holds {} of the file's {} bytes, and reading it back \
-                 to compare failed: {e}",
-                info.allocation, golden.bytes
-            ))
-        })?;
-        if digest == golden.sha256 {
+        let found = readback::content(conn, volume, golden.bytes, || golden.sha256.clone())
+            .map_err(|e| {
+                Refusal::Failed(format!(
+                    "golden image {name}: it holds {} of the file's {} bytes, and reading it \
+                     back to compare failed: {e}",
+                    info.allocation, golden.bytes
+                ))
+            })?;
+        if !matches!(found, Content::Differs { .. }) {
             return Ok(());
         }
         return Err(Refusal::Mismatch(format!(
@@ -273,33 +271,18 @@ fn check(
     )))
 }
 
-/// The sha256 (hex) of the volume's first `bytes` bytes, read over a libvirt stream.
-fn downloaded_sha256(conn: &Connect, volume: &StorageVol, bytes: u64) -> Result<String, String> {
-    let stream = Stream::new(conn, 0).map_err(|e| format!("open download stream: {}", text(&e)))?;
-    if let Err(e) = volume.download(&stream, 0, bytes, 0) {
-        let _ = stream.abort();
-        return Err(format!("start download: {}", text(&e)));
+/// After an upload libvirt reported finished: the volume must hold the file (see
+/// [`readback`] for why a finished upload is not taken on trust).
+fn written(conn: &Connect, volume: &StorageVol, golden: &GoldenImage) -> Result<(), String> {
+    match readback::content(conn, volume, golden.bytes, || golden.sha256.clone()) {
+        Ok(Content::Allocated | Content::ReadBack) => Ok(()),
+        Ok(Content::Differs { allocation }) => Err(format!(
+            "libvirt reported the upload finished, but the volume holds {allocation} of the \
+             file's {} bytes and reads back differently (a write on the host failed)",
+            golden.bytes
+        )),
+        Err(e) => Err(format!("check the uploaded volume: {e}")),
     }
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; CHUNK];
-    loop {
-        match stream.recv(&mut buffer) {
-            Ok(0) => break,
-            Ok(n) if n > 0 => hasher.update(&buffer[..n.unsigned_abs()]),
-            Ok(_) => {
-                let _ = stream.abort();
-                return Err("the download stream returned no data".to_owned());
-            }
-            Err(e) => {
-                let _ = stream.abort();
-                return Err(format!("download: {}", text(&e)));
-            }
-        }
-    }
-    stream
-        .finish()
-        .map_err(|e| format!("finish download: {}", text(&e)))?;
-    Ok(hex(&hasher.finalize()))
 }
 
 /// Streams the file into the volume, logging progress.

@@ -146,12 +146,17 @@ fn make_or_adopt(
             .lookup_storage_vol_by_name(name)
             .map(|volume| (volume, false))
             .map_err(|e| format!("adopt volume {name}: {}", text(&e))),
-        Err(e) => Err(format!("{what} {name}: {}", text(&e))),
+        Err(e) => {
+            let in_pool = (pool.name().ok()).map_or(String::new(), |p| format!(" in pool {p:?}"));
+            Err(format!("{what} {name}{in_pool}: {}", text(&e)))
+        }
     }
 }
 
 /// Writes `bytes` into the volume from offset 0. The test driver keeps no volume contents
 /// and cannot stream, so there the upload is skipped (nothing could read it back anyway).
+/// Unlike the golden image's (see `readback`), this upload is not read back: the seed volume
+/// is made fully allocated, so a full pool fails its creation rather than a write.
 pub(crate) fn upload(session: &Session, volume: &StorageVol, bytes: &[u8]) -> Result<(), String> {
     if session.test_driver {
         return Ok(());
