@@ -8,7 +8,8 @@
 #
 # The table's lines live in the file $BIGFLEET_PHASE_LOG, one per phase:
 # NAME<TAB>SECONDS<TAB>OUTCOME. The commands a phase runs may append lines of their own
-# (scripts/qemu-tier/ci.sh does, one per step of the tier). A script sourcing this while the
+# (scripts/qemu-tier/ci.sh does, one per step of the tier), and notes to print after the table
+# to $BIGFLEET_PHASE_LOG.notes (the tier's failed tests). A script sourcing this while the
 # variable already names a file (scripts/test.sh run by .ci/run) appends its phases to that
 # file and leaves the table to the script that created it.
 
@@ -45,7 +46,11 @@ phases_report() {
         echo
         echo "$0: phases (wall seconds)"
         awk -F'\t' '{ printf "  %-36s %6d s  %s\n", $1, $2, $3 }' "$BIGFLEET_PHASE_LOG"
-        rm -f "$BIGFLEET_PHASE_LOG"
+        if [[ -s $BIGFLEET_PHASE_LOG.notes ]]; then
+            echo
+            cat "$BIGFLEET_PHASE_LOG.notes"
+        fi
+        rm -f "$BIGFLEET_PHASE_LOG" "$BIGFLEET_PHASE_LOG.notes"
     fi
     exit "$status"
 }

@@ -95,9 +95,19 @@ wait_for_background_prepare() {
 build_tests() {
     (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration --no-run)
 }
+# A failing group's panics (each with the lines after it) go to the phase table's notes
+# ($BIGFLEET_PHASE_LOG.notes, printed after the table), so the end of a CI log says why.
 test_group() { # group
+    local log="$tier_dir/test-$1.log" status=0
     (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration -- \
-        --ignored --nocapture --test-threads=1 "$1::")
+        --ignored --nocapture --test-threads=1 "$1::") 2>&1 | tee "$log" || status=$?
+    if ((status != 0)) && [[ -n ${BIGFLEET_PHASE_LOG:-} ]]; then
+        {
+            echo "test $1 failed; its panics:"
+            grep -A 6 "panicked at" "$log" | cut -c1-400 | head -n 60 || true
+        } >>"$BIGFLEET_PHASE_LOG.notes"
+    fi
+    return "$status"
 }
 
 cmd_ci() {
