@@ -99,8 +99,12 @@ build_tests() {
 # ($BIGFLEET_PHASE_LOG.notes, printed after the table), so the end of a CI log says why.
 test_group() { # group
     local log="$tier_dir/test-$1.log" status=0
-    (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration -- \
-        --ignored --nocapture --test-threads=1 "$1::") 2>&1 | tee "$log" || status=$?
+    mkdir -p "$tier_dir"
+    # The group's status is cargo's, never tee's.
+    if ! (cd "$repo" && cargo test --locked -p bigfleet-libvirt --test integration -- \
+        --ignored --nocapture --test-threads=1 "$1::") 2>&1 | tee "$log"; then
+        status=${PIPESTATUS[0]}
+    fi
     if ((status != 0)) && [[ -n ${BIGFLEET_PHASE_LOG:-} ]]; then
         {
             echo "test $1 failed; its panics:"
