@@ -464,6 +464,7 @@ fn the_dashboard_parses_and_covers_what_operators_look_at() {
         "in flight and budget",
         "Dedicated CPUs",
         "Huge pages",
+        "Passthrough devices",
     ] {
         assert!(
             titles.iter().any(|t| t.contains(wanted)),

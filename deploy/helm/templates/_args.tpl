@@ -54,6 +54,9 @@ and the doctor hook Job checks exactly them.
 {{- if .Values.instanceTypes.content }}
 - --instance-types=/etc/bigfleet/instance-types/instance-types.json
 {{- end }}
+{{- if .Values.deviceClasses.content }}
+- --device-classes=/etc/bigfleet/device-classes/device-classes.json
+{{- end }}
 {{- if .Values.offerings.content }}
 - --offerings=/etc/bigfleet/offerings/offerings.json
 {{- end }}

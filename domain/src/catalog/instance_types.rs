@@ -2,7 +2,8 @@
 //!
 //! The built-in `kvm.*` catalog covers a first run; `--instance-types` replaces it (no merge)
 //! with a JSON object `name -> {"vcpu": N, "memory_mib": N}` (and optionally `disk_gib` and
-//! `data_disks`, see [`DiskShape`]; `hugepages` and `dedicated_cpus`, see [`Placement`]),
+//! `data_disks`, see [`DiskShape`]; `hugepages` and `dedicated_cpus`, see [`Placement`];
+//! `devices`, a count per class of [`DeviceClasses`]),
 //! which the configuration loader
 //! decodes into [`RawInstanceType`] entries and hands to [`InstanceCatalog::from_raw`]. The
 //! catalog is the only source of a machine's `allocatable`, so a shape is refused unless both
@@ -13,6 +14,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::CatalogError;
+use super::devices::{DeviceClasses, device_counts};
 use super::disks::{DiskShape, RawDisks};
 use super::placement::{Placement, RawPlacement};
 use crate::StringMap;
@@ -30,12 +32,15 @@ pub struct InstanceType {
     pub disks: DiskShape,
     /// Huge pages and dedicated CPUs.
     pub placement: Placement,
+    /// Passthrough devices: a count per device class.
+    pub devices: BTreeMap<String, u32>,
 }
 
-/// Instance types by name, in name order.
+/// Instance types by name, in name order, and the device classes they may ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceCatalog {
     types: BTreeMap<String, InstanceType>,
+    classes: DeviceClasses,
 }
 
 /// The file's per-type entry, as decoded and not yet checked. Missing numbers default to 0 so
@@ -55,6 +60,9 @@ pub struct RawInstanceType {
     /// The placement fields as written.
     #[serde(flatten)]
     pub placement: RawPlacement,
+    /// Device counts by class, as written.
+    #[serde(default)]
+    pub devices: BTreeMap<String, i64>,
 }
 
 impl InstanceCatalog {
@@ -80,11 +88,15 @@ impl InstanceCatalog {
                     memory_mib,
                     disks,
                     placement: Placement::default(),
+                    devices: BTreeMap::new(),
                 };
                 (name.to_owned(), shape)
             })
             .collect();
-        Self { types }
+        Self {
+            types,
+            classes: DeviceClasses::default(),
+        }
     }
 
     /// Checks a decoded catalog (`None` for a JSON `null`); `source_name` names the file in
@@ -126,15 +138,51 @@ impl InstanceCatalog {
             };
             let disks = DiskShape::from_raw(&shape.disks, source_name, &name)?;
             let placement = Placement::from_raw(&shape.placement, memory_mib, source_name, &name)?;
+            let devices = device_counts(&shape.devices, source_name, &name)?;
             let shape = InstanceType {
                 vcpu,
                 memory_mib,
                 disks,
                 placement,
+                devices,
             };
             types.insert(name, shape);
         }
-        Ok(Self { types })
+        Ok(Self {
+            types,
+            classes: DeviceClasses::default(),
+        })
+    }
+
+    /// The catalog with `classes` (`--device-classes`; empty without the flag): every class a
+    /// type asks for must be declared there.
+    ///
+    /// # Errors
+    /// [`CatalogError::UnknownDeviceClass`] naming the type and the class.
+    pub fn with_device_classes(mut self, classes: DeviceClasses) -> Result<Self, CatalogError> {
+        for (name, shape) in &self.types {
+            if let Some(class) = shape.devices.keys().find(|c| classes.get(c).is_none()) {
+                return Err(CatalogError::UnknownDeviceClass {
+                    instance_type: name.clone(),
+                    class: class.clone(),
+                    known: classes.known(),
+                });
+            }
+        }
+        self.classes = classes;
+        Ok(self)
+    }
+
+    /// The device classes.
+    #[must_use]
+    pub fn device_classes(&self) -> &DeviceClasses {
+        &self.classes
+    }
+
+    /// Whether any type asks for passthrough devices.
+    #[must_use]
+    pub fn asks_devices(&self) -> bool {
+        self.types.values().any(|shape| !shape.devices.is_empty())
     }
 
     /// The shape called `name`.
@@ -162,8 +210,8 @@ impl InstanceCatalog {
     }
 
     /// The machine's `allocatable` for type `name`: `cpu` as the vCPU count and `memory` in
-    /// `Gi` when the MiB count is a whole number of GiB, else in `Mi`. `None` for an unknown
-    /// type.
+    /// `Gi` when the MiB count is a whole number of GiB, else in `Mi`, and each device
+    /// class's resource with its count. `None` for an unknown type.
     #[must_use]
     pub fn allocatable(&self, name: &str) -> Option<StringMap> {
         let shape = self.get(name)?;
@@ -172,10 +220,16 @@ impl InstanceCatalog {
         } else {
             format!("{}Mi", shape.memory_mib)
         };
-        Some(StringMap::from([
+        let mut map = StringMap::from([
             ("cpu".to_owned(), shape.vcpu.to_string()),
             ("memory".to_owned(), memory),
-        ]))
+        ]);
+        for (class, count) in &shape.devices {
+            if let Some(class) = self.classes.get(class) {
+                map.insert(class.resource.clone(), count.to_string());
+            }
+        }
+        Some(map)
     }
 }
 
@@ -207,6 +261,7 @@ mod tests {
                 data: Vec::new(),
             },
             placement: Placement::default(),
+            devices: BTreeMap::new(),
         };
         assert_eq!(catalog.get("kvm.small"), Some(&shape(2, 4096, 40)));
         assert_eq!(catalog.get("kvm.medium"), Some(&shape(4, 8192, 80)));

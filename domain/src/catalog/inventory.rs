@@ -154,7 +154,48 @@ fn validate_offering(
         });
     }
     validate_placement(offering, cfg)?;
+    validate_device_resources(offering, cfg)?;
     Ok(capacity)
+}
+
+/// An offering's `resources` may name a device resource (a name with a `/`) only as its
+/// type's `devices` claim it: a class advertising that resource, and the type's count of it.
+/// Anything else would advertise hardware no machine of the slot has.
+fn validate_device_resources(
+    offering: &Offering,
+    cfg: &InventoryConfig<'_>,
+) -> Result<(), CatalogError> {
+    let classes = cfg.catalog.device_classes();
+    let asks = (cfg.catalog.get(&offering.instance_type)).map(|t| &t.devices);
+    for (resource, value) in &offering.resources {
+        if !resource.contains('/') {
+            continue;
+        }
+        let why = match classes.by_resource(resource) {
+            None => format!(
+                "no class in --device-classes advertises it (declared: {})",
+                classes.known()
+            ),
+            Some((class, _)) => {
+                let count = asks.and_then(|a| a.get(class)).copied().unwrap_or(0);
+                if value.trim() == count.to_string() {
+                    continue;
+                }
+                format!(
+                    "instance type {:?} asks for {count} of class {class:?}",
+                    offering.instance_type
+                )
+            }
+        };
+        return Err(CatalogError::OfferingDeviceResource {
+            instance_type: offering.instance_type.clone(),
+            zone: offering.zone.clone(),
+            resource: resource.clone(),
+            value: value.clone(),
+            why,
+        });
+    }
+    Ok(())
 }
 
 /// Checks an offering's zone, count and labels.

@@ -12,6 +12,7 @@
 //! name a catalog type, and slot numbering never produces two machines with the same id.
 
 mod capacity;
+mod devices;
 mod disks;
 mod instance_types;
 mod inventory;
@@ -24,6 +25,10 @@ mod pricing;
 mod inventory_snapshots;
 
 pub use capacity::parse_capacity_type;
+pub use devices::{
+    DeviceClass, DeviceClasses, DeviceSource, MAX_DEVICES_PER_CLASS, RawDeviceClass, RawMdev,
+    RawPciIds,
+};
 pub use disks::{
     DataDisk, DiskShape, MAX_DATA_DISKS, MAX_DISK_GIB, MAX_DISK_NAME, RawDataDisk, RawDisks,
     gib_bytes,
@@ -86,6 +91,46 @@ pub enum CatalogError {
         field: String,
         /// What is wrong with it and how to fix it.
         problem: String,
+    },
+    /// A device class that cannot be used.
+    #[error("--device-classes {source_name}: class {name:?} {problem}")]
+    DeviceClass {
+        /// The file name.
+        source_name: String,
+        /// The class.
+        name: String,
+        /// What is wrong with it and how to fix it.
+        problem: String,
+    },
+    /// An instance type asking for a class `--device-classes` does not declare.
+    #[error(
+        "--instance-types: {instance_type:?} asks for devices of class {class:?}, which \
+         --device-classes does not declare (declared: {known}); declare the class or fix the name"
+    )]
+    UnknownDeviceClass {
+        /// The instance type.
+        instance_type: String,
+        /// The class it names.
+        class: String,
+        /// The declared classes.
+        known: String,
+    },
+    /// An offering advertising a device resource its machines would not have.
+    #[error(
+        "offering {instance_type}/{zone}: resources name {resource:?} = {value:?}, but {why}; \
+         a slot may advertise a device only as its instance type's \"devices\" claim it"
+    )]
+    OfferingDeviceResource {
+        /// The offering's instance type.
+        instance_type: String,
+        /// The offering's zone.
+        zone: String,
+        /// The resource named.
+        resource: String,
+        /// The value given.
+        value: String,
+        /// Why it cannot be backed.
+        why: String,
     },
     /// An instance type name that cannot appear inside a machine id.
     #[error(

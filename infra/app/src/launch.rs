@@ -22,7 +22,8 @@ use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
 
 mod devices;
 use bigfleet_libvirt_domain::catalog::{
-    self, CatalogError, InstanceCatalog, Inventory, InventoryConfig, Offering, PriceTable,
+    self, CatalogError, DeviceClasses, InstanceCatalog, Inventory, InventoryConfig, Offering,
+    PriceTable,
 };
 
 mod flags;
@@ -191,6 +192,11 @@ fn catalog_and_prices(flags: &Flags) -> Result<(InstanceCatalog, PriceTable), La
         Some(path) => config::load_instance_types(path)?,
         None => InstanceCatalog::builtin(),
     };
+    let classes = match &flags.device_classes {
+        Some(path) => config::load_device_classes(path)?,
+        None => DeviceClasses::default(),
+    };
+    let catalog = catalog.with_device_classes(classes)?;
     let overrides = catalog::parse_prices(&flags.prices)?;
     let prices = PriceTable::new(
         overrides,

@@ -44,6 +44,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
                         memory_mib: shape.map_or(0, |s| s.memory_mib),
                         disks: shape.map(|s| s.disks.clone()).unwrap_or_default(),
                         placement: shape.map(|s| s.placement).unwrap_or_default(),
+                        devices: shape.map(|s| s.devices.clone()).unwrap_or_default(),
                         instance_type,
                     }
                 })
@@ -70,6 +71,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
         budget: settings.budget,
         connections: settings.connections,
         max_client_requests: settings.max_client_requests,
+        classes: plan.catalog.device_classes().clone(),
     }
 }
 
@@ -114,6 +116,7 @@ pub async fn run<C: Clock>(
             .collect::<BTreeSet<_>>(),
         trial: trial_domain.then(|| trial_plan(plan)),
         placement: plan.libvirt.places(&plan.catalog),
+        devices: plan.catalog.asks_devices(),
     };
     let probes = plan.connections.iter().map(|connection| {
         let (zone, uri, target) = (
@@ -140,6 +143,7 @@ pub async fn run<C: Clock>(
                 max_workers: Probe::Unsupported(String::new()),
                 max_client_requests: Probe::Unsupported(String::new()),
                 topology: None,
+                held_devices: None,
             };
             futures::select_biased! {
                 done = futures::FutureExt::fuse(work) => done.unwrap_or_else(|e| {

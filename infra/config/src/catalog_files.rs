@@ -1,4 +1,4 @@
-//! The catalog's two files, `--instance-types` and `--offerings`: read from disk and decoded
+//! The catalog's files, `--instance-types`, `--device-classes` and `--offerings`: read from disk and decoded
 //! from JSON here, then handed to the domain's catalog, which decides whether they are usable.
 //!
 //! Reading and decoding stay out of the domain (it does no IO and links no JSON library), so
@@ -9,13 +9,40 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use bigfleet_libvirt_domain::catalog::{
-    InstanceCatalog, Offering, RawInstanceType, offerings_from_raw,
+    DeviceClasses, InstanceCatalog, Offering, RawDeviceClass, RawInstanceType, offerings_from_raw,
 };
 
 use super::ConfigError;
 
 const INSTANCE_TYPES_FLAG: &str = "--instance-types";
 const OFFERINGS_FLAG: &str = "--offerings";
+const DEVICE_CLASSES_FLAG: &str = "--device-classes";
+
+/// Reads and parses a `--device-classes` file (a JSON object name -> class; unknown keys in
+/// a class are refused, so a misspelt `pci` is not silently a class matching nothing).
+///
+/// # Errors
+/// [`ConfigError::Read`] when the file cannot be read, [`ConfigError::Parse`] for malformed
+/// JSON, otherwise the catalog's refusal as [`DeviceClasses::from_raw`] gives it.
+pub fn load_device_classes(path: impl AsRef<Path>) -> Result<DeviceClasses, ConfigError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        flag: DEVICE_CLASSES_FLAG,
+        path: path.to_owned(),
+        source,
+    })?;
+    let source_name = path.display().to_string();
+    let raw: Option<BTreeMap<String, RawDeviceClass>> =
+        serde_json::from_str(&text).map_err(|source| ConfigError::Parse {
+            flag: DEVICE_CLASSES_FLAG,
+            source_name: source_name.clone(),
+            source,
+            expected: "a JSON object name -> {\"resource\": \"vendor.com/name\", and one of \
+                       \"pci\": {\"vendor\": \"10de\", \"product\": \"20b0\"}, \"mdev\": \
+                       {\"type\": \"nvidia-63\"} or \"vf\": {\"vendor\": ..., \"product\": ...}}",
+        })?;
+    Ok(DeviceClasses::from_raw(raw, &source_name)?)
+}
 
 /// Reads and parses an `--instance-types` file.
 ///

@@ -16,7 +16,8 @@ mod uri;
 pub mod naming;
 
 pub use catalog_files::{
-    instance_types_from_json, load_instance_types, load_offerings, offerings_from_json,
+    instance_types_from_json, load_device_classes, load_instance_types, load_offerings,
+    offerings_from_json,
 };
 pub use connect::{HostConnection, parse_connect, validate_default_zone};
 pub use uri::{query_value, redact as redact_uri};

@@ -214,6 +214,16 @@ pub struct Flags {
         value_parser = optional_path
     )]
     pub instance_types: ::std::option::Option<PathBuf>,
+    /// JSON device classes name -> {resource, pci|mdev|vf}: the passthrough hardware
+    /// instance types may ask for (docs/placement.md).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_DEVICE_CLASSES",
+        default_value = "",
+        value_parser = optional_path
+    )]
+    pub device_classes: ::std::option::Option<PathBuf>,
     /// Explicit USD/hour prices, type=usd,...
     #[arg(
         long,

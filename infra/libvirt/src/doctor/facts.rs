@@ -1,12 +1,13 @@
 //! What doctor judges: the facts the probe read from each host ([`HostFacts`]) and what the
 //! flags would run there ([`Expectations`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use bigfleet_libvirt_domain::catalog::{DiskShape, Placement};
+use bigfleet_libvirt_domain::catalog::{DeviceClasses, DiskShape, Placement};
 use std::sync::Arc;
 
 use crate::options::{Budget, CapacityPolicy, GoldenImage};
+use crate::render::passthrough::DeviceKey;
 use crate::render::placement::Topology;
 
 /// A probe's answer about one object on a host.
@@ -129,6 +130,9 @@ pub struct HostFacts {
     /// The host's CPU and huge page topology and its free huge pages by size; read only
     /// when some type holds part of a host alone or `--dedicated-cpus` is set (`None`).
     pub topology: Option<Probe<(Topology, BTreeMap<u64, u64>)>>,
+    /// The passthrough devices the host's domains hold (any domain's); read with the
+    /// topology when some type asks for devices (`None` otherwise).
+    pub held_devices: Option<BTreeSet<DeviceKey>>,
 }
 
 /// One CPU choice tried on a throw-away paused domain (`doctor --trial-domain`).
@@ -159,6 +163,8 @@ pub struct Slots {
     pub disks: DiskShape,
     /// The type's huge pages and dedicated CPUs.
     pub placement: Placement,
+    /// The type's passthrough devices: a count per class.
+    pub devices: BTreeMap<String, u32>,
 }
 
 /// What the flags would run.
@@ -188,4 +194,6 @@ pub struct Expectations {
     pub connections: usize,
     /// The hosts' `max_client_requests` as stated (`--host-max-client-requests`).
     pub max_client_requests: usize,
+    /// `--device-classes`.
+    pub classes: DeviceClasses,
 }

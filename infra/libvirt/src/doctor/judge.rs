@@ -121,6 +121,7 @@ fn judge_host(want: &Expectations, host: &HostFacts, slots: &[Slots], out: &mut 
     out.push(network(want, zone, host.network.as_ref()));
     out.push(capacity(want, zone, connection, slots));
     out.extend(super::placement::placement(want, host, slots));
+    out.extend(super::passthrough::devices(want, host, slots));
     out.push(domains(zone, &host.domains));
     out.extend(super::trial::cpu_trials(zone, host.cpu_trials.as_deref()));
     out.push(host_budget(want, host, &host.max_client_requests));

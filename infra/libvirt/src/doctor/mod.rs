@@ -11,7 +11,7 @@
 //! `doctor/checks.rs` the checks of one host (`doctor/golden.rs` the `image-source` one,
 //! `doctor/ceph.rs` the rbd pool's and the seed pool's, with the probe's read of the pool's
 //! cephx secret, `doctor/trial.rs` the `cpu trial` ones, `doctor/placement.rs` the `dedicated cpus` and `huge
-//! pages` ones), `doctor/judge.rs` the judgement that runs them in
+//! pages` ones, `doctor/passthrough.rs` the `devices` ones), `doctor/judge.rs` the judgement that runs them in
 //! order, and `doctor/report.rs` the report, its verdict and its table.
 
 mod budget;
@@ -20,6 +20,7 @@ mod checks;
 mod facts;
 mod golden;
 mod judge;
+mod passthrough;
 mod placement;
 pub(crate) mod probe;
 mod report;
@@ -35,6 +36,8 @@ pub use report::{Check, Report, Status, table};
 
 #[cfg(test)]
 mod ceph_tests;
+#[cfg(test)]
+mod passthrough_tests;
 #[cfg(test)]
 mod placement_tests;
 #[cfg(test)]

@@ -18,6 +18,7 @@ fn host(free: u64) -> HostFacts {
     let topology = Topology {
         cells: vec![cell(0, "0-3"), cell(1, "4-7")],
         pages: BTreeMap::from([(2048, 1024)]),
+        devices: Vec::new(),
     };
     HostFacts {
         topology: Some(Probe::Found((topology, BTreeMap::from([(2048, free)])))),

@@ -16,6 +16,7 @@ use super::facts::{Connection, DomainCaps, Domains, HostFacts, Pool, Probe, Volu
 use super::trial_domain::{self, TrialPlan};
 use crate::host::domains::{is_active, read_tag};
 use crate::host::error::{is_unsupported, text};
+use crate::render::passthrough::DeviceKey;
 use crate::render::placement::Topology;
 use crate::render::xml;
 
@@ -41,6 +42,9 @@ pub struct ProbeTarget {
     /// Whether to read the host's CPU and huge page topology (some type holds part of a
     /// host alone, or `--dedicated-cpus` is set).
     pub placement: bool,
+    /// Whether to read its node devices and what its domains hold (some type asks for
+    /// passthrough devices).
+    pub devices: bool,
 }
 
 fn answer<T>(result: Result<T, VirtError>, missing: ErrorNumber) -> Probe<T> {
@@ -75,6 +79,7 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
         max_client_requests: skipped(),
         max_workers: skipped(),
         topology: None,
+        held_devices: None,
     };
     let conn = match Connect::open(Some(uri)) {
         Ok(conn) => conn,
@@ -106,7 +111,10 @@ pub fn probe(zone: &str, uri: &str, target: &ProbeTarget) -> HostFacts {
         }
         facts.domains = domains(&conn, target);
         if target.placement {
-            facts.topology = Some(topology(&conn));
+            facts.topology = Some(topology(&conn, target.devices));
+        }
+        if target.devices {
+            facts.held_devices = Some(held_devices(&conn));
         }
         // After the domain count, so the trial domains are never in it.
         if let Some(plan) = &target.trial {
@@ -170,9 +178,19 @@ fn network(conn: &Connect, name: &str) -> Probe<bool> {
     }
 }
 
-/// The host's topology and its free huge pages by size (as the provider's scans read them).
-fn topology(conn: &Connect) -> Probe<(Topology, BTreeMap<u64, u64>)> {
-    let read = crate::host::topology::read(conn)
+/// The passthrough devices every domain of the host holds (by its persistent definition, as
+/// the provider's scans read them); none when the domains cannot be listed.
+fn held_devices(conn: &Connect) -> BTreeSet<DeviceKey> {
+    let domains = conn.list_all_domains(0).unwrap_or_default();
+    (domains.iter())
+        .flat_map(|domain| crate::host::topology::held(domain).devices)
+        .collect()
+}
+
+/// The host's topology (with its node devices when `devices`) and its free huge pages by
+/// size (as the provider's scans read them).
+fn topology(conn: &Connect, devices: bool) -> Probe<(Topology, BTreeMap<u64, u64>)> {
+    let read = crate::host::topology::read(conn, devices)
         .and_then(|t| crate::host::topology::free_pages(conn, &t).map(|free| (t, free)));
     match read {
         Ok(found) => Probe::Found(found),

@@ -26,8 +26,10 @@ pub(super) fn want() -> Expectations {
                 memory_mib: 4096,
                 disks: bigfleet_libvirt_domain::catalog::DiskShape::default(),
                 placement: bigfleet_libvirt_domain::catalog::Placement::default(),
+                devices: std::collections::BTreeMap::new(),
             }],
         )],
+        classes: bigfleet_libvirt_domain::catalog::DeviceClasses::default(),
     }
 }
 
@@ -65,6 +67,7 @@ pub(super) fn good() -> HostFacts {
         max_client_requests: Probe::Unsupported("no admin API".to_owned()),
         max_workers: Probe::Unsupported("no admin API".to_owned()),
         topology: None,
+        held_devices: None,
     }
 }
 

@@ -154,14 +154,15 @@ impl Scan {
 }
 
 /// Reads node info, every domain (with what its definition binds when `placement`, and
-/// then the host's topology and free huge pages too), the volume names of `pools` (`--storage-pool` first, then
+/// then the host's topology and free huge pages too, and its node devices when `devices`),
+/// the volume names of `pools` (`--storage-pool` first, then
 /// `--seed-pool` when it is another), the storage pool's size, and the size of every volume
 /// in it not named after a domain of `provider`'s.
 pub(crate) fn scan(
     session: &Session,
     pools: &[String],
     provider: &str,
-    placement: bool,
+    (placement, devices): (bool, bool),
 ) -> Result<Scan, HypervisorError> {
     let conn = &session.conn;
     let info = conn
@@ -213,7 +214,9 @@ pub(crate) fn scan(
         }
     };
     Ok(Scan {
-        topology: placement.then(|| read_topology(session)).transpose()?,
+        topology: placement
+            .then(|| read_topology(session, devices))
+            .transpose()?,
         node: Some(Node {
             cpus: info.cpus,
             memory_kib: info.memory,
@@ -227,8 +230,11 @@ pub(crate) fn scan(
 
 /// The host's topology and its free huge pages by size (none when they cannot be read: then
 /// only the domains' own claims count against the pools).
-fn read_topology(session: &Session) -> Result<(Topology, BTreeMap<u64, u64>), HypervisorError> {
-    let read = topology::read(&session.conn)?;
+fn read_topology(
+    session: &Session,
+    devices: bool,
+) -> Result<(Topology, BTreeMap<u64, u64>), HypervisorError> {
+    let read = topology::read(&session.conn, devices)?;
     let free = topology::free_pages(&session.conn, &read).unwrap_or_else(|e| {
         warn!(error = %e, "cannot read the host's free huge pages; only the domains' own \
               claims are counted against its pools");
@@ -307,18 +313,18 @@ pub fn inventory(
             None => {
                 let needs = catalog.get(&slot.instance_type).map(|t| {
                     let disk = disk_bytes(catalog, &slot.instance_type, view.image_bytes);
-                    needs(t.vcpu, t.memory_mib, t.placement, disk)
+                    needs(t.vcpu, t.memory_mib, t.placement, &t.devices, disk)
                 });
                 let left = free.entry(slot.zone.as_str()).or_insert(None);
                 let room = rooms.entry(slot.zone.as_str()).or_insert(None);
                 match (needs, left.as_mut()) {
                     (Some((shape, ask)), Some(left)) => {
                         let alone = ask == Ask::default()
-                            || room.as_mut().is_some_and(|r| r.clone().take(ask));
+                            || room.as_mut().is_some_and(|r| r.clone().take(&ask));
                         if shape.fits_in(*left) && alone {
                             *left = left.minus(shape);
                             if let Some(room) = room.as_mut() {
-                                room.take(ask);
+                                room.take(&ask);
                             }
                             machines.push(slot.clone());
                         }

@@ -245,6 +245,7 @@ fn what_a_domain_holds_alone_leaves_the_shared_budget_and_becomes_a_claim() {
     let topology = Topology {
         cells: Vec::new(),
         pages: BTreeMap::from([(2048, 4096)]),
+        devices: Vec::new(),
     };
     scan.topology = Some((topology, BTreeMap::from([(2048, 1000)])));
     let committed = scan.committed(P, &dedicated, &|_| 0);

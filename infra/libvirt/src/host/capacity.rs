@@ -254,7 +254,7 @@ impl Ledger {
         &mut self,
         name: &str,
         shape: Shape,
-        ask: Ask,
+        ask: &Ask,
         policy: &CapacityPolicy,
     ) -> Result<Placed, String> {
         if let (Some(node), Some(free)) = (self.node, self.free(policy)) {
@@ -398,7 +398,7 @@ mod tests {
             None,
         );
         ledger
-            .reserve("a", shape(4, 8192), Ask::default(), &policy)
+            .reserve("a", shape(4, 8192), &Ask::default(), &policy)
             .unwrap();
         let free = ledger.free(&policy).unwrap();
         assert_eq!((free.vcpu, free.memory_mib), (2, 4096));
@@ -408,7 +408,7 @@ mod tests {
             "no pool read: disk is not limited"
         );
         let refusal = ledger
-            .reserve("b", shape(4, 2048), Ask::default(), &policy)
+            .reserve("b", shape(4, 2048), &Ask::default(), &policy)
             .unwrap_err();
         assert!(refusal.contains("needs 4 vCPU and 2048 MiB"), "{refusal}");
         assert!(
@@ -427,7 +427,7 @@ mod tests {
         assert_eq!(ledger.used(), shape(6, 12288));
         ledger.forget("a");
         ledger
-            .reserve("c", shape(2, 1024), Ask::default(), &policy)
+            .reserve("c", shape(2, 1024), &Ask::default(), &policy)
             .unwrap();
         ledger.release("c");
         assert_eq!(ledger.used(), shape(2, 4096));
@@ -460,10 +460,10 @@ mod tests {
         // 100 GiB × 2 − 10 GiB foreign − 60 GiB of ours: 130 GiB free.
         assert_eq!(ledger.free(&policy).unwrap().disk_bytes, 130 << 30);
         ledger
-            .reserve("a", disk(1, 100), Ask::default(), &policy)
+            .reserve("a", disk(1, 100), &Ask::default(), &policy)
             .unwrap();
         let refusal = ledger
-            .reserve("b", disk(1, 40), Ask::default(), &policy)
+            .reserve("b", disk(1, 40), &Ask::default(), &policy)
             .unwrap_err();
         assert!(
             refusal.starts_with("needs 40.0 GiB of disk but only 30.0 GiB are free of 190.0 GiB"),
@@ -482,7 +482,7 @@ mod tests {
         let policy = CapacityPolicy::default();
         assert_eq!(ledger.free(&policy), None);
         ledger
-            .reserve("a", shape(1000, 1 << 40), Ask::default(), &policy)
+            .reserve("a", shape(1000, 1 << 40), &Ask::default(), &policy)
             .unwrap();
         assert!(ledger.is_pending("a"));
     }

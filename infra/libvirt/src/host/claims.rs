@@ -1,10 +1,12 @@
-//! What one machine holds of a host alone: dedicated CPUs (`--dedicated-cpus`) and huge
-//! pages. docs/placement.md explains why no CPU or page is ever given to two machines.
+//! What one machine holds of a host alone: dedicated CPUs (`--dedicated-cpus`), huge pages
+//! and passthrough devices (`--device-classes`). docs/placement.md explains why no CPU, page
+//! or device is ever given to two machines.
 //!
 //! The host's own domain definitions are the books. A scan reads every domain that holds
 //! resources (running, or ours even when stopped) and what its definition binds: the host
 //! CPUs of `<vcpu cpuset>`, `<vcpupin>` and `<emulatorpin>` that lie in the dedicated set,
-//! and its huge pages (`<memoryBacking>`). Between scans, a Create in flight holds a
+//! its huge pages (`<memoryBacking>`) and its `<hostdev>` and `<interface type='hostdev'>`
+//! devices (any domain's, ours or not: a device a foreign domain holds is never offered). Between scans, a Create in flight holds a
 //! *pending* claim, made and checked under the host ledger's lock, until its domain is
 //! defined (then the definition holds it) or it rolls back. A claim is concrete: the CPUs
 //! are chosen when it is made, and the domain's XML names them.
@@ -14,28 +16,37 @@
 //! Huge pages used by anything but the host's domains (the host's own processes) are
 //! counted as taken: the pool's size, less its free pages, less what running domains hold.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use bigfleet_libvirt_domain::catalog::Placement;
+use bigfleet_libvirt_domain::catalog::{DeviceClasses, Placement};
 
 use crate::host::capacity::Shape;
 use crate::options::CpuSet;
+use crate::render::passthrough::{DeviceKey, HostDevice, PlacedDevice};
 use crate::render::placement::{Held, Pinning, Placed, Topology};
 
 /// What a machine of some type asks for beyond its shared shape.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ask {
     /// vCPUs to pin to dedicated CPUs, one each; 0 for a shared machine.
     pub dedicated: u32,
     /// Huge pages: (size in KiB, count).
     pub pages: Option<(u64, u64)>,
+    /// Passthrough devices: a count per device class.
+    pub devices: BTreeMap<String, u32>,
 }
 
-/// What a machine of `vcpu` and `memory_mib` placed as `placement`, its disks being
-/// `disk_bytes`, takes from its host's shared budget (a dedicated machine's vCPUs and a huge
-/// page machine's memory are not in it), and what it holds alone.
+/// What a machine of `vcpu` and `memory_mib` placed as `placement` with `devices`, its
+/// disks being `disk_bytes`, takes from its host's shared budget (a dedicated machine's
+/// vCPUs and a huge page machine's memory are not in it), and what it holds alone.
 #[must_use]
-pub fn needs(vcpu: u32, memory_mib: u64, placement: Placement, disk_bytes: u64) -> (Shape, Ask) {
+pub fn needs(
+    vcpu: u32,
+    memory_mib: u64,
+    placement: Placement,
+    devices: &BTreeMap<String, u32>,
+    disk_bytes: u64,
+) -> (Shape, Ask) {
     let shape = Shape {
         vcpu: if placement.dedicated_cpus {
             0
@@ -52,6 +63,7 @@ pub fn needs(vcpu: u32, memory_mib: u64, placement: Placement, disk_bytes: u64) 
     let ask = Ask {
         dedicated: if placement.dedicated_cpus { vcpu } else { 0 },
         pages: (placement.hugepage_kib).zip(placement.pages(memory_mib)),
+        devices: devices.clone(),
     };
     (shape, ask)
 }
@@ -63,6 +75,8 @@ pub struct Claim {
     pub cpus: CpuSet,
     /// Huge pages: (size in KiB, count).
     pub pages: Option<(u64, u64)>,
+    /// Passthrough devices.
+    pub devices: BTreeSet<DeviceKey>,
 }
 
 impl Claim {
@@ -74,6 +88,7 @@ impl Claim {
         Self {
             cpus: held.pinned.and(dedicated),
             pages: held.pages(default_page_kib),
+            devices: held.devices.clone(),
         }
     }
 }
@@ -86,17 +101,27 @@ pub struct Room {
     pub cpus: u64,
     /// Free huge pages by size (KiB).
     pub pages: BTreeMap<u64, u64>,
+    /// Free devices by class.
+    pub devices: BTreeMap<String, u64>,
 }
 
 impl Room {
     /// Takes what `ask` needs, if it is all there.
-    pub fn take(&mut self, ask: Ask) -> bool {
+    pub fn take(&mut self, ask: &Ask) -> bool {
         let cpus = u64::from(ask.dedicated);
         let pages_ok = ask
             .pages
             .is_none_or(|(size, count)| self.pages.get(&size).copied().unwrap_or(0) >= count);
-        if cpus > self.cpus || !pages_ok {
+        let devices_ok = (ask.devices.iter()).all(|(class, count)| {
+            self.devices.get(class).copied().unwrap_or(0) >= u64::from(*count)
+        });
+        if cpus > self.cpus || !pages_ok || !devices_ok {
             return false;
+        }
+        for (class, count) in &ask.devices {
+            if let Some(free) = self.devices.get_mut(class) {
+                *free -= u64::from(*count);
+            }
         }
         self.cpus -= cpus;
         if let Some((size, count)) = ask.pages {
@@ -108,10 +133,12 @@ impl Room {
     }
 }
 
-/// A host's dedicated CPUs and huge pages, and who holds them.
+/// A host's dedicated CPUs, huge pages and passthrough devices, and who holds them.
 #[derive(Clone, Debug, Default)]
 pub struct Claims {
     topology: Option<Topology>,
+    /// The host's usable devices of each declared class (as of the last topology read).
+    pool: BTreeMap<String, Vec<HostDevice>>,
     /// Huge pages taken by anything but domains, by size, as of the last scan.
     outside: BTreeMap<u64, u64>,
     committed: BTreeMap<String, Claim>,
@@ -125,9 +152,45 @@ impl Claims {
         self.topology.as_ref()
     }
 
-    /// Records the host's topology (read by a scan, or by a Create that needed it first).
-    pub fn set_topology(&mut self, topology: Topology) {
+    /// Records the host's topology (read by a scan, or by a Create that needed it first),
+    /// and sorts its devices into `classes` (a device no class matches, or one that cannot
+    /// be passed through, is in no class).
+    pub fn set_topology(&mut self, topology: Topology, classes: &DeviceClasses) {
+        self.pool = (classes.iter())
+            .map(|(name, class)| {
+                let devices = (topology.devices.iter())
+                    .filter(|d| d.is(&class.source) && d.unusable().is_none())
+                    .cloned()
+                    .collect();
+                (name.to_owned(), devices)
+            })
+            .collect();
         self.topology = Some(topology);
+    }
+
+    /// The devices of `class` on this host that no domain holds, by address.
+    #[must_use]
+    pub fn free_devices(&self, class: &str) -> Vec<&HostDevice> {
+        let mut held = BTreeSet::new();
+        for claim in self.all() {
+            held.extend(claim.devices.iter());
+        }
+        (self.pool.get(class).into_iter().flatten())
+            .filter(|d| !held.contains(&d.key))
+            .collect()
+    }
+
+    /// Per declared class: the host's usable devices and how many are held.
+    #[must_use]
+    pub fn device_counts(&self) -> BTreeMap<String, (u64, u64)> {
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        (self.pool.iter())
+            .map(|(class, devices)| {
+                let free = count(self.free_devices(class).len());
+                let total = count(devices.len());
+                (class.clone(), (total, total.saturating_sub(free)))
+            })
+            .collect()
     }
 
     /// Replaces the committed claims with a scan's: `committed` (by domain), `free_pages`
@@ -198,6 +261,12 @@ impl Claims {
             pages: (topology.pages.keys())
                 .map(|size| (*size, self.free_pages(*size)))
                 .collect(),
+            devices: (self.pool.keys())
+                .map(|class| {
+                    let free = self.free_devices(class).len();
+                    (class.clone(), u64::try_from(free).unwrap_or(u64::MAX))
+                })
+                .collect(),
         })
     }
 
@@ -206,13 +275,13 @@ impl Claims {
     ///
     /// # Errors
     /// The refusal: what was asked, what is free, and the flag or host setting behind it.
-    pub fn grant(&mut self, name: &str, ask: Ask, dedicated: &CpuSet) -> Result<Placed, String> {
-        if dedicated.is_empty() && ask == Ask::default() {
+    pub fn grant(&mut self, name: &str, ask: &Ask, dedicated: &CpuSet) -> Result<Placed, String> {
+        if dedicated.is_empty() && *ask == Ask::default() {
             return Ok(Placed::default());
         }
         let Some(topology) = self.topology.as_ref() else {
             return Err(
-                "the host's CPU and huge page topology has not been read yet (its \
+                "the host's CPU, huge page and device topology has not been read yet (its \
                         first scan is running); try again"
                     .to_owned(),
             );
@@ -243,11 +312,15 @@ impl Claims {
             }
             placed.pinning = Some(self.pick(ask.dedicated, dedicated)?);
         }
+        for (class, count) in &ask.devices {
+            placed.devices.extend(self.pick_devices(class, *count)?);
+        }
         let claim = Claim {
             cpus: (placed.pinning.iter())
                 .flat_map(|p| p.cpus.iter().copied())
                 .collect(),
             pages: ask.pages,
+            devices: placed.devices.iter().map(|d| d.key.clone()).collect(),
         };
         self.pending.insert(name.to_owned(), claim);
         Ok(placed)
@@ -283,6 +356,26 @@ impl Claims {
             cpus: from.iter().take(want).collect(),
             cell,
         })
+    }
+
+    /// `count` free devices of `class`, the first by address.
+    fn pick_devices(&self, class: &str, count: u32) -> Result<Vec<PlacedDevice>, String> {
+        let free = self.free_devices(class);
+        let want = usize::try_from(count).unwrap_or(usize::MAX);
+        if free.len() < want {
+            let total = self.pool.get(class).map_or(0, Vec::len);
+            return Err(format!(
+                "needs {count} devices of class {class:?} but {} of the host's {total} usable \
+                 ones are free (doctor lists the host's devices and why any is unusable)",
+                free.len()
+            ));
+        }
+        Ok((free.into_iter().take(want))
+            .map(|d| PlacedDevice {
+                key: d.key.clone(),
+                vf: d.vf,
+            })
+            .collect())
     }
 
     /// A Create finished: its pending claim is now the domain's (until a scan reads it).

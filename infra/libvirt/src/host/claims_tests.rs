@@ -1,17 +1,40 @@
-//! The books of dedicated CPUs and huge pages: choices, exhaustion, release, pages in use
-//! elsewhere, a scan that began before a commit, and a property test that no CPU is ever
-//! held twice under any order of Creates, rollbacks, Deletes, removals and scans.
+//! The books of dedicated CPUs, huge pages and devices: choices, exhaustion, release, pages
+//! in use elsewhere, a scan that began before a commit, and a property test that no CPU and
+//! no device is ever held twice under any order of Creates, rollbacks, Deletes, removals and
+//! scans.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 
 use super::*;
+use bigfleet_libvirt_domain::catalog::{RawDeviceClass, RawPciIds};
+
 use crate::host::capacity::{Ledger, Node, Shape};
 use crate::options::CapacityPolicy;
+use crate::render::passthrough::PciAddress;
 use crate::render::placement::{Cell, Held};
 
-/// Two cells of four CPUs (0-3, 4-7), 512 huge pages of 2 MiB.
+/// A GPU (10de:20b0) at bus `bus`, bound to `driver`.
+fn gpu(bus: u8, driver: &str) -> HostDevice {
+    HostDevice {
+        name: format!("pci_0000_{bus:02x}_00_0"),
+        key: DeviceKey::Pci(PciAddress {
+            domain: 0,
+            bus,
+            slot: 0,
+            function: 0,
+        }),
+        ids: (0x10de, 0x20b0),
+        vf: false,
+        mdev_type: None,
+        driver: Some(driver.to_owned()),
+        iommu_group: Some(u32::from(bus)),
+    }
+}
+
+/// Two cells of four CPUs (0-3, 4-7), 512 huge pages of 2 MiB, three usable GPUs (buses
+/// 1-3) and one on a host driver (bus 4).
 fn topology() -> Topology {
     let cell = |id, cpus: &str| Cell {
         id,
@@ -20,6 +43,35 @@ fn topology() -> Topology {
     Topology {
         cells: vec![cell(0, "0-3"), cell(1, "4-7")],
         pages: BTreeMap::from([(2048, 512)]),
+        devices: vec![
+            gpu(1, "vfio-pci"),
+            gpu(2, "vfio-pci"),
+            gpu(3, "vfio-pci"),
+            gpu(4, "nvidia"),
+        ],
+    }
+}
+
+/// Class `gpu`: the GPUs of [`topology`].
+fn classes() -> DeviceClasses {
+    let raw = BTreeMap::from([(
+        "gpu".to_owned(),
+        RawDeviceClass {
+            resource: "nvidia.com/gpu".to_owned(),
+            pci: Some(RawPciIds {
+                vendor: "10de".to_owned(),
+                product: "20b0".to_owned(),
+            }),
+            ..RawDeviceClass::default()
+        },
+    )]);
+    DeviceClasses::from_raw(Some(raw), "c.json").unwrap()
+}
+
+fn gpus(count: u32) -> Ask {
+    Ask {
+        devices: BTreeMap::from([("gpu".to_owned(), count)]),
+        ..Ask::default()
     }
 }
 
@@ -29,7 +81,7 @@ fn cpus(text: &str) -> CpuSet {
 
 fn claims() -> Claims {
     let mut claims = Claims::default();
-    claims.set_topology(topology());
+    claims.set_topology(topology(), &classes());
     claims
 }
 
@@ -42,6 +94,7 @@ fn pinned(placed: &Placed) -> (String, Option<u32>) {
 const DEDICATED: Ask = Ask {
     dedicated: 2,
     pages: None,
+    devices: BTreeMap::new(),
 };
 
 #[test]
@@ -49,22 +102,22 @@ fn dedicated_cpus_fill_the_tightest_cell_and_are_never_given_twice() {
     let dedicated = cpus("1-7");
     let mut claims = claims();
     // Cell 0 has 3 of the set (1-3), cell 1 has 4: the tighter cell that fits comes first.
-    let a = claims.grant("a", DEDICATED, &dedicated).unwrap();
+    let a = claims.grant("a", &DEDICATED, &dedicated).unwrap();
     assert_eq!(pinned(&a), ("1-2".into(), Some(0)));
     assert_eq!(a.shared, Some(cpus("0")), "shared machines keep to CPU 0");
-    let b = claims.grant("b", DEDICATED, &dedicated).unwrap();
+    let b = claims.grant("b", &DEDICATED, &dedicated).unwrap();
     assert_eq!(pinned(&b), ("4-5".into(), Some(1)));
-    let c = claims.grant("c", DEDICATED, &dedicated).unwrap();
+    let c = claims.grant("c", &DEDICATED, &dedicated).unwrap();
     assert_eq!(pinned(&c), ("6-7".into(), Some(1)));
     // One left (3): a 2-CPU machine does not fit, and the refusal says what is free.
-    let refusal = claims.grant("d", DEDICATED, &dedicated).unwrap_err();
+    let refusal = claims.grant("d", &DEDICATED, &dedicated).unwrap_err();
     assert_eq!(
         refusal,
         "needs 2 dedicated CPUs but only 1 of --dedicated-cpus 1-7 are free on this host (3)"
     );
     claims.commit("a");
     claims.release("c");
-    let d = claims.grant("d", DEDICATED, &dedicated).unwrap();
+    let d = claims.grant("d", &DEDICATED, &dedicated).unwrap();
     assert_eq!(
         pinned(&d),
         ("6-7".into(), Some(1)),
@@ -74,9 +127,9 @@ fn dedicated_cpus_fill_the_tightest_cell_and_are_never_given_twice() {
     let across = claims
         .grant(
             "e",
-            Ask {
+            &Ask {
                 dedicated: 3,
-                pages: None,
+                ..Ask::default()
             },
             &dedicated,
         )
@@ -92,9 +145,9 @@ fn a_machine_larger_than_any_cell_spans_cells() {
     let wide = claims
         .grant(
             "w",
-            Ask {
+            &Ask {
                 dedicated: 6,
-                pages: None,
+                ..Ask::default()
             },
             &dedicated,
         )
@@ -110,8 +163,8 @@ fn huge_pages_count_the_pool_less_others_use_and_every_claim() {
     let scanned = BTreeMap::from([(
         "running".to_owned(),
         Claim {
-            cpus: CpuSet::default(),
             pages: Some((2048, 100)),
+            ..Claim::default()
         },
     )]);
     claims.refresh(
@@ -122,13 +175,13 @@ fn huge_pages_count_the_pool_less_others_use_and_every_claim() {
     assert_eq!(claims.free_pages(2048), 400);
     assert_eq!(claims.free_pages(1 << 20), 0, "no 1 GiB pool");
     let ask = Ask {
-        dedicated: 0,
         pages: Some((2048, 300)),
+        ..Ask::default()
     };
-    let placed = claims.grant("a", ask, &none).unwrap();
+    let placed = claims.grant("a", &ask, &none).unwrap();
     assert_eq!(placed.hugepage_kib, Some(2048));
     assert_eq!(placed.shared, None, "no dedicated CPUs: no cpuset");
-    let refusal = claims.grant("b", ask, &none).unwrap_err();
+    let refusal = claims.grant("b", &ask, &none).unwrap_err();
     assert!(
         refusal.starts_with(
             "needs 300 huge pages of 2048 KiB but only 100 are free of the host's 512"
@@ -145,19 +198,19 @@ fn huge_pages_count_the_pool_less_others_use_and_every_claim() {
 #[test]
 fn without_placement_nothing_is_claimed_and_without_topology_nothing_is_granted() {
     let mut claims = Claims::default();
-    let refusal = claims.grant("a", DEDICATED, &cpus("0-3")).unwrap_err();
+    let refusal = claims.grant("a", &DEDICATED, &cpus("0-3")).unwrap_err();
     assert!(
         refusal.contains("topology has not been read yet"),
         "{refusal}"
     );
     let refusal = self::claims()
-        .grant("a", DEDICATED, &CpuSet::default())
+        .grant("a", &DEDICATED, &CpuSet::default())
         .unwrap_err();
     assert!(refusal.contains("--dedicated-cpus names none"), "{refusal}");
     let mut claims = self::claims();
     assert_eq!(
         claims
-            .grant("a", Ask::default(), &CpuSet::default())
+            .grant("a", &Ask::default(), &CpuSet::default())
             .unwrap(),
         Placed::default()
     );
@@ -175,13 +228,15 @@ fn a_scan_that_began_before_a_commit_keeps_its_claim() {
         memory_kib: 16 << 20,
     };
     let mut ledger = Ledger::default();
-    ledger.claims_mut().set_topology(topology());
+    ledger.claims_mut().set_topology(topology(), &classes());
     let early = ledger.begin_scan();
     let ask = Ask {
         dedicated: 4,
-        pages: None,
+        ..gpus(3)
     };
-    let placed = ledger.reserve("a", Shape::default(), ask, &policy).unwrap();
+    let placed = ledger
+        .reserve("a", Shape::default(), &ask, &policy)
+        .unwrap();
     assert_eq!(pinned(&placed), ("4-7".into(), Some(1)));
     ledger.commit("a");
     // The early scan did not see "a": its claim stays.
@@ -190,7 +245,7 @@ fn a_scan_that_began_before_a_commit_keeps_its_claim() {
         .refresh(BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new());
     ledger.refresh(early, node, BTreeMap::new(), None);
     let refusal = ledger
-        .reserve("b", Shape::default(), ask, &policy)
+        .reserve("b", Shape::default(), &ask, &policy)
         .unwrap_err();
     assert!(
         refusal.starts_with("needs 4 dedicated CPUs but only 0"),
@@ -202,7 +257,9 @@ fn a_scan_that_began_before_a_commit_keeps_its_claim() {
         .claims_mut()
         .refresh(BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new());
     ledger.refresh(late, node, BTreeMap::new(), None);
-    ledger.reserve("b", Shape::default(), ask, &policy).unwrap();
+    ledger
+        .reserve("b", Shape::default(), &ask, &policy)
+        .unwrap();
     // The shared budget leaves the dedicated CPUs out: 8 − 4 − 1 reserved, times 4.
     assert_eq!(ledger.allocatable(&policy).unwrap().vcpu, 12);
 }
@@ -210,8 +267,8 @@ fn a_scan_that_began_before_a_commit_keeps_its_claim() {
 /// One step a host's books can take.
 #[derive(Clone, Debug)]
 enum Step {
-    /// A Create of machine `n` with `vcpu` dedicated CPUs reserves.
-    Grant(usize, u32),
+    /// A Create of machine `n` with `vcpu` dedicated CPUs and `gpus` GPUs reserves.
+    Grant(usize, u32, u32),
     /// Machine `n`'s Create defines its domain and commits.
     Commit(usize),
     /// Machine `n`'s Create rolls back.
@@ -228,7 +285,7 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        (0..6usize, 1..4u32).prop_map(|(n, v)| Step::Grant(n, v)),
+        (0..6usize, 0..4u32, 0..3u32).prop_map(|(n, v, g)| Step::Grant(n, v, g)),
         (0..6usize).prop_map(Step::Commit),
         (0..6usize).prop_map(Step::Release),
         (0..6usize).prop_map(Step::Delete),
@@ -238,31 +295,32 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// The host: defined domains and the CPUs their definitions pin.
-type Defined = BTreeMap<String, CpuSet>;
+/// The host: defined domains and the CPUs and devices their definitions hold.
+type Defined = BTreeMap<String, (CpuSet, BTreeSet<DeviceKey>)>;
 
 proptest! {
     /// Whatever order Creates, rollbacks, deletes, out-of-band removals and scans come in,
-    /// no dedicated CPU is held by two defined domains, nor by a defined domain and a
-    /// Create in flight.
+    /// no dedicated CPU and no device is held by two defined domains, nor by a defined
+    /// domain and a Create in flight.
     #[test]
-    fn no_cpu_is_ever_given_to_two_machines(steps in prop::collection::vec(step(), 1..60)) {
+    fn no_cpu_or_device_is_ever_given_to_two_machines(steps in prop::collection::vec(step(), 1..60)) {
         let policy = CapacityPolicy { dedicated_cpus: cpus("0-7"), ..CapacityPolicy::default() };
         let node = Node { cpus: 8, memory_kib: 16 << 20 };
         let mut ledger = Ledger::default();
-        ledger.claims_mut().set_topology(topology());
+        ledger.claims_mut().set_topology(topology(), &classes());
         let mut defined = Defined::new();
-        let mut granted: BTreeMap<String, CpuSet> = BTreeMap::new();
+        let mut granted = Defined::new();
         let mut scan: Option<(u64, Defined)> = None;
         for step in steps {
             match step {
-                Step::Grant(n, vcpu) => {
+                Step::Grant(n, vcpu, count) => {
                     let name = format!("m{n}");
                     if defined.contains_key(&name) || granted.contains_key(&name) { continue; }
-                    let ask = Ask { dedicated: vcpu, pages: None };
-                    if let Ok(placed) = ledger.reserve(&name, Shape::default(), ask, &policy) {
-                        let set = placed.pinning.unwrap().cpus.into_iter().collect();
-                        granted.insert(name, set);
+                    let ask = Ask { dedicated: vcpu, ..gpus(count) };
+                    if let Ok(placed) = ledger.reserve(&name, Shape::default(), &ask, &policy) {
+                        let set = placed.pinning.map(|p| p.cpus.into_iter().collect()).unwrap_or_default();
+                        let devices = placed.devices.into_iter().map(|d| d.key).collect();
+                        granted.insert(name, (set, devices));
                     }
                 }
                 Step::Commit(n) => {
@@ -286,7 +344,10 @@ proptest! {
                 Step::ScanApply => {
                     if let Some((ticket, seen)) = scan.take() {
                         let committed = (seen.iter())
-                            .map(|(name, set)| (name.clone(), Claim { cpus: set.clone(), pages: None }))
+                            .map(|(name, (set, devices))| {
+                                let claim = Claim { cpus: set.clone(), pages: None, devices: devices.clone() };
+                                (name.clone(), claim)
+                            })
                             .collect();
                         ledger.claims_mut().refresh(committed, &BTreeMap::new(), &BTreeMap::new());
                         let shapes = seen.keys().map(|n| (n.clone(), Shape::default())).collect();
@@ -294,10 +355,17 @@ proptest! {
                     }
                 }
             }
-            let mut seen = BTreeSet::new();
-            for set in defined.values().chain(granted.values()) {
+            let (mut seen, mut seen_devices) = (BTreeSet::new(), BTreeSet::new());
+            for (set, devices) in defined.values().chain(granted.values()) {
                 for cpu in set.iter() {
                     prop_assert!(seen.insert(cpu), "CPU {cpu} held twice: {defined:?} {granted:?}");
+                }
+                for device in devices {
+                    prop_assert!(
+                        seen_devices.insert(device.clone()),
+                        "device {device} held twice: {defined:?} {granted:?}"
+                    );
+                    prop_assert!(!matches!(device, DeviceKey::Pci(a) if a.bus == 4), "the device on a host driver was given");
                 }
             }
         }
@@ -312,4 +380,56 @@ fn a_scanned_definition_holds_what_it_pins_inside_the_dedicated_set() {
     );
     let claim = Claim::scanned(&held, &cpus("4-7"), None);
     assert_eq!(claim.cpus.to_string(), "5-6", "CPUs 0-1 are shared ones");
+}
+
+#[test]
+fn devices_are_given_once_each_and_never_from_a_host_driver() {
+    let mut claims = claims();
+    let none = CpuSet::default();
+    let a = claims.grant("a", &gpus(2), &none).unwrap();
+    let keys = |p: &Placed| {
+        p.devices
+            .iter()
+            .map(|d| d.key.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&a), ["0000:01:00.0", "0000:02:00.0"]);
+    let refusal = claims.grant("b", &gpus(2), &none).unwrap_err();
+    assert_eq!(
+        refusal,
+        "needs 2 devices of class \"gpu\" but 1 of the host's 3 usable ones are free (doctor \
+         lists the host's devices and why any is unusable)"
+    );
+    let b = claims.grant("b", &gpus(1), &none).unwrap();
+    assert_eq!(keys(&b), ["0000:03:00.0"]);
+    assert_eq!(claims.device_counts()["gpu"], (3, 3));
+    assert_eq!(claims.room(&none).unwrap().devices["gpu"], 0);
+    claims.release("a");
+    assert_eq!(
+        claims.device_counts()["gpu"],
+        (3, 1),
+        "a rollback gives them back"
+    );
+    // A scan finds a foreign domain holding GPU 1: it is not offered.
+    let foreign = Claim {
+        devices: BTreeSet::from([gpu(1, "vfio-pci").key]),
+        ..Claim::default()
+    };
+    let scanned = BTreeMap::from([("theirs".to_owned(), foreign)]);
+    claims.refresh(scanned, &BTreeMap::new(), &BTreeMap::new());
+    let c = claims.grant("c", &gpus(1), &none).unwrap();
+    assert_eq!(keys(&c), ["0000:02:00.0"]);
+    let mut room = claims.room(&none).unwrap();
+    assert!(!room.take(&gpus(1)), "every usable GPU is held");
+}
+
+#[test]
+fn a_scanned_definition_holds_its_hostdevs() {
+    let held = Held::parse(
+        "<domain><devices><hostdev mode='subsystem' type='pci' managed='yes'><source>\
+         <address domain='0x0000' bus='0x02' slot='0x00' function='0x0'/></source></hostdev>\
+         </devices></domain>",
+    );
+    let claim = Claim::scanned(&held, &cpus("4-7"), None);
+    assert_eq!(claim.devices, BTreeSet::from([gpu(2, "vfio-pci").key]));
 }

@@ -1,5 +1,6 @@
 //! libvirt test-driver node files: a host with a CPU/memory size, a `dir` storage pool
-//! holding a base image volume, and a network, for tests, benchmarks and trying the
+//! holding a base image volume, a network, and optionally node devices (PCI devices, VFs,
+//! mediated devices: [`pci_device`], [`mdev_device`]), for tests, benchmarks and trying the
 //! provider without a real host (`--connect test:///abs/path/node.xml`).
 //!
 //! Unlike `test:///default`, whose state every connection in a process shares, each
@@ -35,6 +36,70 @@ pub struct Fixture {
     pub domains: Vec<String>,
     /// Extra `<pool>` documents (e.g. [`rbd_pool`]).
     pub pools: Vec<String>,
+    /// Node `<device>` documents (e.g. [`pci_device`]).
+    pub devices: Vec<String>,
+}
+
+/// A PCI node device at `0000:<bus>:00.<function>` with `ids` (vendor, product), in IOMMU
+/// group `bus` when `iommu`; a VF of the device at function 0 when `vf`. (The test driver
+/// keeps no driver binding: every such device reads as bound to none.)
+#[must_use]
+pub fn pci_device(
+    (bus, function): (u8, u8),
+    (vendor, product): (u16, u16),
+    (vf, iommu): (bool, bool),
+) -> String {
+    let address = |f: u8| {
+        format!("<address domain='0x0000' bus='0x{bus:02x}' slot='0x00' function='0x{f:x}'/>")
+    };
+    let physical = if vf {
+        format!(
+            "\n    <capability type='phys_function'>{}</capability>",
+            address(0)
+        )
+    } else {
+        String::new()
+    };
+    let group = if iommu {
+        format!(
+            "\n    <iommuGroup number='{bus}'>{}</iommuGroup>",
+            address(function)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "<device>
+  <name>pci_0000_{bus:02x}_00_{function:x}</name>
+  <parent>computer</parent>
+  <capability type='pci'>
+    <domain>0</domain><bus>{bus}</bus><slot>0</slot><function>{function}</function>
+    <product id='0x{product:04x}'/>
+    <vendor id='0x{vendor:04x}'/>{physical}{group}
+  </capability>
+</device>
+"
+    )
+}
+
+/// A mediated device of `mdev_type` with `uuid` on the PCI device `pci_0000_<bus>_00_0`.
+#[must_use]
+pub fn mdev_device(uuid: &str, mdev_type: &str, bus: u8) -> String {
+    format!(
+        "<device>
+  <name>mdev_{}</name>
+  <parent>pci_0000_{bus:02x}_00_0</parent>
+  <capability type='mdev'>
+    <type id='{}'/>
+    <uuid>{}</uuid>
+    <iommuGroup number='{bus}'/>
+  </capability>
+</device>
+",
+        uuid.replace('-', "_"),
+        escape(mdev_type),
+        escape(uuid)
+    )
 }
 
 /// An rbd pool `name` on Ceph pool `bigfleet` (monitor 127.0.0.1:6789, cephx user
@@ -82,6 +147,7 @@ impl Default for Fixture {
             network: "default".to_owned(),
             domains: Vec::new(),
             pools: Vec::new(),
+            devices: Vec::new(),
         }
     }
 }
@@ -92,6 +158,7 @@ impl Fixture {
     pub fn node_xml(&self) -> String {
         let domains: String = self.domains.concat();
         let pools: String = self.pools.concat();
+        let devices: String = self.devices.concat();
         format!(
             "<node>
   <cpu><nodes>1</nodes><sockets>1</sockets><cores>{cpus}</cores><threads>1</threads>
@@ -115,7 +182,7 @@ impl Fixture {
       <target><format type='{base_format}'/></target>
     </volume>
   </pool>
-{pools}{domains}</node>
+{pools}{domains}{devices}</node>
 ",
             cpus = self.cpus,
             memory_kib = self.memory_mib * 1024,

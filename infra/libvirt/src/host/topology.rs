@@ -1,5 +1,6 @@
-//! Reading a host's CPU and huge page topology (its capabilities) and its free huge pages
-//! (`virNodeGetFreePages`), and what a domain's definition binds.
+//! Reading a host's CPU and huge page topology (its capabilities), its passthrough devices
+//! (its node devices), its free huge pages (`virNodeGetFreePages`), and what a domain's
+//! definition binds.
 
 use std::collections::BTreeMap;
 
@@ -8,21 +9,48 @@ use virt::connect::Connect;
 use virt::domain::Domain;
 
 use crate::host::error::context;
+use crate::render::passthrough::HostDevice;
 use crate::render::placement::{Held, Topology};
 
-/// The host's topology; a host whose capabilities list no NUMA cell (libvirt's test driver
-/// on a node file) is one cell of the CPUs its node info counts.
+/// The host's topology, with its passthrough devices when `devices`; a host whose
+/// capabilities list no NUMA cell (libvirt's test driver on a node file) is one cell of the
+/// CPUs its node info counts.
 ///
 /// # Errors
 /// libvirt's.
-pub(crate) fn read(conn: &Connect) -> Result<Topology, HypervisorError> {
+pub(crate) fn read(conn: &Connect, devices: bool) -> Result<Topology, HypervisorError> {
     let capabilities =
         (conn.capabilities()).map_err(|e| context("read the host's capabilities", &e))?;
-    if let Some(topology) = Topology::parse(&capabilities) {
-        return Ok(topology);
+    let mut topology = match Topology::parse(&capabilities) {
+        Some(topology) => topology,
+        None => {
+            let info = (conn.node_info()).map_err(|e| context("read node info", &e))?;
+            Topology::flat(info.cpus)
+        }
+    };
+    if devices {
+        topology.devices = node_devices(conn)?;
     }
-    let info = (conn.node_info()).map_err(|e| context("read node info", &e))?;
-    Ok(Topology::flat(info.cpus))
+    Ok(topology)
+}
+
+/// The host's PCI devices (VFs among them) and mediated devices, by address (then UUID), so
+/// claims pick them in the same order whatever order libvirt lists them in. One that
+/// vanishes between the listing and the read is left out.
+///
+/// # Errors
+/// libvirt's, for the listing.
+pub(crate) fn node_devices(conn: &Connect) -> Result<Vec<HostDevice>, HypervisorError> {
+    let kinds = virt::sys::VIR_CONNECT_LIST_NODE_DEVICES_CAP_PCI_DEV
+        | virt::sys::VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV;
+    let listed = (conn.list_all_node_devices(kinds))
+        .map_err(|e| context("list the host's node devices", &e))?;
+    let mut devices: Vec<HostDevice> = (listed.iter())
+        .filter_map(|device| device.xml_desc(0).ok())
+        .filter_map(|xml| HostDevice::parse(&xml))
+        .collect();
+    devices.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(devices)
 }
 
 /// The host's free huge pages of each size `topology` has a pool of, summed over its cells.

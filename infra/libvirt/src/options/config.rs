@@ -119,11 +119,12 @@ impl DomainConfig {
     }
 
     /// Whether any machine holds part of a host alone: `--dedicated-cpus` is set, or a type
-    /// of `catalog` asks for dedicated CPUs or huge pages. Only then do scans (and doctor)
-    /// read every domain's definition and the host's topology.
+    /// of `catalog` asks for dedicated CPUs, huge pages or devices. Only then do scans (and
+    /// doctor) read every domain's definition and the host's topology.
     #[must_use]
     pub fn places(&self, catalog: &InstanceCatalog) -> bool {
         !self.capacity.dedicated_cpus.is_empty()
+            || catalog.asks_devices()
             || (catalog.iter()).any(|(_, shape)| !shape.placement.is_default())
     }
 

@@ -2,11 +2,12 @@
 //! [`Placed`] adds to a domain (`<vcpu cpuset>`, `<cputune>`, `<numatune>`,
 //! `<memoryBacking>`), and the two documents read back: the host's CPU and huge page
 //! topology from its capabilities ([`Topology`]), and what an existing domain holds
-//! ([`Held`]) from its definition.
+//! ([`Held`]: CPUs, huge pages, passthrough devices) from its definition.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::options::CpuSet;
+use crate::render::passthrough::{self, DeviceKey, HostDevice, PlacedDevice};
 
 /// How a domain is placed on its host's CPUs and memory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -18,6 +19,8 @@ pub struct Placed {
     pub shared: Option<CpuSet>,
     /// Guest memory from huge pages of this size (KiB).
     pub hugepage_kib: Option<u64>,
+    /// Passthrough devices claimed for it.
+    pub devices: Vec<PlacedDevice>,
 }
 
 /// Dedicated host CPUs: `cpus[i]` runs vCPU `i` (and the emulator threads run on them all).
@@ -37,6 +40,12 @@ impl Placed {
             Some(set) if !set.is_empty() && self.pinning.is_none() => format!(" cpuset='{set}'"),
             _ => String::new(),
         }
+    }
+
+    /// The passthrough devices' elements, for inside `<devices>`.
+    #[must_use]
+    pub fn device_elements(&self) -> String {
+        self.devices.iter().map(PlacedDevice::to_xml).collect()
     }
 
     /// The elements after `<vcpu>`: `<memoryBacking>`, `<cputune>` and `<numatune>`, each
@@ -89,7 +98,8 @@ pub struct Cell {
     pub cpus: CpuSet,
 }
 
-/// A host's CPUs by NUMA cell and its huge page pools, from its capabilities.
+/// A host's CPUs by NUMA cell and its huge page pools, from its capabilities, and its
+/// passthrough devices, from its node devices (read only when device classes are declared).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Topology {
     /// The cells, by id.
@@ -97,6 +107,8 @@ pub struct Topology {
     /// Huge pages in all cells by page size in KiB (sizes of 64 KiB and up only: the base
     /// page is not a pool): the pool's size in pages.
     pub pages: BTreeMap<u64, u64>,
+    /// PCI devices, VFs and mediated devices, in libvirt's order.
+    pub devices: Vec<HostDevice>,
 }
 
 impl Topology {
@@ -126,7 +138,7 @@ impl Topology {
                 id: 0,
                 cpus: (0..cpus).collect(),
             }],
-            pages: BTreeMap::new(),
+            ..Self::default()
         }
     }
 
@@ -183,6 +195,8 @@ pub struct Held {
     /// Its memory is backed by huge pages: their size in KiB (`None` inside: the host's
     /// default size), and the memory in KiB.
     pub hugepages: Option<(Option<u64>, u64)>,
+    /// Its passthrough devices.
+    pub devices: BTreeSet<DeviceKey>,
 }
 
 impl Held {
@@ -217,7 +231,11 @@ impl Held {
                     .unwrap_or(0);
                 (size, memory)
             });
-        Self { pinned, hugepages }
+        Self {
+            pinned,
+            hugepages,
+            devices: passthrough::held(root),
+        }
     }
 
     /// The huge pages it holds: (size in KiB, count), its size `None` resolved to

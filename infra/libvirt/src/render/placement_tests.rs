@@ -82,6 +82,7 @@ fn placement_renders_pins_numa_and_huge_pages() {
         }),
         shared: Some(CpuSet::parse("0-3").unwrap()),
         hugepage_kib: None,
+        devices: Vec::new(),
     };
     assert_eq!(placed.vcpu_cpuset(), "", "a pinned domain needs no cpuset");
     assert_eq!(

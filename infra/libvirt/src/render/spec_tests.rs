@@ -178,12 +178,49 @@ fn dedicated_cpus_in_one_cell_on_huge_pages() {
         }),
         shared: None,
         hugepage_kib: Some(2048),
+        devices: Vec::new(),
     };
     let spec = DomainSpec {
         placed,
         ..spec_with(&options(|_| {}))
     };
     insta::assert_snapshot!("dedicated_hugepages", documents(&spec));
+}
+
+#[test]
+fn passthrough_devices_a_gpu_a_vf_and_an_mdev() {
+    use crate::render::passthrough::{DeviceKey, PciAddress, PlacedDevice};
+    use crate::render::placement::Placed;
+    let pci = |bus, function| {
+        DeviceKey::Pci(PciAddress {
+            domain: 0,
+            bus,
+            slot: 0,
+            function,
+        })
+    };
+    let placed = Placed {
+        devices: vec![
+            PlacedDevice {
+                key: pci(0x3b, 0),
+                vf: false,
+            },
+            PlacedDevice {
+                key: pci(0x17, 2),
+                vf: true,
+            },
+            PlacedDevice {
+                key: DeviceKey::Mdev("4b20d080-1b54-4048-85b3-a6a62d165c01".to_owned()),
+                vf: false,
+            },
+        ],
+        ..Placed::default()
+    };
+    let spec = DomainSpec {
+        placed,
+        ..spec_with(&options(|_| {}))
+    };
+    insta::assert_snapshot!("passthrough", documents(&spec));
 }
 
 #[test]

@@ -150,6 +150,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     let cpu = cpu_element(spec.cpu.as_ref(), spec.platform.domain_type);
     let nic: String = spec.nics.iter().map(Nic::to_xml).collect();
     let (cpuset, placement) = (spec.placed.vcpu_cpuset(), spec.placed.elements());
+    let passthrough = spec.placed.device_elements();
     format!(
         "<domain type='{kind}'>
   <name>{name}</name>
@@ -167,7 +168,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
   <on_crash>restart</on_crash>
-  <devices>{root}{seed}{data}{nic}
+  <devices>{root}{seed}{data}{nic}{passthrough}
     <channel type='unix'>
       <source mode='bind'/>
       <target type='virtio' name='{AGENT_CHANNEL}'/>

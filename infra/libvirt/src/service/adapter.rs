@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bigfleet_libvirt_domain::catalog::DeviceClasses;
 use bigfleet_libvirt_ports::{Clock, Spawner};
 use tracing::{info, warn};
 
@@ -40,6 +41,11 @@ pub(crate) struct SequenceContext {
     pub(crate) macs: MacBook,
     /// Where the blocking create path records its define/start phase durations.
     pub(crate) metrics: LibvirtMetrics,
+    /// The declared device classes (`--device-classes`).
+    pub(crate) classes: DeviceClasses,
+    /// Whether any type asks for devices: then the host's node devices are read with its
+    /// topology.
+    pub(crate) passes_through: bool,
 }
 
 pub(crate) struct Inner<C> {
@@ -142,6 +148,8 @@ impl<C: Clock> LibvirtHypervisor<C> {
                 .into(),
             macs: mac_book(&config),
             metrics: metrics.clone(),
+            classes: config.catalog.device_classes().clone(),
+            passes_through: config.catalog.asks_devices(),
         });
         let hosts = hosts(&config, &metrics);
         for (index, host) in hosts.values().enumerate() {

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use bigfleet_libvirt_domain::catalog::parse_machine_id;
+use bigfleet_libvirt_domain::catalog::{DeviceClasses, parse_machine_id};
 use bigfleet_libvirt_domain::{Machine, MachineState};
 use bigfleet_libvirt_ports::{
     Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DomainRef, DrainRequest,
@@ -137,6 +137,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
         host.session().ok()?;
         let config = &self.inner.config;
         let placement = config.options.places(&config.catalog);
+        let devices = config.catalog.asks_devices();
         let pools: Vec<String> = (Pools::of(&self.inner.config.options).each())
             .into_iter()
             .map(str::to_owned)
@@ -148,7 +149,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
             .saturating_add(self.inner.config.describe_timeout);
         // Biased: a scan that completes with the deadline is still used.
         let ticket = host.ledger().begin_scan();
-        let read = move |s: &_| describe::scan(s, &pools, &provider, placement);
+        let read = move |s: &_| describe::scan(s, &pools, &provider, (placement, devices));
         let scanned = futures::select_biased! {
             scanned = host.call(Lane::Read, read).fuse() => scanned,
             () = clock.sleep_until(deadline).fuse() => {
@@ -273,7 +274,7 @@ fn refresh(
     ticket: u64,
     node: Node,
     scan: &Scan,
-    provider: &str,
+    (provider, classes): (&str, &DeviceClasses),
     policy: &CapacityPolicy,
     disk_of: &dyn Fn(&Tag) -> u64,
 ) {
@@ -282,7 +283,7 @@ fn refresh(
         (&scan.topology, scan.claims(provider, dedicated))
     {
         let books = ledger.claims_mut();
-        books.set_topology(topology.clone());
+        books.set_topology(topology.clone(), classes);
         books.refresh(claims, free, &running);
     }
     let committed = scan.committed(provider, dedicated, disk_of);
@@ -329,6 +330,9 @@ fn publish_capacity(
         let taken = pool.saturating_sub(claims.free_pages(*size));
         metrics.set_capacity(zone, &format!("hugepages_{size}kib"), *pool, taken);
     }
+    for (class, (usable, held)) in claims.device_counts() {
+        metrics.set_capacity(zone, &format!("devices_{class}"), usable, held);
+    }
 }
 
 impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
@@ -366,7 +370,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
                     tickets[zone],
                     node,
                     scan,
-                    provider,
+                    (provider, catalog.device_classes()),
                     policy,
                     &disk_of,
                 );
@@ -416,6 +420,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             memory_mib: shape.memory_mib,
             disks: shape.disks.clone(),
             placement: shape.placement,
+            devices: shape.devices.clone(),
         };
         let placed = DomainRef::new(machine.zone.clone(), spec.name.clone());
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));

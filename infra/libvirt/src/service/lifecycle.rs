@@ -51,6 +51,8 @@ pub(crate) struct CreateSpec {
     pub(crate) disks: DiskShape,
     /// The instance type's huge pages and dedicated CPUs.
     pub(crate) placement: Placement,
+    /// The instance type's passthrough devices: a count per class.
+    pub(crate) devices: BTreeMap<String, u32>,
 }
 
 /// Creates (or adopts) the domain and leaves it running. What it needs is read first (the
@@ -71,16 +73,24 @@ pub(crate) fn create(
     let disk_bytes = (disks.data.iter()).fold(disks.base.overlay_bytes, |sum, d| {
         sum.saturating_add(d.bytes)
     });
-    let (shape, ask) = needs(spec.vcpu, spec.memory_mib, spec.placement, disk_bytes);
+    let (shape, ask) = needs(
+        spec.vcpu,
+        spec.memory_mib,
+        spec.placement,
+        &spec.devices,
+        disk_bytes,
+    );
     let policy = &settings.options.capacity;
     if (ask != Ask::default() || !policy.dedicated_cpus.is_empty())
         && host.ledger().claims().topology().is_none()
     {
         // No scan has read the host's topology yet (its first describe is still running).
-        let read = topology::read(&session.conn)?;
-        host.ledger().claims_mut().set_topology(read);
+        let read = topology::read(&session.conn, settings.passes_through)?;
+        host.ledger()
+            .claims_mut()
+            .set_topology(read, &settings.classes);
     }
-    let placed = (host.ledger().reserve(&spec.name, shape, ask, policy)).map_err(|why| {
+    let placed = (host.ledger().reserve(&spec.name, shape, &ask, policy)).map_err(|why| {
         refused(format!(
             "zone {:?} has no room for machine {}: {why}",
             host.zone, spec.machine_id

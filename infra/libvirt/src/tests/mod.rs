@@ -10,6 +10,7 @@ mod hosts;
 mod isolation;
 mod lanes;
 mod lifecycle;
+mod passthrough;
 mod placement;
 mod rbd;
 mod reconcile;
@@ -303,6 +304,7 @@ pub(super) async fn create_refused_at_define(
         memory_mib: 512,
         disks,
         placement: bigfleet_libvirt_domain::catalog::Placement::default(),
+        devices: std::collections::BTreeMap::new(),
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {

@@ -156,7 +156,11 @@ async fn a_restarted_provider_reads_the_claims_from_the_definitions_and_drift_fr
 async fn a_create_that_fails_after_its_claim_gives_the_cpus_back() {
     let rig = rig_placed(Vec::new()).await;
     // The test driver refuses a define without memory; by then the CPUs were claimed.
-    let failed = create_refused_at_define_placed(&rig, &rig.slots[0]).await;
+    let dedicated = bigfleet_libvirt_domain::catalog::Placement {
+        hugepage_kib: None,
+        dedicated_cpus: true,
+    };
+    let failed = create_refused_at_define(&rig, &rig.slots[0], dedicated, Default::default()).await;
     assert!(!failed.message.is_empty());
     let host = Arc::clone(&rig.hv.inner.hosts[ZONE]);
     assert_eq!(
@@ -184,9 +188,15 @@ async fn huge_pages_the_host_does_not_have_are_refused_before_anything_is_made()
     assert!(!domains(&rig.hv, ZONE).await.contains(&name));
 }
 
-/// A Create of `slot` (a dedicated type) with no memory, which the test driver refuses at
-/// its define, after the claim and every volume: run directly on the rig's host.
-async fn create_refused_at_define_placed(rig: &Rig, slot: &Machine) -> HypervisorError {
+/// A Create of `slot` (2 vCPUs placed as `placement`, with `devices`) with no memory, which
+/// the test driver refuses at its define, after the claim and every volume: run directly
+/// on the rig's host.
+pub(super) async fn create_refused_at_define(
+    rig: &Rig,
+    slot: &Machine,
+    placement: bigfleet_libvirt_domain::catalog::Placement,
+    devices: std::collections::BTreeMap<String, u32>,
+) -> HypervisorError {
     let host = Arc::clone(&rig.hv.inner.hosts[ZONE]);
     let settings = Arc::clone(&rig.hv.inner.settings);
     let spec = crate::service::lifecycle::CreateSpec {
@@ -197,10 +207,8 @@ async fn create_refused_at_define_placed(rig: &Rig, slot: &Machine) -> Hyperviso
         vcpu: 2,
         memory_mib: 0,
         disks: bigfleet_libvirt_domain::catalog::DiskShape::default(),
-        placement: bigfleet_libvirt_domain::catalog::Placement {
-            hugepage_kib: None,
-            dedicated_cpus: true,
-        },
+        placement,
+        devices,
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {
