@@ -6,26 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::tests::{good, status, want};
 use super::*;
-use crate::render::passthrough::{DeviceKey, HostDevice, PciAddress};
+use crate::render::passthrough::{HostDevice, test_gpu as gpu};
 use crate::render::placement::Topology;
 use bigfleet_libvirt_domain::catalog::{DeviceClasses, RawDeviceClass, RawPciIds};
-
-fn gpu(bus: u8, driver: &str) -> HostDevice {
-    HostDevice {
-        name: format!("pci_0000_{bus:02x}_00_0"),
-        key: DeviceKey::Pci(PciAddress {
-            domain: 0,
-            bus,
-            slot: 0,
-            function: 0,
-        }),
-        ids: (0x10de, 0x20b0),
-        vf: false,
-        mdev_type: None,
-        driver: Some(driver.to_owned()),
-        iommu_group: Some(u32::from(bus)),
-    }
-}
 
 /// A host with `gpus`, whose domains hold `held`.
 fn host(gpus: Vec<HostDevice>, held: &[&HostDevice]) -> HostFacts {

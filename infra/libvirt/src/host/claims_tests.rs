@@ -12,26 +12,8 @@ use bigfleet_libvirt_domain::catalog::{RawDeviceClass, RawPciIds};
 
 use crate::host::capacity::{Ledger, Node, Shape};
 use crate::options::CapacityPolicy;
-use crate::render::passthrough::PciAddress;
+use crate::render::passthrough::test_gpu as gpu;
 use crate::render::placement::{Cell, Held};
-
-/// A GPU (10de:20b0) at bus `bus`, bound to `driver`.
-fn gpu(bus: u8, driver: &str) -> HostDevice {
-    HostDevice {
-        name: format!("pci_0000_{bus:02x}_00_0"),
-        key: DeviceKey::Pci(PciAddress {
-            domain: 0,
-            bus,
-            slot: 0,
-            function: 0,
-        }),
-        ids: (0x10de, 0x20b0),
-        vf: false,
-        mdev_type: None,
-        driver: Some(driver.to_owned()),
-        iommu_group: Some(u32::from(bus)),
-    }
-}
 
 /// Two cells of four CPUs (0-3, 4-7), 512 huge pages of 2 MiB, three usable GPUs (buses
 /// 1-3) and one on a host driver (bus 4).

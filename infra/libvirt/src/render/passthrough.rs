@@ -205,6 +205,26 @@ fn field<T: TryFrom<u64>>(node: roxmltree::Node<'_, '_>, tag: &str) -> Option<T>
     child(node, tag).and_then(|n| number(n.text()?))
 }
 
+/// An A100 (10de:20b0) at `0000:<bus>:00.0` in IOMMU group `bus`, bound to `driver`: what
+/// the books' and doctor's unit tests hand around.
+#[cfg(test)]
+pub(crate) fn test_gpu(bus: u8, driver: &str) -> HostDevice {
+    HostDevice {
+        name: format!("pci_0000_{bus:02x}_00_0"),
+        key: DeviceKey::Pci(PciAddress {
+            domain: 0,
+            bus,
+            slot: 0,
+            function: 0,
+        }),
+        ids: (0x10de, 0x20b0),
+        vf: false,
+        mdev_type: None,
+        driver: Some(driver.to_owned()),
+        iommu_group: Some(u32::from(bus)),
+    }
+}
+
 /// `node`'s first child element called `name`.
 fn child<'a, 'i>(node: roxmltree::Node<'a, 'i>, name: &str) -> Option<roxmltree::Node<'a, 'i>> {
     node.children().find(|n| n.has_tag_name(name))

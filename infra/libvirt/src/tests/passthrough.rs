@@ -195,13 +195,7 @@ async fn a_restarted_provider_reads_device_claims_from_the_definitions() {
         refused.message
     );
     // Their domain goes away out of band: the next scan frees its GPU.
-    on_host(&rig.hv, ZONE, |s| {
-        let theirs = s.conn.lookup_domain_by_name("theirs").unwrap();
-        theirs.destroy().unwrap();
-        theirs.undefine().unwrap();
-    })
-    .await;
-    rig.hv.describe().await.unwrap();
+    super::placement::remove_theirs(&rig).await;
     create(&rig.hv, &rig.slots[1]).await.unwrap();
     assert_eq!(
         held(&rig, &rig.slots[1]).await.0,

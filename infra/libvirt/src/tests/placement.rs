@@ -141,13 +141,7 @@ async fn a_restarted_provider_reads_the_claims_from_the_definitions_and_drift_fr
             .contains("only 1 of --dedicated-cpus 4-7 are free on this host (6)")
     );
     // Someone removes their domain: the next scan frees CPU 7.
-    on_host(&rig.hv, ZONE, |s| {
-        let theirs = s.conn.lookup_domain_by_name("theirs").unwrap();
-        theirs.destroy().unwrap();
-        theirs.undefine().unwrap();
-    })
-    .await;
-    rig.hv.describe().await.unwrap();
+    remove_theirs(&rig).await;
     create(&rig.hv, &rig.slots[1]).await.unwrap();
     assert_eq!(held(&rig, &rig.slots[1]).await.pinned.to_string(), "6-7");
 }
@@ -186,6 +180,17 @@ async fn huge_pages_the_host_does_not_have_are_refused_before_anything_is_made()
     );
     let name = domain_name("libvirt", large.id.as_str());
     assert!(!domains(&rig.hv, ZONE).await.contains(&name));
+}
+
+/// Someone else's domain `theirs` is destroyed and undefined out of band, and a scan runs.
+pub(super) async fn remove_theirs(rig: &Rig) {
+    on_host(&rig.hv, ZONE, |s| {
+        let theirs = s.conn.lookup_domain_by_name("theirs").unwrap();
+        theirs.destroy().unwrap();
+        theirs.undefine().unwrap();
+    })
+    .await;
+    rig.hv.describe().await.unwrap();
 }
 
 /// A Create of `slot` (2 vCPUs placed as `placement`, with `devices`) with no memory, which
