@@ -189,11 +189,16 @@ cmd_stop() {
     [[ -d $R ]] || return 0
     # Ceph first: it undefines its pools and secrets in the zones while they still run.
     cmd_ceph_stop
-    local z
+    # The zones at once: each waits seconds for its own daemons to exit (libvirtd ~3 s on
+    # SIGTERM), and they share nothing (one after another this took 16 s of the tier's stop).
+    local z pids=() status=0 pid
     for z in "${zones[@]}"; do
         mountpoint -q "$(zone_root "$z")" || continue
-        in_zone "$z" stop_root
+        in_zone "$z" stop_root &
+        pids+=("$!")
     done
+    for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+    ((status == 0)) || die "stopping a zone failed (exit status $status); see above"
     unmount_zones
     release_hugepages
     remove_netns
