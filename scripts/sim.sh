@@ -24,6 +24,7 @@ bugs=(
     bug-lanes-over-budget
     bug-spread-busiest
     bug-rollback-leaks-a-volume
+    bug-rollback-forgets-a-claim
 )
 
 sim() { # [--features F] -- runner args

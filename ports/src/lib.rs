@@ -5,6 +5,7 @@
 //! the provider is generic over its adapters; the binary and the simulator instantiate it
 //! with different ones through the same composition root.
 
+pub mod claims;
 mod clock;
 mod compensation;
 mod domain_ref;

@@ -1,7 +1,9 @@
 //! A Create's steps as a value, and the one runner that takes them and rolls them back.
 //!
-//! A Create on a host makes volumes (the root overlay, the data disks, the cloud-init seed),
-//! writes what must be written into them, defines the domain and starts it. Any step may
+//! A Create on a host claims what the machine holds alone (its dedicated CPUs, huge pages
+//! and passthrough devices, in the host's books, [`crate::claims`]), makes volumes (the
+//! root overlay, the data disks, the cloud-init seed), writes what must be written into
+//! them, defines the domain and starts it. Any step may
 //! fail; the host must then be left with nothing this attempt made, and with everything an
 //! earlier attempt made and this one adopted. [`run`] keeps that rule for any
 //! [`Substrate`]: the libvirt adapter's blocking sequence is one, and the simulator's
@@ -11,6 +13,8 @@
 /// One step of a Create, in the order [`create_steps`] gives them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
+    /// Claim what the machine holds alone on the host, and its share of the host's budget.
+    Claim,
     /// Create the named volume, or adopt one of that name left by an earlier attempt.
     Volume(String),
     /// Write the named volume's contents (the seed image).
@@ -21,11 +25,12 @@ pub enum Step {
     Start,
 }
 
-/// The steps of a Create that makes `volumes` in order, fills `filled` (each already among
-/// `volumes`) right after it is made, then defines and starts the domain.
+/// The steps of a Create that claims, makes `volumes` in order, fills `filled` (each
+/// already among `volumes`) right after it is made, then defines and starts the domain.
 #[must_use]
 pub fn create_steps(volumes: &[String], filled: &[String]) -> Vec<Step> {
-    let mut steps = Vec::with_capacity(volumes.len() + filled.len() + 2);
+    let mut steps = Vec::with_capacity(volumes.len() + filled.len() + 3);
+    steps.push(Step::Claim);
     for volume in volumes {
         steps.push(Step::Volume(volume.clone()));
         if filled.contains(volume) {
@@ -40,6 +45,11 @@ pub fn create_steps(volumes: &[String], filled: &[String]) -> Vec<Step> {
 pub trait Substrate {
     /// A step's failure.
     type Error;
+    /// Claims what the machine holds alone and its share of the host's budget.
+    ///
+    /// # Errors
+    /// When the host has no room for it (nothing is claimed then).
+    fn claim(&mut self) -> Result<(), Self::Error>;
     /// Creates the volume, or adopts an existing one of that name: `Ok(true)` when this call
     /// created it (only those are rolled back).
     ///
@@ -66,6 +76,11 @@ pub trait Substrate {
     /// # Errors
     /// When it could not be removed.
     fn undefine(&mut self) -> Result<(), Self::Error>;
+    /// Rollback: gives the claim back (the domain is gone, or was never defined).
+    fn release(&mut self);
+    /// Rollback: the domain could not be removed, and its definition still names what the
+    /// claim holds, so the claim stays with it (a later scan reads it from the definition).
+    fn keep(&mut self);
     /// Rollback: deletes a volume this attempt created.
     ///
     /// # Errors
@@ -85,15 +100,16 @@ pub struct Failed<E> {
 }
 
 /// Runs `steps` on `substrate`; on a failure removes what this attempt made, the domain first,
-/// then its volumes newest first.
+/// then gives its claim back (kept while the domain stays), then its volumes newest first.
 ///
 /// # Errors
 /// [`Failed`] with the first failing step.
 pub fn run<S: Substrate>(substrate: &mut S, steps: &[Step]) -> Result<(), Failed<S::Error>> {
     let mut made: Vec<&str> = Vec::new();
-    let mut defined = false;
+    let (mut claimed, mut defined) = (false, false);
     for (index, step) in steps.iter().enumerate() {
         let done = match step {
+            Step::Claim => substrate.claim().map(|()| claimed = true),
             Step::Volume(name) => substrate.volume(name).map(|created| {
                 if created {
                     made.push(name);
@@ -104,7 +120,7 @@ pub fn run<S: Substrate>(substrate: &mut S, steps: &[Step]) -> Result<(), Failed
             Step::Start => substrate.start(),
         };
         if let Err(error) = done {
-            let leftovers = roll_back(substrate, defined, &made);
+            let leftovers = roll_back(substrate, (claimed, defined), &made);
             return Err(Failed {
                 error,
                 step: index,
@@ -115,10 +131,20 @@ pub fn run<S: Substrate>(substrate: &mut S, steps: &[Step]) -> Result<(), Failed
     Ok(())
 }
 
-fn roll_back<S: Substrate>(substrate: &mut S, defined: bool, made: &[&str]) -> Vec<S::Error> {
+fn roll_back<S: Substrate>(
+    substrate: &mut S,
+    (claimed, defined): (bool, bool),
+    made: &[&str],
+) -> Vec<S::Error> {
     let mut leftovers = Vec::new();
-    if defined {
-        leftovers.extend(substrate.undefine().err());
+    let domain_stays = defined && substrate.undefine().map_err(|e| leftovers.push(e)).is_err();
+    // The seeded bug the simulator must catch: the claim is neither given back nor kept.
+    if claimed && !cfg!(feature = "bug-rollback-forgets-a-claim") {
+        if domain_stays {
+            substrate.keep();
+        } else {
+            substrate.release();
+        }
     }
     for (index, volume) in made.iter().enumerate().rev() {
         // The seeded bug the simulator must catch: the second volume made (the first data
@@ -142,7 +168,10 @@ mod tests {
     #[derive(Default)]
     struct Memory {
         volumes: BTreeSet<String>,
+        /// The claim: none yet, "held", "released" or "kept".
+        claim: Option<&'static str>,
         domain: bool,
+        undefine_fails: bool,
         running: bool,
         calls: usize,
         fail_at: Option<usize>,
@@ -163,6 +192,17 @@ mod tests {
 
     impl Substrate for Memory {
         type Error = String;
+        fn claim(&mut self) -> Result<(), String> {
+            self.step("claim".to_owned())?;
+            self.claim = Some("held");
+            Ok(())
+        }
+        fn release(&mut self) {
+            self.claim = Some("released");
+        }
+        fn keep(&mut self) {
+            self.claim = Some("kept");
+        }
         fn volume(&mut self, name: &str) -> Result<bool, String> {
             self.step(format!("volume {name}"))?;
             Ok(self.volumes.insert(name.to_owned()))
@@ -181,6 +221,9 @@ mod tests {
             Ok(())
         }
         fn undefine(&mut self) -> Result<(), String> {
+            if self.undefine_fails {
+                return Err("undefine failed".to_owned());
+            }
             self.domain = false;
             Ok(())
         }
@@ -198,6 +241,7 @@ mod tests {
     fn the_steps_make_every_volume_fill_the_seed_then_define_and_start() {
         let steps = create_steps(&names(&["o", "d1", "s"]), &names(&["s"]));
         let want = [
+            Step::Claim,
             Step::Volume("o".into()),
             Step::Volume("d1".into()),
             Step::Volume("s".into()),
@@ -210,6 +254,7 @@ mod tests {
         run(&mut host, &steps).unwrap();
         assert!(host.domain && host.running);
         assert_eq!(host.volumes.len(), 3);
+        assert_eq!(host.claim, Some("held"));
     }
 
     #[test]
@@ -227,6 +272,24 @@ mod tests {
             assert!(!host.domain, "step {fail_at}: the domain is removed");
             let left: Vec<&str> = host.volumes.iter().map(String::as_str).collect();
             assert_eq!(left, ["d2"], "step {fail_at}: {:?}", host.log);
+            let claim = (fail_at > 0).then_some("released");
+            assert_eq!(host.claim, claim, "step {fail_at}: the claim is given back");
         }
+    }
+
+    #[test]
+    fn a_domain_that_cannot_be_removed_keeps_its_claim() {
+        let steps = create_steps(&names(&["o", "s"]), &names(&["s"]));
+        let start = steps.len() - 1;
+        let mut host = Memory {
+            fail_at: Some(start),
+            undefine_fails: true,
+            ..Memory::default()
+        };
+        let failed = run(&mut host, &steps).unwrap_err();
+        assert_eq!(failed.leftovers, ["undefine failed"]);
+        assert!(host.domain, "the domain is still defined");
+        assert_eq!(host.claim, Some("kept"), "and still holds its claim");
+        assert!(host.volumes.is_empty());
     }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use bigfleet_libvirt_domain::{ChangeSet, FenceMark, Kind, Machine, MachineId, StringMap};
 use bigfleet_libvirt_proto::v1alpha1 as pb;
 
+use crate::fakes::books::Holding;
 use crate::rpc::{Reply, Rpc};
 
 /// One thing seen to happen.
@@ -28,6 +29,17 @@ pub enum Event {
         machine: MachineId,
         /// Hosts holding a domain for it afterwards.
         domains: usize,
+    },
+    /// After a Create or a Delete on host `host`: what each domain's definition there
+    /// holds alone (by domain name: `cpu N`, PCI addresses), and the domains whose claim
+    /// the acting process's books still hold as in flight (none once its sequence is over).
+    Books {
+        /// The host's index.
+        host: usize,
+        /// Each domain's holdings.
+        holdings: Vec<Holding>,
+        /// Pending claims left in the books.
+        in_flight: Vec<String>,
     },
     /// A request of the provider's connection `connection` arrived at host `host`, which
     /// then had `in_flight` requests of that connection (this one included) not yet

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use bigfleet_libvirt_domain::MachineId;
+use bigfleet_libvirt_ports::claims::Claim;
 use futures::channel::oneshot;
 
 use crate::rng::SimRng;
@@ -20,6 +21,11 @@ pub struct Domain {
     pub running: bool,
     /// The cluster it was bootstrapped into, if any.
     pub cluster: String,
+    /// The dedicated CPUs and devices its definition names (`fakes::books`).
+    pub held: Claim,
+    /// Defined by a Create the host carried out after the process that sent it had died
+    /// (`fakes::books` says why its claim is exempt from `claims-held-once`).
+    pub late: bool,
 }
 
 /// Every host's domains and the hosts' decision stream.

@@ -35,6 +35,9 @@ pub enum Invariant {
     /// After quiescence every volume belongs to a domain on its host (a failed Create rolls
     /// back every volume it made, and Delete removes them all).
     VolumeWithoutDomain,
+    /// No dedicated CPU or passthrough device is ever held by two machines, and no claim
+    /// outlives the Create that made it unless its domain holds it.
+    ClaimsHeldOnce,
     /// No accepted transition stays transitional past its deadline and the sweep's grace.
     TransitionDeadline,
     /// Every span a transition's work opens is in the trace of the call that accepted it.
@@ -62,6 +65,7 @@ impl Invariant {
             Self::HostsKeepServing => "hosts-keep-serving",
             Self::OrphanDomain => "no-orphan-domain",
             Self::VolumeWithoutDomain => "no-volume-without-domain",
+            Self::ClaimsHeldOnce => "claims-held-once",
             Self::TransitionDeadline => "transition-deadline",
             Self::SpansInCallTrace => "spans-in-call-trace",
             Self::Convergence => "convergence",
@@ -91,6 +95,9 @@ impl Invariant {
             }
             Self::OrphanDomain => "after quiescence no domain exists that the state does not know",
             Self::VolumeWithoutDomain => "after quiescence every volume belongs to a domain",
+            Self::ClaimsHeldOnce => {
+                "no CPU or device is held by two machines, and a rolled-back claim is released"
+            }
             Self::TransitionDeadline => {
                 "no accepted transition outlives its deadline by more than the sweep's grace"
             }

@@ -2,7 +2,7 @@
 //! run from its history (`crate::history`), which every other part only appends to: each
 //! answer as it left the provider and each answer a client received (`online`), each
 //! durable commit (`durable`), each host effect and each request arriving at a host
-//! (`hosts`), each host call sent and ended (`serving`), each span opened (`spans`), each
+//! (`hosts`), the books after each Create and Delete (`claims`), each host call sent and ended (`serving`), each span opened (`spans`), each
 //! provider start (`restart`); and, run by the scenario, the deadline and serving watches
 //! every 500 ms of simulated time and the final checks after faults stop and the provider
 //! has converged (`quiescence`). Only the scenario names this module (the tidy test
@@ -14,6 +14,7 @@
 //! ids acknowledged, the highest List revision answered), and [`DiskSeen`] their copy of
 //! the disk, following the change sets the store made durable.
 
+pub mod claims;
 pub mod deadlines;
 pub mod durable;
 pub mod hosts;
@@ -89,6 +90,11 @@ impl Checkers {
             Event::HostEffect { machine, domains } => {
                 hosts::on_effect(self, at, &machine, domains);
             }
+            Event::Books {
+                host,
+                holdings,
+                in_flight,
+            } => claims::on_books(self, at, host, &holdings, &in_flight),
             Event::HostLoad {
                 host,
                 connection,

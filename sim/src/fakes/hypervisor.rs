@@ -38,11 +38,12 @@
 //! its connection finishes.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_domain::{HostRef, Machine, MachineId, MachineState};
+use bigfleet_libvirt_ports::claims::{Claims, Placed};
 use bigfleet_libvirt_ports::lanes::{Lane, Lanes, NoObserver, Permit};
 use bigfleet_libvirt_ports::spread::{Link, Spread};
 use bigfleet_libvirt_ports::steps;
@@ -54,6 +55,8 @@ use futures::FutureExt;
 use futures::channel::oneshot;
 use futures::future::BoxFuture;
 
+use super::books;
+use super::on_host::OnHost;
 use crate::faults::HostFaults;
 use crate::history::{CallEnd, Event};
 use crate::hosts::{Domain, Hosts, create_volumes, volume_owner, zone_index};
@@ -131,6 +134,8 @@ pub struct SimHypervisor {
     process: u64,
     lanes: Arc<Vec<Arc<Lanes>>>,
     spreads: Arc<Vec<Arc<Spread>>>,
+    /// Its books of what machines hold alone on each host (`fakes::books`).
+    books: Arc<Mutex<Vec<Claims>>>,
 }
 
 fn draw_fault(rng: &mut SimRng, faults: &HostFaults, op: &Op) -> Fault {
@@ -170,11 +175,13 @@ impl SimHypervisor {
         let spreads = (0..world.plan.hosts)
             .map(|_| Spread::new(world.plan.libvirtd.connections))
             .collect();
+        let books = vec![Claims::default(); world.plan.hosts];
         Self {
             world,
             process,
             lanes: Arc::new(lanes),
             spreads: Arc::new(spreads),
+            books: Arc::new(Mutex::new(books)),
         }
     }
 
@@ -472,9 +479,10 @@ impl SimHypervisor {
                 }),
                 Op::Delete => {
                     // As the adapter: the domain goes, then every volume of its name, even
-                    // when the domain was already gone.
+                    // when the domain was already gone; its claim leaves the books.
                     hosts.domains[host].remove(id);
                     let name = domain_name(&self.world.provider_label, id.as_str());
+                    self.books()[host].forget(&name);
                     hosts.volumes[host].retain(|v| volume_owner(v) != name);
                     Ok(None)
                 }
@@ -497,7 +505,21 @@ impl SimHypervisor {
             machine: id.clone(),
             domains,
         });
+        if matches!(op, Op::Create | Op::Delete) {
+            let holdings = books::holdings(&self.world.hosts().domains[host]);
+            let in_flight = self.books()[host].in_flight().map(str::to_owned).collect();
+            self.world.record(Event::Books {
+                host,
+                holdings,
+                in_flight,
+            });
+        }
         result
+    }
+
+    /// This process's books of each host.
+    fn books(&self) -> MutexGuard<'_, Vec<Claims>> {
+        self.books.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -527,15 +549,29 @@ impl SimHypervisor {
             plan.pop();
         }
         let fail_at = (fault == Fault::Step).then(|| hosts.rng.index(plan.len()));
+        let mut books = self.books();
+        let books = &mut books[host];
+        // As the adapter's `read_books`, and for a dead process's Create (`fakes::books`).
+        let late = self.process != hosts.connections;
+        if !books.scanned() || late {
+            books::scan(books, &hosts.domains[host]);
+        }
         let mut on_host = OnHost {
             hosts,
             host,
             id,
             name: &name,
+            books,
+            placed: Placed::default(),
+            late,
             fail_at,
             calls: 0,
         };
-        if let Err(failed) = steps::run(&mut on_host, &plan) {
+        let ran = steps::run(&mut on_host, &plan);
+        if ran.is_ok() {
+            on_host.books.commit(&name);
+        }
+        if let Err(failed) = ran {
             // As the adapter answers: a step the host refused, rolled back completely on a
             // live connection, did nothing.
             let side_effects = if failed.leftovers.is_empty() {
@@ -559,69 +595,6 @@ impl SimHypervisor {
         }
         let domain = &hosts.domains[host][id];
         Ok(Some(self.host_ref(host, domain)))
-    }
-}
-
-/// One Create's steps on a simulated host; step `fail_at` (counting every step) fails.
-struct OnHost<'a> {
-    hosts: &'a mut Hosts,
-    host: usize,
-    id: &'a MachineId,
-    name: &'a str,
-    fail_at: Option<usize>,
-    calls: usize,
-}
-
-impl OnHost<'_> {
-    fn step(&mut self, what: &str) -> Result<(), String> {
-        let call = self.calls;
-        self.calls += 1;
-        if self.fail_at == Some(call) {
-            return Err(format!("injected failure of {what}"));
-        }
-        Ok(())
-    }
-}
-
-impl steps::Substrate for OnHost<'_> {
-    type Error = String;
-
-    fn volume(&mut self, name: &str) -> Result<bool, String> {
-        self.step(&format!("volume {name}"))?;
-        Ok(self.hosts.volumes[self.host].insert(name.to_owned()))
-    }
-
-    fn fill(&mut self, name: &str) -> Result<(), String> {
-        self.step(&format!("upload {name}"))
-    }
-
-    fn define(&mut self) -> Result<(), String> {
-        self.step("define")?;
-        let domain = Domain {
-            name: self.name.to_owned(),
-            running: false,
-            cluster: String::new(),
-        };
-        self.hosts.domains[self.host].insert(self.id.clone(), domain);
-        Ok(())
-    }
-
-    fn start(&mut self) -> Result<(), String> {
-        self.step("start")?;
-        if let Some(domain) = self.hosts.domains[self.host].get_mut(self.id) {
-            domain.running = true;
-        }
-        Ok(())
-    }
-
-    fn undefine(&mut self) -> Result<(), String> {
-        self.hosts.domains[self.host].remove(self.id);
-        Ok(())
-    }
-
-    fn delete_volume(&mut self, name: &str) -> Result<(), String> {
-        self.hosts.volumes[self.host].remove(name);
-        Ok(())
     }
 }
 
@@ -714,6 +687,9 @@ impl Hypervisor for SimHypervisor {
             ))),
             None => {
                 let hosts = world.hosts();
+                for (books, domains) in self.books().iter_mut().zip(&hosts.domains) {
+                    books::scan(books, domains);
+                }
                 Ok(world
                     .inventory
                     .iter()

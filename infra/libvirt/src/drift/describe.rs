@@ -156,7 +156,7 @@ impl Scan {
 /// Reads node info, every domain (with what its definition binds when `placement`, and
 /// then the host's topology and free huge pages too, and its node devices when `devices`),
 /// the volume names of `pools` (`--storage-pool` first, then
-/// `--seed-pool` when it is another), the storage pool's size, and the size of every volume
+/// `--seed-pool` when it is another; none: no pool is read), the storage pool's size, and the size of every volume
 /// in it not named after a domain of `provider`'s.
 pub(crate) fn scan(
     session: &Session,
@@ -206,9 +206,11 @@ pub(crate) fn scan(
             .is_some_and(|t| t.provider == provider)
     };
     let others: Vec<&String> = storage.iter().filter(|v| !ours(v)).collect();
-    let (pool, foreign_volumes) = match volumes::sizes(session, pool, &others) {
-        Ok(sizes) => (Some(sizes.pool), sizes.volumes),
-        Err(e) => {
+    let sized = (!pools.is_empty()).then(|| volumes::sizes(session, pool, &others));
+    let (pool, foreign_volumes) = match sized {
+        None => (None, BTreeMap::new()),
+        Some(Ok(sizes)) => (Some(sizes.pool), sizes.volumes),
+        Some(Err(e)) => {
             warn!(error = %e, "cannot read the storage pool's size; its disk room is not updated");
             (None, BTreeMap::new())
         }

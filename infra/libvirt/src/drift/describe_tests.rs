@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bigfleet_libvirt_domain::MachineState;
 
 use super::*;
+use crate::render::placement::FromDefinition;
 use crate::tests::slots;
 
 const P: &str = "libvirt";

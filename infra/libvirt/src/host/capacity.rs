@@ -14,7 +14,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::host::claims::{Ask, Claim, Claims};
+use bigfleet_libvirt_ports::claims::{Ask, Claim, Claims};
+
 use crate::options::CapacityPolicy;
 use crate::render::placement::Placed;
 
@@ -174,6 +175,25 @@ impl Ledger {
                 if let Some(claim) = claim {
                     self.claims.keep(name, claim.clone());
                 }
+            }
+        }
+    }
+
+    /// Fills the books of what domains hold alone from a scan of `ticket` that read only
+    /// them (a Create that came before the host's first describe, right after a restart):
+    /// `claims` by domain, the host's `free` huge pages and those its `running` domains
+    /// hold. A domain committed after that scan began keeps its claim, as in
+    /// [`Ledger::refresh`]; the shared budget waits for describe.
+    pub fn refresh_claims(
+        &mut self,
+        ticket: u64,
+        claims: BTreeMap<String, Claim>,
+        (free, running): (&BTreeMap<u64, u64>, &BTreeMap<u64, u64>),
+    ) {
+        self.claims.refresh(claims, free, running);
+        for (name, (at, _, claim)) in &self.recent {
+            if let (true, Some(claim)) = (*at >= ticket, claim) {
+                self.claims.keep(name, claim.clone());
             }
         }
     }

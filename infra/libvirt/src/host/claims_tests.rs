@@ -10,10 +10,15 @@ use proptest::prelude::*;
 use super::*;
 use bigfleet_libvirt_domain::catalog::{RawDeviceClass, RawPciIds};
 
+use bigfleet_libvirt_domain::catalog::DeviceClasses;
+use bigfleet_libvirt_ports::claims::Claims;
+
 use crate::host::capacity::{Ledger, Node, Shape};
 use crate::options::CapacityPolicy;
+use crate::options::CpuSet;
+use crate::render::passthrough::DeviceKey;
 use crate::render::passthrough::test_gpu as gpu;
-use crate::render::placement::{Cell, Held};
+use crate::render::placement::{Cell, FromDefinition, Held, Placed, Topology};
 
 /// Two cells of four CPUs (0-3, 4-7), 512 huge pages of 2 MiB, three usable GPUs (buses
 /// 1-3) and one on a host driver (bus 4).
@@ -64,6 +69,7 @@ fn cpus(text: &str) -> CpuSet {
 fn claims() -> Claims {
     let mut claims = Claims::default();
     claims.set_topology(topology(), &classes());
+    claims.refresh(BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new());
     claims
 }
 
@@ -178,13 +184,17 @@ fn huge_pages_count_the_pool_less_others_use_and_every_claim() {
 }
 
 #[test]
-fn without_placement_nothing_is_claimed_and_without_topology_nothing_is_granted() {
+fn without_placement_nothing_is_claimed_and_before_a_scan_nothing_is_granted() {
     let mut claims = Claims::default();
     let refusal = claims.grant("a", &DEDICATED, &cpus("0-3")).unwrap_err();
     assert!(
         refusal.contains("topology has not been read yet"),
         "{refusal}"
     );
+    // The topology alone is not enough: the host's domains must be in the books first.
+    claims.set_topology(topology(), &classes());
+    let refusal = claims.grant("a", &DEDICATED, &cpus("0-3")).unwrap_err();
+    assert!(refusal.contains("domains have not been read"), "{refusal}");
     let refusal = self::claims()
         .grant("a", &DEDICATED, &CpuSet::default())
         .unwrap_err();
@@ -211,6 +221,9 @@ fn a_scan_that_began_before_a_commit_keeps_its_claim() {
     };
     let mut ledger = Ledger::default();
     ledger.claims_mut().set_topology(topology(), &classes());
+    ledger
+        .claims_mut()
+        .refresh(BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new());
     let early = ledger.begin_scan();
     let ask = Ask {
         dedicated: 4,
@@ -290,6 +303,7 @@ proptest! {
         let node = Node { cpus: 8, memory_kib: 16 << 20 };
         let mut ledger = Ledger::default();
         ledger.claims_mut().set_topology(topology(), &classes());
+        ledger.claims_mut().refresh(BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new());
         let mut defined = Defined::new();
         let mut granted = Defined::new();
         let mut scan: Option<(u64, Defined)> = None;

@@ -9,7 +9,10 @@ use virt::connect::Connect;
 use virt::domain::Domain;
 
 use crate::host::error::context;
+use crate::render::passthrough::FromNodeDevice;
 use crate::render::passthrough::HostDevice;
+use crate::render::placement::FromCapabilities;
+use crate::render::placement::FromDefinition;
 use crate::render::placement::{Held, Topology};
 
 /// The host's topology, with its passthrough devices when `devices`; a host whose

@@ -3,14 +3,13 @@
 //! used by the floors above as is. Nothing here talks to libvirt or renders a document.
 
 mod config;
-pub(crate) mod cpuset;
 pub(crate) mod devices;
 mod golden;
 pub(crate) mod platform;
 mod policies;
 
+pub use bigfleet_libvirt_ports::claims::CpuSet;
 pub use config::{DomainConfig, LibvirtConfig};
-pub use cpuset::CpuSet;
 pub use devices::{CpuChoice, CpuMode, NicSource};
 pub use golden::GoldenImage;
 pub use platform::{DirectKernel, DomainType, Firmware, Platform, SeedBus};

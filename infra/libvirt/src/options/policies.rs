@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::cpuset::CpuSet;
+use super::CpuSet;
 
 pub use bigfleet_libvirt_ports::lanes::Budget;
 

@@ -5,56 +5,30 @@
 //! `<interface type='hostdev'>` (so the guest sees a NIC whose MAC libvirt sets).
 
 use std::collections::BTreeSet;
-use std::fmt;
 
-use bigfleet_libvirt_domain::catalog::DeviceSource;
+pub use bigfleet_libvirt_ports::claims::{DeviceKey, HostDevice, PciAddress, PlacedDevice};
 
-/// A PCI address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PciAddress {
-    /// PCI domain (segment).
-    pub domain: u16,
-    /// Bus.
-    pub bus: u8,
-    /// Slot (device).
-    pub slot: u8,
-    /// Function.
-    pub function: u8,
+/// Reads an `<address domain= bus= slot= function=/>` element (hex with `0x`, or decimal).
+fn address_from(node: roxmltree::Node<'_, '_>) -> Option<PciAddress> {
+    Some(PciAddress {
+        domain: number(node.attribute("domain")?)?,
+        bus: number(node.attribute("bus")?)?,
+        slot: number(node.attribute("slot")?)?,
+        function: number(node.attribute("function")?)?,
+    })
 }
 
-impl fmt::Display for PciAddress {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:04x}:{:02x}:{:02x}.{:x}",
-            self.domain, self.bus, self.slot, self.function
-        )
-    }
-}
-
-impl PciAddress {
-    /// Reads an `<address domain= bus= slot= function=/>` element (hex with `0x`, or decimal).
-    fn from_attributes(node: roxmltree::Node<'_, '_>) -> Option<Self> {
-        Some(Self {
-            domain: number(node.attribute("domain")?)?,
-            bus: number(node.attribute("bus")?)?,
-            slot: number(node.attribute("slot")?)?,
-            function: number(node.attribute("function")?)?,
-        })
-    }
-
-    /// The `<address .../>` element; `typed`: with `type='pci'` (an interface's source
-    /// has it, a hostdev's does not).
-    fn to_xml(self, typed: bool) -> String {
-        format!(
-            "<address{} domain='0x{:04x}' bus='0x{:02x}' slot='0x{:02x}' function='0x{:x}'/>",
-            if typed { " type='pci'" } else { "" },
-            self.domain,
-            self.bus,
-            self.slot,
-            self.function
-        )
-    }
+/// The `<address .../>` element of `address`; `typed`: with `type='pci'` (an interface's
+/// source has it, a hostdev's does not).
+fn address_xml(address: PciAddress, typed: bool) -> String {
+    format!(
+        "<address{} domain='0x{:04x}' bus='0x{:02x}' slot='0x{:02x}' function='0x{:x}'/>",
+        if typed { " type='pci'" } else { "" },
+        address.domain,
+        address.bus,
+        address.slot,
+        address.function
+    )
 }
 
 /// A number as libvirt writes one: `0x`-prefixed hex, or decimal.
@@ -67,47 +41,14 @@ fn number<T: TryFrom<u64>>(text: &str) -> Option<T> {
     T::try_from(value).ok()
 }
 
-/// What names one passthrough device on its host.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum DeviceKey {
-    /// A PCI device or VF, by address.
-    Pci(PciAddress),
-    /// A mediated device, by UUID.
-    Mdev(String),
-}
-
-impl fmt::Display for DeviceKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Pci(address) => address.fmt(f),
-            Self::Mdev(uuid) => write!(f, "mdev {uuid}"),
-        }
-    }
-}
-
-/// One device of a host, as its node-device XML describes it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostDevice {
-    /// libvirt's node-device name (`pci_0000_3b_00_0`).
-    pub name: String,
-    /// What names it.
-    pub key: DeviceKey,
-    /// PCI vendor and product ids (0 for an mdev).
-    pub ids: (u16, u16),
-    /// An SR-IOV virtual function.
-    pub vf: bool,
-    /// The mdev type of a mediated device.
-    pub mdev_type: Option<String>,
-    /// The host driver bound to it, if any.
-    pub driver: Option<String>,
-    /// Its IOMMU group (a PCI device without one cannot be passed through).
-    pub iommu_group: Option<u32>,
-}
-
-impl HostDevice {
+/// A host device read from libvirt's node-device XML.
+pub trait FromNodeDevice: Sized {
     /// Reads one node device's XML; `None` for one that is neither PCI nor an mdev.
-    #[must_use]
-    pub fn parse(xml: &str) -> Option<Self> {
+    fn parse(xml: &str) -> Option<Self>;
+}
+
+impl FromNodeDevice for HostDevice {
+    fn parse(xml: &str) -> Option<Self> {
         let document = roxmltree::Document::parse(xml).ok()?;
         let root = document.root_element();
         let name = child(root, "name")?.text()?.trim().to_owned();
@@ -160,44 +101,6 @@ impl HostDevice {
             _ => None,
         }
     }
-
-    /// Whether it is one device of a class with this source.
-    #[must_use]
-    pub fn is(&self, source: &DeviceSource) -> bool {
-        match source {
-            DeviceSource::Pci { vendor, product } => {
-                matches!(self.key, DeviceKey::Pci(_)) && !self.vf && self.ids == (*vendor, *product)
-            }
-            DeviceSource::Vf { vendor, product } => self.vf && self.ids == (*vendor, *product),
-            DeviceSource::Mdev { mdev_type } => self.mdev_type.as_deref() == Some(mdev_type),
-        }
-    }
-
-    /// Why it cannot be given to a machine, with the fix; `None` when it can. The provider
-    /// never takes a device from a host driver: a PCI device or VF must be bound to
-    /// `vfio-pci` (or to no driver) and sit in an IOMMU group.
-    #[must_use]
-    pub fn unusable(&self) -> Option<String> {
-        if matches!(self.key, DeviceKey::Mdev(_)) {
-            return None;
-        }
-        if self.iommu_group.is_none() {
-            return Some(format!(
-                "{} has no IOMMU group: enable the IOMMU (intel_iommu=on or amd_iommu=on on \
-                 the host kernel's command line, and VT-d/AMD-Vi in the firmware), then reboot",
-                self.key
-            ));
-        }
-        match self.driver.as_deref() {
-            None | Some("vfio-pci") => None,
-            Some(driver) => Some(format!(
-                "{} is bound to the host driver {driver}, which the provider never takes it \
-                 from: bind it to vfio-pci (driverctl set-override {} vfio-pci, or vfio-pci.ids= \
-                 on the kernel command line)",
-                self.key, self.key
-            )),
-        }
-    }
 }
 
 /// The number in `node`'s child element `tag`.
@@ -248,34 +151,29 @@ pub fn held(root: roxmltree::Node<'_, '_>) -> BTreeSet<DeviceKey> {
         };
         if let Some(uuid) = address.attribute("uuid") {
             keys.insert(DeviceKey::Mdev(uuid.to_owned()));
-        } else if let Some(pci) = PciAddress::from_attributes(address) {
+        } else if let Some(pci) = address_from(address) {
             keys.insert(DeviceKey::Pci(pci));
         }
     }
     keys
 }
 
-/// A claimed device as the domain gets it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlacedDevice {
-    /// The device.
-    pub key: DeviceKey,
-    /// A VF (given as a NIC).
-    pub vf: bool,
+/// A claimed device's element in a domain definition.
+pub trait DeviceElement {
+    /// Its element inside `<devices>`, on a line of its own.
+    fn to_xml(&self) -> String;
 }
 
-impl PlacedDevice {
-    /// Its element inside `<devices>`, on a line of its own.
-    #[must_use]
-    pub fn to_xml(&self) -> String {
+impl DeviceElement for PlacedDevice {
+    fn to_xml(&self) -> String {
         match (&self.key, self.vf) {
             (DeviceKey::Pci(address), true) => format!(
                 "\n    <interface type='hostdev' managed='yes'>\n      <source>{}</source>\n    </interface>",
-                address.to_xml(true)
+                address_xml(*address, true)
             ),
             (DeviceKey::Pci(address), false) => format!(
                 "\n    <hostdev mode='subsystem' type='pci' managed='yes'>\n      <source>{}</source>\n    </hostdev>",
-                address.to_xml(false)
+                address_xml(*address, false)
             ),
             (DeviceKey::Mdev(uuid), _) => format!(
                 "\n    <hostdev mode='subsystem' type='mdev' model='vfio-pci'>\n      <source><address uuid='{}'/></source>\n    </hostdev>",

@@ -2,6 +2,7 @@
 //! why a device is unusable, and a rendered device read back as held.
 
 use super::*;
+use bigfleet_libvirt_domain::catalog::DeviceSource;
 
 const GPU: &str = "<device>
   <name>pci_0000_3b_00_0</name>

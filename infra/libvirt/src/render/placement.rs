@@ -4,54 +4,35 @@
 //! topology from its capabilities ([`Topology`]), and what an existing domain holds
 //! ([`Held`]: CPUs, huge pages, passthrough devices) from its definition.
 
-use std::collections::{BTreeMap, BTreeSet};
+pub use bigfleet_libvirt_ports::claims::{Cell, Held, Placed, Topology};
 
 use crate::options::CpuSet;
-use crate::render::passthrough::{self, DeviceKey, HostDevice, PlacedDevice};
+use crate::render::passthrough::{self, DeviceElement, PlacedDevice};
 
-/// How a domain is placed on its host's CPUs and memory.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Placed {
-    /// One host CPU per vCPU (dedicated CPUs), and the NUMA cell they share.
-    pub pinning: Option<Pinning>,
-    /// The host CPUs a machine without dedicated CPUs may run on (every CPU of the host but
-    /// `--dedicated-cpus`); `None`: any.
-    pub shared: Option<CpuSet>,
-    /// Guest memory from huge pages of this size (KiB).
-    pub hugepage_kib: Option<u64>,
-    /// Passthrough devices claimed for it.
-    pub devices: Vec<PlacedDevice>,
-}
-
-/// Dedicated host CPUs: `cpus[i]` runs vCPU `i` (and the emulator threads run on them all).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pinning {
-    /// The host CPU of each vCPU, in vCPU order.
-    pub cpus: Vec<u32>,
-    /// The NUMA cell every one of them is in, when they fit in one.
-    pub cell: Option<u32>,
-}
-
-impl Placed {
+/// The elements a [`Placed`] adds to a domain definition.
+pub trait PlacedXml {
     /// The `cpuset` attribute of `<vcpu>` (with its leading space), or nothing.
-    #[must_use]
-    pub fn vcpu_cpuset(&self) -> String {
+    fn vcpu_cpuset(&self) -> String;
+    /// The passthrough devices' elements, for inside `<devices>`.
+    fn device_elements(&self) -> String;
+    /// The elements after `<vcpu>`: `<memoryBacking>`, `<cputune>` and `<numatune>`, each
+    /// on a line of its own, or nothing.
+    fn elements(&self) -> String;
+}
+
+impl PlacedXml for Placed {
+    fn vcpu_cpuset(&self) -> String {
         match &self.shared {
             Some(set) if !set.is_empty() && self.pinning.is_none() => format!(" cpuset='{set}'"),
             _ => String::new(),
         }
     }
 
-    /// The passthrough devices' elements, for inside `<devices>`.
-    #[must_use]
-    pub fn device_elements(&self) -> String {
+    fn device_elements(&self) -> String {
         self.devices.iter().map(PlacedDevice::to_xml).collect()
     }
 
-    /// The elements after `<vcpu>`: `<memoryBacking>`, `<cputune>` and `<numatune>`, each
-    /// on a line of its own, or nothing.
-    #[must_use]
-    pub fn elements(&self) -> String {
+    fn elements(&self) -> String {
         let mut out = String::new();
         if let Some(kib) = self.hugepage_kib {
             out.push_str(&format!(
@@ -89,63 +70,15 @@ impl Placed {
 /// The smallest page size counted as a huge page pool, in KiB.
 const MIN_HUGE_PAGE_KIB: u64 = 64;
 
-/// One NUMA cell of a host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cell {
-    /// The cell id.
-    pub id: u32,
-    /// Its CPUs.
-    pub cpus: CpuSet,
-}
-
-/// A host's CPUs by NUMA cell and its huge page pools, from its capabilities, and its
-/// passthrough devices, from its node devices (read only when device classes are declared).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Topology {
-    /// The cells, by id.
-    pub cells: Vec<Cell>,
-    /// Huge pages in all cells by page size in KiB (sizes of 64 KiB and up only: the base
-    /// page is not a pool): the pool's size in pages.
-    pub pages: BTreeMap<u64, u64>,
-    /// PCI devices, VFs and mediated devices, in libvirt's order.
-    pub devices: Vec<HostDevice>,
-}
-
-impl Topology {
-    /// Every CPU of the host.
-    #[must_use]
-    pub fn cpus(&self) -> CpuSet {
-        let mut all = CpuSet::default();
-        for cell in &self.cells {
-            all.extend(&cell.cpus);
-        }
-        all
-    }
-
-    /// The host's default huge page size: the smallest it has a pool size for.
-    #[must_use]
-    pub fn default_page_kib(&self) -> Option<u64> {
-        self.pages.keys().next().copied()
-    }
-
-    /// A host of `cpus` CPUs (ids from 0) in one cell, without huge page pools: what a host
-    /// whose capabilities list no NUMA cell is taken for (libvirt's test driver on a node
-    /// file).
-    #[must_use]
-    pub fn flat(cpus: u32) -> Self {
-        Self {
-            cells: vec![Cell {
-                id: 0,
-                cpus: (0..cpus).collect(),
-            }],
-            ..Self::default()
-        }
-    }
-
+/// A host's [`Topology`] read from its capabilities.
+pub trait FromCapabilities: Sized {
     /// Reads `<capabilities>`: `host/topology/cells/cell` with their `cpus/cpu@id` and
     /// `pages` (per size, in KiB). `None` when the document does not parse or has no cells.
-    #[must_use]
-    pub fn parse(capabilities: &str) -> Option<Self> {
+    fn parse(capabilities: &str) -> Option<Self>;
+}
+
+impl FromCapabilities for Topology {
+    fn parse(capabilities: &str) -> Option<Self> {
         let document = roxmltree::Document::parse(capabilities).ok()?;
         let mut topology = Self::default();
         let cells = (document.descendants()).filter(|n| n.has_tag_name("cell"));
@@ -186,23 +119,14 @@ fn child<'a, 'i>(node: roxmltree::Node<'a, 'i>, name: &str) -> Option<roxmltree:
     node.children().find(|n| n.has_tag_name(name))
 }
 
-/// What an existing domain holds of its host, read from its definition.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Held {
-    /// Every host CPU its vCPUs or emulator threads are bound to (`<vcpu cpuset>`,
-    /// `<vcpupin>`, `<emulatorpin>`); empty: none (it may run anywhere).
-    pub pinned: CpuSet,
-    /// Its memory is backed by huge pages: their size in KiB (`None` inside: the host's
-    /// default size), and the memory in KiB.
-    pub hugepages: Option<(Option<u64>, u64)>,
-    /// Its passthrough devices.
-    pub devices: BTreeSet<DeviceKey>,
+/// What a domain holds ([`Held`]), read from its definition.
+pub trait FromDefinition {
+    /// Reads a domain definition; an unreadable one holds nothing.
+    fn parse(domain_xml: &str) -> Self;
 }
 
-impl Held {
-    /// Reads a domain definition; an unreadable one holds nothing.
-    #[must_use]
-    pub fn parse(domain_xml: &str) -> Self {
+impl FromDefinition for Held {
+    fn parse(domain_xml: &str) -> Self {
         let Ok(document) = roxmltree::Document::parse(domain_xml) else {
             return Self::default();
         };
@@ -236,15 +160,6 @@ impl Held {
             hugepages,
             devices: passthrough::held(root),
         }
-    }
-
-    /// The huge pages it holds: (size in KiB, count), its size `None` resolved to
-    /// `default_kib`.
-    #[must_use]
-    pub fn pages(&self, default_kib: Option<u64>) -> Option<(u64, u64)> {
-        let (size, memory_kib) = self.hugepages?;
-        let size = size.or(default_kib).filter(|s| *s > 0)?;
-        Some((size, memory_kib.div_ceil(size)))
     }
 }
 

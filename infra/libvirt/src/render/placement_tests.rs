@@ -1,6 +1,10 @@
 //! The placement documents: a host's topology read from its capabilities, what a domain's
 //! definition binds, and the elements a placed domain gets (read back as written).
 
+use std::collections::BTreeMap;
+
+use bigfleet_libvirt_ports::claims::Pinning;
+
 use super::*;
 
 /// Two cells of four CPUs, 2 MiB pools of 512 and 256 pages, a 1 GiB pool of 2 in cell 1.

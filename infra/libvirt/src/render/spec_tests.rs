@@ -170,7 +170,9 @@ fn an_rbd_pool_clones_the_root_and_makes_rbd_data_disks_with_the_pools_auth() {
 
 #[test]
 fn dedicated_cpus_in_one_cell_on_huge_pages() {
-    use crate::render::placement::{Pinning, Placed};
+    use bigfleet_libvirt_ports::claims::Pinning;
+
+    use crate::render::placement::Placed;
     let placed = Placed {
         pinning: Some(Pinning {
             cpus: vec![6, 7],

@@ -21,6 +21,7 @@
 
 use crate::render::devices::{CpuChoice, Nic};
 use crate::render::ownership::escape;
+use crate::render::placement::PlacedXml;
 use crate::render::rbd::{self, RbdSource};
 
 pub use crate::options::platform::{DirectKernel, DomainType, Firmware, Platform, SeedBus};

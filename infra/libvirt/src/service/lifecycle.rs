@@ -23,12 +23,13 @@ use virt::storage_pool::StoragePool;
 use virt::storage_vol::StorageVol;
 
 use super::SequenceContext;
+use crate::drift::describe;
+use crate::host::capacity::Shape;
 use crate::host::claims::{Ask, needs};
 use crate::host::connection::Host;
 use crate::host::domains::{self, ensure_running, owned};
 use crate::host::error::{maybe_done, nothing_done, one_line, partly_done, refused, text};
 use crate::host::session::{BaseImage, Session};
-use crate::host::topology;
 use crate::render::rbd::PoolKind;
 use crate::render::seed;
 use crate::render::spec::{Base, Choices, DomainSpec, Slot, VolumePaths};
@@ -82,31 +83,45 @@ pub(crate) fn create(
     );
     let policy = &settings.options.capacity;
     if (ask != Ask::default() || !policy.dedicated_cpus.is_empty())
-        && host.ledger().claims().topology().is_none()
+        && !host.ledger().claims().scanned()
     {
-        // No scan has read the host's topology yet (its first describe is still running).
-        let read = topology::read(&session.conn, settings.passes_through)?;
-        host.ledger()
-            .claims_mut()
-            .set_topology(read, &settings.classes);
+        read_books(session, host, settings)?;
     }
-    let placed = (host.ledger().reserve(&spec.name, shape, &ask, policy)).map_err(|why| {
-        refused(format!(
-            "zone {:?} has no room for machine {}: {why}",
-            host.zone, spec.machine_id
-        ))
-    })?;
-    on_host.spec.placed = placed;
-    match run(session, &mut on_host, &plan) {
-        Ok(()) => {
-            host.ledger().commit(&spec.name);
-            Ok(())
-        }
-        Err(error) => {
-            host.ledger().release(&spec.name);
-            Err(error)
-        }
+    on_host.claim = Some(Claiming {
+        host,
+        shape,
+        ask,
+        machine: spec.machine_id.to_string(),
+    });
+    run(session, &mut on_host, &plan)?;
+    host.ledger().commit(&spec.name);
+    Ok(())
+}
+
+/// Reads what the host's domains hold alone into its books, for a Create that came before
+/// the host's first describe (right after a restart): without it the books know none of
+/// the domains an earlier process made, and would give their CPUs and devices again.
+fn read_books(
+    session: &Session,
+    host: &Host,
+    settings: &SequenceContext,
+) -> Result<(), HypervisorError> {
+    let ticket = host.ledger().begin_scan();
+    let scan = describe::scan(
+        session,
+        &[],
+        &settings.provider,
+        (true, settings.passes_through),
+    )?;
+    let dedicated = &settings.options.capacity.dedicated_cpus;
+    if let (Some((topology, free)), Some((claims, running))) =
+        (&scan.topology, scan.claims(&settings.provider, dedicated))
+    {
+        let mut ledger = host.ledger();
+        (ledger.claims_mut()).set_topology(topology.clone(), &settings.classes);
+        ledger.refresh_claims(ticket, claims, (free, &running));
     }
+    Ok(())
 }
 
 /// The domain `spec` asks for, on a host whose base image is `base`: the one place a
@@ -174,6 +189,7 @@ fn prepare<'a>(
         seed_image,
         volumes: BTreeMap::new(),
         domain: None,
+        claim: None,
     };
     Ok((on_host, plan))
 }
@@ -200,6 +216,9 @@ fn run(
     plan: &[steps::Step],
 ) -> Result<(), HypervisorError> {
     steps::run(on_host, plan).map_err(|failed| {
+        if plan.get(failed.step) == Some(&steps::Step::Claim) {
+            return failed.error; // the host's refusal, as it was
+        }
         if failed.leftovers.is_empty() {
             return undone(session, failed.error);
         }
@@ -236,6 +255,17 @@ struct OnHost<'a> {
     seed_image: Vec<u8>,
     volumes: BTreeMap<String, StorageVol>,
     domain: Option<Domain>,
+    /// What the Create claims on the host, and whose it is (`None`: nothing to claim).
+    claim: Option<Claiming<'a>>,
+}
+
+/// What one Create claims in its host's books: its share of the budget and what it holds
+/// alone, for machine `machine`.
+struct Claiming<'a> {
+    host: &'a Host,
+    shape: Shape,
+    ask: Ask,
+    machine: String,
 }
 
 impl OnHost<'_> {
@@ -293,6 +323,36 @@ impl OnHost<'_> {
 
 impl steps::Substrate for OnHost<'_> {
     type Error = HypervisorError;
+
+    fn claim(&mut self) -> Result<(), HypervisorError> {
+        let Some(claiming) = &self.claim else {
+            return Ok(());
+        };
+        let (host, policy) = (claiming.host, &self.settings.options.capacity);
+        let name = &self.spec.name;
+        let placed = (host.ledger())
+            .reserve(name, claiming.shape, &claiming.ask, policy)
+            .map_err(|why| {
+                refused(format!(
+                    "zone {:?} has no room for machine {}: {why}",
+                    host.zone, claiming.machine
+                ))
+            })?;
+        self.spec.placed = placed;
+        Ok(())
+    }
+
+    fn release(&mut self) {
+        if let Some(claiming) = &self.claim {
+            claiming.host.ledger().release(&self.spec.name);
+        }
+    }
+
+    fn keep(&mut self) {
+        if let Some(claiming) = &self.claim {
+            claiming.host.ledger().commit(&self.spec.name);
+        }
+    }
 
     fn volume(&mut self, name: &str) -> Result<bool, HypervisorError> {
         let disks = &self.spec.disks;

@@ -13,6 +13,7 @@ use bigfleet_libvirt_domain::catalog::{DeviceClasses, RawDeviceClass};
 use super::*;
 use crate::host::fixture::{mdev_device, pci_device};
 use crate::metrics::CapacityLabels;
+use crate::render::placement::FromDefinition;
 use crate::render::placement::Held;
 use crate::render::spec::{overlay_name as overlay, seed_name as seed};
 
@@ -151,11 +152,10 @@ async fn each_device_is_given_once_and_exhaustion_withholds_the_slot() {
     assert_eq!(held(&rig, &s[2]).await.0, ["0000:17:00.2", "0000:3b:00.0"]);
 }
 
-#[tokio::test]
-async fn a_restarted_provider_reads_device_claims_from_the_definitions() {
+/// A provider started over a host where the previous process made machine 0 with the A100
+/// at 3b and the VF at 17.2, and someone else's domain holds the A100 at 5e.
+async fn restarted_rig() -> Rig {
     let slots = slots("libvirt", ZONE, "kvm.small", 3);
-    // The previous process made machine 0 with the A100 at 3b and the VF at 17.2; someone
-    // else's domain holds the A100 at 5e.
     let ours = domain_name("libvirt", slots[0].id.as_str());
     let made = planted_domain(
         &ours,
@@ -183,10 +183,11 @@ async fn a_restarted_provider_reads_device_claims_from_the_definitions() {
          <os><type>hvm</type></os><devices>{}</devices></domain>",
         hostdev(0x5e, 0)
     );
-    let rig = rig_devices(vec![made, foreign]).await;
-    rig.hv.describe().await.unwrap();
-    assert_eq!(capacity(&rig, "devices_a100"), (2, 2));
-    let refused = create(&rig.hv, &rig.slots[1]).await.unwrap_err();
+    rig_devices(vec![made, foreign]).await
+}
+
+/// The refusal of a Create that finds no A100 free.
+fn none_free(refused: &HypervisorError) {
     assert!(
         refused
             .message
@@ -194,6 +195,14 @@ async fn a_restarted_provider_reads_device_claims_from_the_definitions() {
         "{}",
         refused.message
     );
+}
+
+#[tokio::test]
+async fn a_restarted_provider_reads_device_claims_from_the_definitions() {
+    let rig = restarted_rig().await;
+    rig.hv.describe().await.unwrap();
+    assert_eq!(capacity(&rig, "devices_a100"), (2, 2));
+    none_free(&create(&rig.hv, &rig.slots[1]).await.unwrap_err());
     // Their domain goes away out of band: the next scan frees its GPU.
     super::placement::remove_theirs(&rig).await;
     create(&rig.hv, &rig.slots[1]).await.unwrap();
@@ -201,6 +210,14 @@ async fn a_restarted_provider_reads_device_claims_from_the_definitions() {
         held(&rig, &rig.slots[1]).await.0,
         ["0000:17:00.3", "0000:5e:00.0"]
     );
+}
+
+#[tokio::test]
+async fn a_create_before_the_first_describe_reads_the_claims_first() {
+    // Right after a restart BigFleet may call Create before any describe has scanned the
+    // host: the books must still know what the existing definitions hold.
+    let rig = restarted_rig().await;
+    none_free(&create(&rig.hv, &rig.slots[1]).await.unwrap_err());
 }
 
 #[tokio::test]

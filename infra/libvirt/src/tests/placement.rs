@@ -11,6 +11,7 @@ use bigfleet_libvirt_config::naming::domain_name;
 use super::*;
 use crate::metrics::CapacityLabels;
 use crate::options::CpuSet;
+use crate::render::placement::FromDefinition;
 use crate::render::placement::Held;
 use crate::render::spec::{overlay_name as overlay, seed_name as seed};
 
