@@ -34,16 +34,16 @@ sim() { # [--features F] -- runner args
         features=(--features "$2") target="$CARGO_TARGET_DIR-bugs"
         shift 2
     fi
-    CARGO_TARGET_DIR=$target cargo run --locked --quiet --release -p bigfleet-libvirt-sim \
+    CARGO_TARGET_DIR=$target cargo run --locked --quiet --profile sim -p bigfleet-libvirt-sim \
         "${features[@]}" --bin sim -- "$@"
 }
 
 case "${1:-}" in
 --ci)
     start=$SECONDS
-    cargo build --locked --release -p bigfleet-libvirt-sim --bins --tests
+    cargo build --locked --profile sim -p bigfleet-libvirt-sim --bins --tests
     echo "sim build: $((SECONDS - start))s"
-    cargo test --locked --release -p bigfleet-libvirt-sim
+    cargo test --locked --profile sim -p bigfleet-libvirt-sim
     sim --check-determinism 7
     sim --seeds-file sim/seeds.txt --jobs "$jobs" --quiet
     echo "sim CI total: $((SECONDS - start))s"

@@ -1,5 +1,5 @@
 //! The simulator's hosts and store against the shared contract suites every adapter runs
-//! (simulation builds only: `scripts/sim.sh --ci` runs them with `cargo test --release`
+//! (simulation builds only: `scripts/sim.sh --ci` runs them with `cargo test --profile sim`
 //! under `--cfg madsim`).
 //!
 //! - `SimHypervisor` (the simulated libvirt hosts, each on its own madsim node) runs the

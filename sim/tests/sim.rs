@@ -1,5 +1,5 @@
 //! The simulator's own tests (simulation builds only: `scripts/sim.sh --ci` runs them with
-//! `cargo test --release` under `--cfg madsim`).
+//! `cargo test --profile sim` under `--cfg madsim`).
 //!
 //! - Determinism: the same seed gives the same trace hash, another seed another one.
 //! - (The contract suites every adapter runs are in `contracts.rs`.)
