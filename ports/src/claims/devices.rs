@@ -64,6 +64,9 @@ pub struct HostDevice {
     pub driver: Option<String>,
     /// Its IOMMU group (a PCI device without one cannot be passed through).
     pub iommu_group: Option<u32>,
+    /// It exists now: a mediated device can be defined (persistently, through mdevctl) and
+    /// not started, and then it is not there for a domain to use.
+    pub active: bool,
 }
 
 impl HostDevice {
@@ -84,6 +87,14 @@ impl HostDevice {
     /// `vfio-pci` (or to no driver) and sit in an IOMMU group.
     #[must_use]
     pub fn unusable(&self) -> Option<String> {
+        if !self.active {
+            return Some(format!(
+                "{} is defined but not started, so a domain given it could not start: start \
+                 it (virsh nodedev-start {}, or mdevctl start), or mark it to start with its \
+                 parent (virsh nodedev-autostart {})",
+                self.key, self.name, self.name
+            ));
+        }
         if matches!(self.key, DeviceKey::Mdev(_)) {
             return None;
         }

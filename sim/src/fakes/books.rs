@@ -55,6 +55,7 @@ pub fn topology() -> Topology {
         mdev_type: None,
         driver: Some("vfio-pci".to_owned()),
         iommu_group: Some(u32::from(bus)),
+        active: true,
     };
     Topology {
         cells: vec![cell(0), cell(1)],

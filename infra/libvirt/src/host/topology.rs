@@ -2,7 +2,7 @@
 //! (its node devices), its free huge pages (`virNodeGetFreePages`), and what a domain's
 //! definition binds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bigfleet_libvirt_ports::HypervisorError;
 use virt::connect::Connect;
@@ -39,7 +39,9 @@ pub(crate) fn read(conn: &Connect, devices: bool) -> Result<Topology, Hypervisor
 
 /// The host's PCI devices (VFs among them) and mediated devices, by address (then UUID), so
 /// claims pick them in the same order whatever order libvirt lists them in. One that
-/// vanishes between the listing and the read is left out.
+/// vanishes between the listing and the read is left out. A mediated device that is defined
+/// and not started is marked inactive (libvirt 7.3 and later say which; an older daemon
+/// lists only the devices that exist).
 ///
 /// # Errors
 /// libvirt's, for the listing.
@@ -48,9 +50,17 @@ pub(crate) fn node_devices(conn: &Connect) -> Result<Vec<HostDevice>, Hypervisor
         | virt::sys::VIR_CONNECT_LIST_NODE_DEVICES_CAP_MDEV;
     let listed = (conn.list_all_node_devices(kinds))
         .map_err(|e| context("list the host's node devices", &e))?;
+    let inactive: BTreeSet<String> = conn
+        .list_all_node_devices(kinds | virt::sys::VIR_CONNECT_LIST_NODE_DEVICES_INACTIVE)
+        .map(|devices| devices.iter().filter_map(|d| d.name().ok()).collect())
+        .unwrap_or_default();
     let mut devices: Vec<HostDevice> = (listed.iter())
         .filter_map(|device| device.xml_desc(0).ok())
         .filter_map(|xml| HostDevice::parse(&xml))
+        .map(|device| HostDevice {
+            active: !inactive.contains(&device.name),
+            ..device
+        })
         .collect();
     devices.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(devices)

@@ -43,7 +43,8 @@ fn number<T: TryFrom<u64>>(text: &str) -> Option<T> {
 
 /// A host device read from libvirt's node-device XML.
 pub trait FromNodeDevice: Sized {
-    /// Reads one node device's XML; `None` for one that is neither PCI nor an mdev.
+    /// Reads one node device's XML (taken for an active one: the document does not say);
+    /// `None` for one that is neither PCI nor an mdev.
     fn parse(xml: &str) -> Option<Self>;
 }
 
@@ -79,6 +80,7 @@ impl FromNodeDevice for HostDevice {
                     mdev_type: None,
                     driver,
                     iommu_group,
+                    active: true,
                 })
             }
             "mdev" => {
@@ -96,6 +98,7 @@ impl FromNodeDevice for HostDevice {
                     mdev_type: Some(mdev_type.to_owned()),
                     driver,
                     iommu_group,
+                    active: true,
                 })
             }
             _ => None,
@@ -125,6 +128,7 @@ pub(crate) fn test_gpu(bus: u8, driver: &str) -> HostDevice {
         mdev_type: None,
         driver: Some(driver.to_owned()),
         iommu_group: Some(u32::from(bus)),
+        active: true,
     }
 }
 

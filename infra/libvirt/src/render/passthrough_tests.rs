@@ -76,6 +76,17 @@ fn node_devices_are_read_as_libvirt_writes_them() {
     );
     assert_eq!(mdev.mdev_type.as_deref(), Some("i915-GVTg_V5_4"));
     assert_eq!(mdev.unusable(), None);
+    // Defined through mdevctl and not started: not there for a domain, so never given.
+    let defined = HostDevice {
+        active: false,
+        ..mdev.clone()
+    };
+    let why = defined.unusable().unwrap();
+    assert!(
+        why.contains("mdev 4b20d080-1b54-4048-85b3-a6a62d165c01 is defined but not started")
+            && why.contains(&format!("virsh nodedev-start {}", mdev.name)),
+        "{why}"
+    );
     let no_iommu = GPU.replace(
         "<iommuGroup number='40'><address domain='0x0000' bus='0x3b' slot='0x00' function='0x0'/></iommuGroup>",
         "",
