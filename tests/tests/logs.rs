@@ -37,6 +37,8 @@ async fn replays_and_reads_are_not_logged_at_info_and_changes_are() {
     }
     let refused = create(&mut c, "no/such/machine", None).await;
     assert!(refused.is_err(), "{refused:?}");
+    let unknown = get(&mut c, "no/such/get").await;
+    assert!(unknown.is_err(), "{unknown:?}");
     // The log is read from the process's stderr by a thread: give the last lines time.
     let start = std::time::Instant::now();
     while rpc_lines(&server, "WARN", "Create") == 0 && start.elapsed() < Duration::from_secs(10) {
@@ -69,4 +71,13 @@ async fn replays_and_reads_are_not_logged_at_info_and_changes_are() {
             .contains("not found"),
         "{warned}"
     );
+    // A read's span is off at info; its warning names the call and the machine itself.
+    let read = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|v| v["level"] == "WARN" && v["fields"]["method"] == "Get")
+        .unwrap_or_else(|| panic!("the failed Get's warning; log:\n{log}"));
+    assert_eq!(read["fields"]["machine_id"], "no/such/get", "{read}");
+    assert_eq!(read["fields"]["message"], "rpc", "{read}");
+    assert_eq!(read["fields"]["code"], "NotFound", "{read}");
 }

@@ -20,7 +20,7 @@ use bigfleet_libvirt_proto::v1alpha1 as pb;
 use bigfleet_libvirt_proto::wire::EncodedMachineList;
 use futures::FutureExt;
 use tonic::{Request, Response, Status};
-use tracing::{Instrument, Level, debug, error, info, info_span, warn};
+use tracing::{Instrument, Level, debug, debug_span, error, info, info_span, warn};
 
 use crate::identity::PeerIdentity;
 use crate::list_budget::{
@@ -42,6 +42,11 @@ const METHODS: [(&str, bool); 6] = [
     ("Get", false),
     ("List", false),
 ];
+
+/// Whether `method` changes machines (its rpc span is at info; a read's is at debug).
+fn is_mutation(method: &str) -> bool {
+    METHODS.iter().any(|&(m, mutating)| mutating && m == method)
+}
 
 /// The tonic service.
 pub struct CapacityService<H, S, C, E> {
@@ -134,7 +139,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
     /// write per retry).
     async fn observe<T>(
         &self,
-        method: &'static str,
+        (method, subject): (&'static str, Option<&str>),
         span: tracing::Span,
         changed: fn(&T) -> bool,
         body: impl Future<Output = Result<T, Status>>,
@@ -169,6 +174,17 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
             .observe(seconds);
         let dur_ms = seconds * 1000.0;
         match &result {
+            // A read's span is at debug, so off at the default level: its warning names
+            // the call itself.
+            Err(e) if !is_mutation(method) => warn!(
+                parent: &span,
+                method,
+                machine_id = subject.map(|id| tracing::field::display(EchoField(id))),
+                code,
+                error = e.message(),
+                dur_ms,
+                "rpc"
+            ),
             Err(e) => warn!(parent: &span, code, error = e.message(), dur_ms, "rpc"),
             Ok(answer) if changed(answer) => info!(parent: &span, code, dur_ms, "rpc"),
             Ok(_) => debug!(parent: &span, code, dur_ms, "rpc"),
@@ -180,25 +196,40 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
     /// trace context (see `trace_context`). The ids are the caller's: the span (and so every
     /// log line in it) carries them bounded. A mutation's shard is given here, at creation,
     /// not recorded later: the JSON log layer rewrites a span's fields on every record.
+    ///
+    /// A read's span is at debug: a read logs nothing at info, and an info span would have
+    /// its fields written for the log layer on every Get only to be dropped (a third of a
+    /// Get's server CPU beyond a bare echo's). With an OTLP endpoint it is exported as
+    /// before (the exporter takes the provider's spans from debug); a read's warning
+    /// carries its method and machine id itself.
     fn rpc_span<T>(
         method: &'static str,
         (machine_id, shard_id): (&str, Option<&str>),
         request: &Request<T>,
     ) -> tracing::Span {
-        let span = info_span!(
-            "rpc",
-            method,
-            machine_id = %EchoField(machine_id),
-            operation_id = tracing::field::Empty,
-            shard_id = shard_id.map(|s| tracing::field::display(EchoField(s))),
-            zone = tracing::field::Empty,
-            identity = tracing::field::Empty,
-            code = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-            otel.kind = "server",
-            otel.status_code = tracing::field::Empty,
-            otel.status_description = tracing::field::Empty,
-        );
+        macro_rules! rpc_span {
+            ($span:ident) => {
+                $span!(
+                    "rpc",
+                    method,
+                    machine_id = %EchoField(machine_id),
+                    operation_id = tracing::field::Empty,
+                    shard_id = shard_id.map(|s| tracing::field::display(EchoField(s))),
+                    zone = tracing::field::Empty,
+                    identity = tracing::field::Empty,
+                    code = tracing::field::Empty,
+                    outcome = tracing::field::Empty,
+                    otel.kind = "server",
+                    otel.status_code = tracing::field::Empty,
+                    otel.status_description = tracing::field::Empty,
+                )
+            };
+        }
+        let span = if is_mutation(method) {
+            rpc_span!(info_span)
+        } else {
+            rpc_span!(debug_span)
+        };
         adopt(&span, &trace_context::carrier(request.metadata()));
         span
     }
@@ -296,7 +327,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> CapacityService<H, S, C
         body: impl Future<Output = Result<Mutated, Status>>,
     ) -> Result<Response<pb::TransitionAck>, Status> {
         let started = |m: &Mutated| m.started;
-        let mutated = self.observe(method, span, started, body).await?;
+        let mutated = self.observe((method, None), span, started, body).await?;
         Ok(mutated.response)
     }
 }
@@ -520,7 +551,8 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
             tracing::Span::current().record("zone", machine.zone.as_str());
             Ok(Response::new(convert::machine(&machine)))
         };
-        self.observe("Get", span, |_| false, body).await
+        self.observe(("Get", Some(&id)), span, |_| false, body)
+            .await
     }
 
     async fn list(
@@ -549,6 +581,6 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner>
                 self.list_whole(&query).await
             }
         };
-        self.observe("List", span, |_| false, body).await
+        self.observe(("List", None), span, |_| false, body).await
     }
 }

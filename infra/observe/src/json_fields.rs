@@ -1,21 +1,29 @@
 //! How the JSON log layer keeps a span's fields between its log lines. tracing-subscriber's
-//! own `JsonFields` stores them as one JSON object and, on every `Span::record` after the
-//! first, parses that object, adds the new fields and writes it again; the rpc span records
-//! its operation id, zone, code and outcome as the call goes, so a Create paid four parses
-//! and rewrites before its one log line. [`AppendedJsonFields`] writes the same object
-//! and appends later fields to it instead (`{"a":1}` then `b=2` is `{"a":1,"b":2}`). A field
-//! recorded twice appears twice in the stored text; the JSON event formatter parses the
-//! stored object into a map when it writes a line, where the later value wins, so the lines
-//! are exactly those `JsonFields` gives.
+//! own `JsonFields` gathers a span's fields into a map of `serde_json::Value`s, writes the
+//! map out as one JSON object and, on every `Span::record` after the first, parses that
+//! object, adds the new fields and writes it again; the rpc span records its operation id,
+//! zone, code and outcome as the call goes, so a Create paid four parses and rewrites
+//! before its one log line. [`AppendedJsonFields`] writes each field straight into the
+//! stored object (no map, no `Value`s) and appends later fields to it instead
+//! (`{"a":1}` then `b=2` is `{"a":1,"b":2}`). A later record of a field the object already
+//! holds takes the slow path: the object is parsed, the later value replaces the earlier
+//! one, and the object is written again. So the stored object never names a field twice,
+//! and the line formatter (`json_line`) copies it onto each line as it is.
+//!
+//! The values are those `JsonFields` gives: numbers and booleans as JSON numbers and
+//! booleans, strings as strings, bytes as an array of numbers, anything else as its `Debug`
+//! text; a field named `r#type` is written `type`, and the `log.*` fields of an event that
+//! came through the `log` crate are left out (they are its metadata, already on the line).
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
-use tracing_subscriber::field::{RecordFields, VisitOutput};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::FormattedFields;
-use tracing_subscriber::fmt::format::{JsonVisitor, Writer};
+use tracing_subscriber::fmt::format::Writer;
 
-/// JSON span fields that a later record appends to rather than rewrites.
+/// JSON span fields written directly, and appended to rather than rewritten.
 #[derive(Debug, Default)]
 pub struct AppendedJsonFields;
 
@@ -25,9 +33,16 @@ impl<'writer> FormatFields<'writer> for AppendedJsonFields {
         mut writer: Writer<'writer>,
         fields: R,
     ) -> fmt::Result {
-        let mut visitor = JsonVisitor::new(&mut writer);
-        fields.record(&mut visitor);
-        visitor.finish()
+        let mut body = String::new();
+        let names = write_fields(&mut body, &fields)?;
+        if names.repeated {
+            // One record naming a field twice: the map keeps the later value.
+            let map = parse_object(&format!("{{{body}}}"))?;
+            return write_object(&mut writer, &map);
+        }
+        writer.write_char('{')?;
+        writer.write_str(&body)?;
+        writer.write_char('}')
     }
 
     fn add_fields(
@@ -38,98 +53,143 @@ impl<'writer> FormatFields<'writer> for AppendedJsonFields {
         if current.fields.is_empty() {
             return self.format_fields(current.as_writer(), fields);
         }
-        let mut added = String::new();
-        self.format_fields(Writer::new(&mut added), fields)?;
-        // Both are JSON objects: `{` … `}`. Nothing added is `{}`.
-        let (Some(body), true) = (added.strip_prefix('{'), current.fields.ends_with('}')) else {
-            return Err(fmt::Error);
-        };
-        if body == "}" {
+        let mut body = String::new();
+        let names = write_fields(&mut body, fields)?;
+        if body.is_empty() {
             return Ok(());
+        }
+        let stored = &current.fields;
+        if names.repeated || names.seen().iter().any(|name| holds_key(stored, name)) {
+            let mut map = parse_object(stored)?;
+            map.extend(parse_object(&format!("{{{body}}}"))?);
+            current.fields.clear();
+            return write_object(&mut current.fields, &map);
+        }
+        if !current.fields.ends_with('}') {
+            return Err(fmt::Error);
         }
         current.fields.pop();
         if !current.fields.ends_with('{') {
             current.fields.push(',');
         }
-        current.fields.push_str(body);
+        current.fields.push_str(&body);
+        current.fields.push('}');
         Ok(())
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::sync::{Arc, Mutex};
+/// Whether the stored object has the key `name`. Inside a JSON string every `"` is escaped,
+/// so `"name":` with bare quotes is a key; a false match would only take the slow path.
+fn holds_key(object: &str, name: &str) -> bool {
+    object
+        .match_indices(name)
+        .any(|(at, _)| object[..at].ends_with('"') && object[at + name.len()..].starts_with("\":"))
+}
 
-    use tracing::field::Empty;
-    use tracing_subscriber::fmt::MakeWriter;
-    use tracing_subscriber::layer::SubscriberExt;
-
-    use super::AppendedJsonFields;
-
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Lines {
-        type Writer = Lines;
-        fn make_writer(&'a self) -> Lines {
-            self.clone()
-        }
-    }
-
-    /// The JSON lines a span recorded in steps gives, with `fields` as the layer's field
-    /// store.
-    fn lines<N>(fields: N) -> Vec<serde_json::Value>
-    where
-        N: for<'w> tracing_subscriber::fmt::FormatFields<'w> + Send + Sync + 'static,
-    {
-        let out = Lines::default();
-        let layer = tracing_subscriber::fmt::layer()
-            .json()
-            .fmt_fields(fields)
-            .without_time()
-            .with_writer(out.clone());
-        let subscriber = tracing_subscriber::registry().with(layer);
-        tracing::subscriber::with_default(subscriber, || {
-            let outer = tracing::info_span!("rpc", method = "Create", zone = Empty, code = Empty);
-            let _outer = outer.enter();
-            tracing::info!("before any record");
-            outer.record("zone", "rackA");
-            outer.record("code", "Ok");
-            let inner = tracing::info_span!("transition", kind = "create", outcome = Empty);
-            let _inner = inner.enter();
-            inner.record("outcome", "succeeded");
-            outer.record("zone", "rackB \"quoted\"");
-            outer.record("code", 7);
-            tracing::info!(dur_ms = 1.5, "rpc");
-        });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .map(|l| serde_json::from_str(l).expect("each line is JSON"))
-            .collect()
-    }
-
-    #[test]
-    fn lines_are_those_of_tracing_subscribers_own_json_fields() {
-        let appended = lines(AppendedJsonFields);
-        let rewritten = lines(tracing_subscriber::fmt::format::JsonFields::new());
-        assert_eq!(appended, rewritten);
-        // And the later value of a field recorded twice is the one on the line.
-        let last = &appended[1];
-        let rpc = &last["spans"][0];
-        assert_eq!(rpc["zone"], "rackB \"quoted\"", "{last}");
-        assert_eq!(rpc["code"], 7, "{last}");
-        assert_eq!(rpc["method"], "Create", "{last}");
-        assert_eq!(last["span"]["outcome"], "succeeded", "{last}");
-        assert_eq!(last["span"]["kind"], "create", "{last}");
+fn parse_object(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, fmt::Error> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        _ => Err(fmt::Error),
     }
 }
+
+fn write_object(
+    out: &mut impl fmt::Write,
+    map: &serde_json::Map<String, serde_json::Value>,
+) -> fmt::Result {
+    let text = serde_json::to_string(map).map_err(|_| fmt::Error)?;
+    out.write_str(&text)
+}
+
+/// Writes the record's fields as the body of a JSON object (no braces) and says which
+/// names it wrote.
+fn write_fields<R: RecordFields>(out: &mut String, fields: &R) -> Result<Names, fmt::Error> {
+    let mut visitor = BodyVisitor {
+        out,
+        names: Names::default(),
+        result: Ok(()),
+    };
+    fields.record(&mut visitor);
+    visitor.result.map(|()| visitor.names)
+}
+
+/// The names one record wrote (the first few; enough for any span of this provider), and
+/// whether one came twice.
+#[derive(Default)]
+struct Names {
+    seen: [&'static str; 16],
+    count: usize,
+    repeated: bool,
+}
+
+impl Names {
+    fn seen(&self) -> &[&'static str] {
+        &self.seen[..self.count.min(self.seen.len())]
+    }
+
+    fn add(&mut self, name: &'static str) {
+        if self.seen().contains(&name) {
+            self.repeated = true;
+        } else if self.count < self.seen.len() {
+            self.seen[self.count] = name;
+            self.count += 1;
+        } else {
+            // Past what is tracked: let the slow path decide.
+            self.repeated = true;
+        }
+    }
+}
+
+struct BodyVisitor<'a> {
+    out: &'a mut String,
+    names: Names,
+    result: fmt::Result,
+}
+
+impl BodyVisitor<'_> {
+    fn entry(&mut self, name: &'static str, value: &impl serde::Serialize) {
+        if self.result.is_err() {
+            return;
+        }
+        self.names.add(name);
+        if !self.out.is_empty() {
+            self.out.push(',');
+        }
+        self.result = crate::json_line::write_json(self.out, name)
+            .and_then(|()| self.out.write_char(':'))
+            .and_then(|()| crate::json_line::write_json(self.out, value));
+    }
+}
+
+impl Visit for BodyVisitor<'_> {
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.entry(field.name(), &value);
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.entry(field.name(), &value);
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.entry(field.name(), &value);
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.entry(field.name(), &value);
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.entry(field.name(), &value);
+    }
+    fn record_bytes(&mut self, field: &Field, value: &[u8]) {
+        self.entry(field.name(), &value);
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let name = field.name();
+        if name.starts_with("log.") {
+            return;
+        }
+        let name = name.strip_prefix("r#").unwrap_or(name);
+        self.entry(name, &format_args!("{value:?}"));
+    }
+}
+
+#[cfg(test)]
+#[path = "json_fields_tests.rs"]
+mod tests;

@@ -94,8 +94,8 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<Telemetry> {
             .with_filter(filter)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
-            .json()
             .fmt_fields(crate::json_fields::AppendedJsonFields)
+            .event_format(crate::json_line::JsonLine::default())
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .boxed(),
