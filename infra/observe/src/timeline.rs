@@ -7,8 +7,9 @@
 //! received, with its shard and fencing token, completed with its answer: the transition
 //! it started and its operation id, a replay, or a refusal), the instrumented hypervisor
 //! (each phase of a transition, with its duration), the provider's transition observer (the
-//! transition's end), the libvirt drift watch (a domain changed behind the provider's back)
-//! and the reconcile pass (records it changed). Each carries the trace id
+//! transition's end), the libvirt adapter (a domain changed behind the provider's back, seen
+//! by its drift watch; the guest's addresses its agent reported after a Configure) and the
+//! reconcile pass (records it changed). Each carries the trace id
 //! of the span it was recorded in, so the operator can jump from a line to its trace.
 //!
 //! Bounded: only machines registered with [`Timeline::track`] (the provider's inventory) get
@@ -75,6 +76,9 @@ pub enum What {
         /// Added rather than refreshed.
         added: bool,
     },
+    /// The guest's addresses as its agent reported them after a Configure (`NAME MAC
+    /// ADDR/PREFIX ...` per interface, `; ` between them; cut to [`MAX_TEXT_BYTES`]).
+    Addresses(Box<str>),
 }
 
 /// What the drift watch saw of a machine's domain.
@@ -316,6 +320,8 @@ struct EventJson {
     duration_ms: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    addresses: Option<String>,
 }
 
 impl<'a> Page<'a> {
@@ -374,6 +380,11 @@ fn event_json(event: &Event) -> EventJson {
         What::Reconciled { added } => EventJson {
             event: "reconciled",
             change: Some(if *added { "added" } else { "refreshed" }),
+            ..base
+        },
+        What::Addresses(addresses) => EventJson {
+            event: "addresses",
+            addresses: Some(addresses.to_string()),
             ..base
         },
     }

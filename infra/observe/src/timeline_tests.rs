@@ -117,6 +117,8 @@ fn the_page_names_each_event() {
         error: Some(bounded("bootstrap failed: exit 1")),
     };
     timeline.record("m1", None, failed);
+    let shown = "enp1s0 52:54:00:aa:bb:cc 10.0.0.7/24 fe80::1/64";
+    timeline.record("m1", None, What::Addresses(bounded(shown)));
     let query = Query {
         machine: Some("m1".to_owned()),
     };
@@ -136,6 +138,9 @@ fn the_page_names_each_event() {
     assert_eq!(events[2]["event"], "transition failed");
     assert_eq!(events[2]["error"], "bootstrap failed: exit 1");
     assert_eq!(events[2]["duration_ms"], 1500);
+    assert_eq!(events[3]["event"], "addresses");
+    assert_eq!(events[3]["addresses"], shown);
+    assert_eq!(events[3].as_object().unwrap().len(), 4, "{}", events[3]);
     assert_eq!(page["kept_at_most"], EVENTS_PER_MACHINE);
     assert_eq!(answer(&timeline, &Query::default()).0, 400);
     let unknown = Query {

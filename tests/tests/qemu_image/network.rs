@@ -3,7 +3,8 @@
 //! lease from libvirt's dnsmasq for the MAC the provider derived from the machine id, the
 //! same MAC after the slot is re-created, and the guest's own view (`ip -j addr`, through the
 //! agent) agreeing with the lease, and the provider's `configured` log line reporting that
-//! lease for that MAC. `guest_network_on_a_bridge` boots its own guest (its own `--nic`).
+//! lease for that MAC, on its log line and on the machine's timeline.
+//! `guest_network_on_a_bridge` boots its own guest (its own `--nic`).
 
 use serde_json::Value;
 use virt::domain::Domain;
@@ -144,6 +145,41 @@ pub async fn configured_line_reports(
         format!("{}/24", lease.address),
         "guest_network: the product reports the guest's lease on its NIC"
     );
+    let shown = timeline_addresses(server, id).await;
+    println!("  {name}: the machine's timeline shows {shown}");
+    assert!(
+        shown.contains(&format!("{} {}/24", lease.mac, lease.address)),
+        "guest_network: the machine's timeline shows the lease on its NIC: {shown}"
+    );
+}
+
+/// The `addresses` field of the newest `addresses` event on `id`'s timeline
+/// (`GET /timeline?machine=ID` on the metrics port).
+async fn timeline_addresses(server: &Server, id: &str) -> String {
+    let metrics = server
+        .metrics_addr
+        .expect("the tier's providers serve --metrics-addr");
+    let encoded: String = id
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let path = format!("/timeline?machine={encoded}");
+    let (status, _, body) = http_get(metrics, &path).await.expect("GET /timeline");
+    assert_eq!(status, 200, "{body}");
+    let page: Value = serde_json::from_str(&body).expect("the timeline is JSON");
+    let events = page["events"].as_array().expect("events");
+    events
+        .iter()
+        .rev()
+        .find(|e| e["event"] == "addresses")
+        .and_then(|e| e["addresses"].as_str())
+        .unwrap_or_else(|| panic!("no addresses event on the timeline: {body}"))
+        .to_lowercase()
 }
 
 /// The IPv4 `address/prefix` the provider's `configured` log line for `name` (among the log's

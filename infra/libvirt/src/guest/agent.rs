@@ -112,7 +112,7 @@ pub fn returned(reply: &str) -> Result<Value, String> {
 }
 
 /// Sends `name` and returns its `return` member.
-async fn call<A: GuestAgent>(
+pub(crate) async fn call<A: GuestAgent>(
     agent: &A,
     policy: &AgentPolicy,
     name: &str,

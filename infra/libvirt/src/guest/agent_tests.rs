@@ -44,7 +44,22 @@ struct FakeAgent {
     behaviour: Behaviour,
     unsupported: bool,
     max_write: usize,
+    /// Commands turned off (as by qemu-ga's `--block-rpcs`).
+    disabled: Vec<&'static str>,
+    /// Answers `guest-info` as an unknown command.
+    no_info: bool,
 }
+
+/// The commands the fake knows, as `guest-info` lists them.
+const KNOWN: [&str; 7] = [
+    "guest-ping",
+    "guest-info",
+    "guest-file-open",
+    "guest-file-write",
+    "guest-file-close",
+    "guest-exec",
+    "guest-exec-status",
+];
 
 impl FakeAgent {
     fn new(behaviour: impl Fn(&str, &[String]) -> Ending + Send + Sync + 'static) -> Self {
@@ -53,7 +68,14 @@ impl FakeAgent {
             behaviour: Box::new(behaviour),
             unsupported: false,
             max_write: usize::MAX,
+            disabled: Vec::new(),
+            no_info: false,
         }
+    }
+
+    fn with_disabled(mut self, disabled: &[&'static str]) -> Self {
+        self.disabled = disabled.to_vec();
+        self
     }
 
     fn commands(&self) -> Vec<String> {
@@ -65,12 +87,30 @@ impl FakeAgent {
             .collect()
     }
 
+    /// The `guest-info` answer: every known command, enabled unless turned off.
+    fn info(&self) -> Value {
+        let commands: Vec<Value> = KNOWN
+            .iter()
+            .map(|name| {
+                let enabled = !self.disabled.contains(name);
+                json!({ "name": name, "enabled": enabled, "success-response": true })
+            })
+            .collect();
+        json!({ "version": "7.2.0", "supported_commands": commands })
+    }
+
     fn answer(&self, request: &Value) -> Result<Value, AgentError> {
         let mut state = self.state.lock().unwrap();
         state.log.push(request.clone());
         let args = &request["arguments"];
         let next_id = |map_len: usize| i64::try_from(map_len).unwrap() + 1000;
-        Ok(match request["execute"].as_str().unwrap() {
+        let execute = request["execute"].as_str().unwrap();
+        if self.disabled.contains(&execute) {
+            let desc = format!("Command {execute} has been disabled");
+            return Ok(json!({ "error": { "class": "GenericError", "desc": desc } }));
+        }
+        Ok(match execute {
+            "guest-info" if !self.no_info => self.info(),
             "guest-ping" if state.failing_pings > 0 => {
                 state.failing_pings -= 1;
                 return Err(AgentError::NotReady("agent not connected".into()));
@@ -374,4 +414,72 @@ async fn drain_passes_a_grace_of_at_least_one_second() {
         .map(|v| v["arguments"]["arg"][3].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(graces, ["1", "30"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_with_exec_turned_off_fails_configure_before_running_anything() {
+    let agent = FakeAgent::new(|_, _| exit(0)).with_disabled(&["guest-exec"]);
+    let e = guest::bootstrap(&agent, &SystemClock, &policy(), "c", b"blob")
+        .await
+        .unwrap_err();
+    assert!(e.contains("does not allow guest-exec (turned off"), "{e}");
+    assert!(e.contains("agent 7.2.0"), "{e}");
+    assert!(
+        e.contains("must allow guest-exec, guest-exec-status, guest-file-open"),
+        "{e}"
+    );
+    assert_eq!(
+        agent.commands(),
+        ["guest-ping", "guest-info"],
+        "nothing ran"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_with_file_writes_turned_off_fails_configure_before_preparing_the_guest() {
+    let agent =
+        FakeAgent::new(|_, _| exit(0)).with_disabled(&["guest-file-write", "guest-file-close"]);
+    let e = guest::bootstrap(&agent, &SystemClock, &policy(), "c", b"blob")
+        .await
+        .unwrap_err();
+    assert!(
+        e.starts_with("Configure's bootstrap cannot run in this guest"),
+        "{e}"
+    );
+    assert!(
+        e.contains("does not allow guest-file-write, guest-file-close"),
+        "{e}"
+    );
+    assert_eq!(
+        agent.commands(),
+        ["guest-ping", "guest-info"],
+        "nothing ran"
+    );
+    assert!(agent.state.lock().unwrap().files.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_needs_exec_only() {
+    let agent = FakeAgent::new(|_, _| exit(0)).with_disabled(&["guest-file-write"]);
+    guest::drain(&agent, &SystemClock, &policy(), 30)
+        .await
+        .unwrap();
+    let agent = FakeAgent::new(|_, _| exit(0)).with_disabled(&["guest-exec-status"]);
+    let e = guest::drain(&agent, &SystemClock, &policy(), 30)
+        .await
+        .unwrap_err();
+    assert!(e.starts_with("Drain cannot run in this guest"), "{e}");
+    assert!(e.contains("does not allow guest-exec-status"), "{e}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_cannot_list_its_commands_is_not_judged() {
+    let mut agent = FakeAgent::new(|_, _| exit(0));
+    agent.no_info = true;
+    guest::bootstrap(&agent, &SystemClock, &policy(), "c", b"blob")
+        .await
+        .unwrap();
+    let commands = agent.commands();
+    assert_eq!(&commands[..2], ["guest-ping", "guest-info"]);
+    assert!(commands.contains(&"guest-exec".to_owned()), "{commands:?}");
 }

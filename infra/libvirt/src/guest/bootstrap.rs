@@ -8,7 +8,8 @@
 //! the hook ends, whatever its outcome. Drain runs `/opt/bigfleet/drain <grace-seconds>`
 //! when the image has one, and otherwise the reference's `kubectl cordon` + `kubectl drain`.
 //! The cluster id and grace period reach the scripts as positional parameters, so no
-//! value is ever quoted into shell text.
+//! value is ever quoted into shell text. Both first check that the agent allows the commands
+//! they run (`probe`), so an image whose agent has them turned off fails at once.
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use bigfleet_libvirt_ports::Clock;
 use virt::error::ErrorNumber;
 
 use crate::guest::agent::{self, AgentError, GuestAgent};
+use crate::guest::probe;
 use crate::host::connection::Host;
 use crate::host::domains;
 use crate::host::error::text;
@@ -58,6 +60,7 @@ pub async fn bootstrap<A: GuestAgent, C: Clock>(
     blob: &[u8],
 ) -> Result<(), String> {
     agent::wait_ready(agent, clock, policy).await?;
+    probe::require(agent, policy, &probe::BOOTSTRAP, "Configure's bootstrap").await?;
     let prepared = agent::exec(agent, clock, policy, "/bin/sh", &["-c", PREPARE]).await?;
     agent::judge("preparing /opt/bigfleet", &prepared, policy.output_limit)?;
     if let Err(e) = agent::write_file(agent, policy, BLOB, blob).await {
@@ -84,6 +87,7 @@ pub async fn drain<A: GuestAgent, C: Clock>(
     grace_seconds: i64,
 ) -> Result<(), String> {
     agent::wait_ready(agent, clock, policy).await?;
+    probe::require(agent, policy, &probe::DRAIN, "Drain").await?;
     let grace = grace_seconds.max(1).to_string();
     let args = ["-c", DRAIN, "bigfleet-drain", grace.as_str()];
     let status = agent::exec(agent, clock, policy, "/bin/sh", &args).await?;

@@ -37,6 +37,7 @@ use crate::render::spec::data_volumes;
 use crate::service::lifecycle::{self, CreateSpec};
 use crate::storage::volumes::{self, Pools};
 use bigfleet_libvirt_config::naming::domain_name;
+use bigfleet_libvirt_observe::timeline::{self, What};
 use bigfleet_libvirt_system::Stopwatch;
 
 fn prefixed(what: &str, error: HypervisorError) -> HypervisorError {
@@ -85,14 +86,23 @@ impl<C: Clock> LibvirtHypervisor<C> {
         Ok(())
     }
 
-    /// The Configure log line, with the guest's addresses read once through its agent; a
-    /// failure to read them is a warning and never fails the Configure.
+    /// The Configure log line, with the guest's addresses read once through its agent (and
+    /// put on the machine's timeline); a failure to read them is a warning and never fails
+    /// the Configure.
     async fn log_addresses(&self, agent: &DomainAgent, machine: &Machine, cluster: &str) {
         match addresses::read(agent, &self.inner.clock).await {
-            Ok(found) => info!(
-                machine = %machine.id, domain = %agent.name, cluster, addresses = %addresses::summary(&found),
-                "configured"
-            ),
+            Ok(found) => {
+                let summary = addresses::summary(&found);
+                let shown = What::Addresses(timeline::bounded(&summary));
+                self.inner
+                    .metrics
+                    .timeline
+                    .record(machine.id.as_str(), None, shown);
+                info!(
+                    machine = %machine.id, domain = %agent.name, cluster, addresses = %summary,
+                    "configured"
+                );
+            }
             Err(e) => warn!(
                 machine = %machine.id, domain = %agent.name, cluster, error = %e,
                 "configured, but the guest's addresses could not be read through its agent"
