@@ -19,6 +19,13 @@ fn rpc_lines(server: &Server, level: &str, method: &str) -> usize {
         .count()
 }
 
+/// The warning line of a failed Get, if logged yet.
+fn read_warning(log: &str) -> Option<serde_json::Value> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|v| v["level"] == "WARN" && v["fields"]["method"] == "Get")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replays_and_reads_are_not_logged_at_info_and_changes_are() {
     let server = Server::start(&["--use-fake-backend", "--seed-count=4"]);
@@ -39,9 +46,10 @@ async fn replays_and_reads_are_not_logged_at_info_and_changes_are() {
     assert!(refused.is_err(), "{refused:?}");
     let unknown = get(&mut c, "no/such/get").await;
     assert!(unknown.is_err(), "{unknown:?}");
-    // The log is read from the process's stderr by a thread: give the last lines time.
+    // The log is read from the process's stderr by a thread: give the last line (the
+    // failed Get's warning, logged after the refused Create's) time.
     let start = std::time::Instant::now();
-    while rpc_lines(&server, "WARN", "Create") == 0 && start.elapsed() < Duration::from_secs(10) {
+    while read_warning(&server.log_text()).is_none() && start.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let counts = (
@@ -72,11 +80,8 @@ async fn replays_and_reads_are_not_logged_at_info_and_changes_are() {
         "{warned}"
     );
     // A read's span is off at info; its warning names the call and the machine itself.
-    let read = log
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|v| v["level"] == "WARN" && v["fields"]["method"] == "Get")
-        .unwrap_or_else(|| panic!("the failed Get's warning; log:\n{log}"));
+    let read =
+        read_warning(&log).unwrap_or_else(|| panic!("the failed Get's warning; log:\n{log}"));
     assert_eq!(read["fields"]["machine_id"], "no/such/get", "{read}");
     assert_eq!(read["fields"]["message"], "rpc", "{read}");
     assert_eq!(read["fields"]["code"], "NotFound", "{read}");
