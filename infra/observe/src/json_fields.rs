@@ -155,9 +155,9 @@ impl BodyVisitor<'_> {
         if !self.out.is_empty() {
             self.out.push(',');
         }
-        self.result = crate::json_line::write_json(self.out, name)
+        self.result = write_json(self.out, name)
             .and_then(|()| self.out.write_char(':'))
-            .and_then(|()| crate::json_line::write_json(self.out, value));
+            .and_then(|()| write_json(self.out, value));
     }
 }
 
@@ -187,6 +187,32 @@ impl Visit for BodyVisitor<'_> {
         }
         let name = name.strip_prefix("r#").unwrap_or(name);
         self.entry(name, &format_args!("{value:?}"));
+    }
+}
+
+/// Writes `value` as JSON (serde_json's escaping) into a `fmt::Write`.
+pub(crate) fn write_json<T: serde::Serialize + ?Sized>(
+    out: &mut impl fmt::Write,
+    value: &T,
+) -> fmt::Result {
+    serde_json::to_writer(Utf8Out(out), value).map_err(|_| fmt::Error)
+}
+
+/// `io::Write` over a `fmt::Write`: serde_json writes only whole UTF-8 characters.
+struct Utf8Out<'a, W: fmt::Write>(&'a mut W);
+
+impl<W: fmt::Write> std::io::Write for Utf8Out<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = std::str::from_utf8(buf)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        self.0
+            .write_str(text)
+            .map_err(|_| std::io::Error::other("the log line's writer failed"))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -17,7 +17,7 @@ use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 
-use crate::json_fields::AppendedJsonFields;
+use crate::json_fields::{AppendedJsonFields, write_json};
 
 /// The JSON line formatter of the shipped binary's `--log-format json`.
 #[derive(Debug, Default)]
@@ -99,30 +99,4 @@ where
     out.write_str("\"name\":")?;
     write_json(out, span.name())?;
     out.write_char('}')
-}
-
-/// Writes `value` as JSON (serde_json's escaping) into a `fmt::Write`.
-pub(crate) fn write_json<T: serde::Serialize + ?Sized>(
-    out: &mut impl fmt::Write,
-    value: &T,
-) -> fmt::Result {
-    serde_json::to_writer(Utf8Out(out), value).map_err(|_| fmt::Error)
-}
-
-/// `io::Write` over a `fmt::Write`: serde_json writes only whole UTF-8 characters.
-struct Utf8Out<'a, W: fmt::Write>(&'a mut W);
-
-impl<W: fmt::Write> std::io::Write for Utf8Out<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let text = std::str::from_utf8(buf)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        self.0
-            .write_str(text)
-            .map_err(|_| std::io::Error::other("the log line's writer failed"))?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
