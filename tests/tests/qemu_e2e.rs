@@ -313,7 +313,7 @@ async fn a_real_guest_goes_create_configure_drain_delete() {
         .into_iter()
         .filter(|v| !volumes_before.contains(v))
         .collect();
-    assert_eq!(added.len(), 2, "an overlay and a seed volume: {added:?}");
+    assert_eq!(added.len(), 3, "overlay, seed, console log: {added:?}");
     assert!(added.iter().all(|v| v.contains(&name)), "{added:?}");
 
     // Configure with a 150 KiB binary blob and shard_metadata → Configured.

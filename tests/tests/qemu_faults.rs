@@ -491,7 +491,8 @@ async fn orphan_gc() {
     drop(nc);
     drop(neighbour_server);
     let (orphan_domain, neighbour_domain) = (domain_name(&orphan), domain_name(&neighbour));
-    // Slot 000's domain goes by hand, leaving its two volumes with no domain.
+    // Slot 000's domain goes by hand, leaving its three volumes (overlay, seed, console log)
+    // with no domain.
     let slot_domain = domain_name(&kept_slot);
     let domain = virt.domain(&slot_domain).unwrap();
     domain.destroy().unwrap();
@@ -501,7 +502,7 @@ async fn orphan_gc() {
         .into_iter()
         .filter(|v| v.starts_with(&slot_domain))
         .collect();
-    assert_eq!(stray.len(), 2, "{stray:?}");
+    assert_eq!(stray.len(), 3, "{stray:?}");
 
     // The collector: the same label with only slot 000 configured, so 001's domain is a
     // tagged domain no machine knows.
@@ -526,7 +527,7 @@ async fn orphan_gc() {
     .await;
     let reported = start.elapsed();
     assert_eq!(gauge(&server, DRIFT, &labels("orphan_domain")).await, 1.0);
-    assert_eq!(gauge(&server, DRIFT, &labels("orphan_volume")).await, 2.0);
+    assert_eq!(gauge(&server, DRIFT, &labels("orphan_volume")).await, 3.0);
     until("the orphans are collected", Duration::from_secs(60), || {
         let volumes = virt.volumes();
         virt.domain(&orphan_domain).is_none()
@@ -553,8 +554,8 @@ async fn orphan_gc() {
             .iter()
             .filter(|v| v.starts_with(&neighbour_domain))
             .count()
-            == 2,
-        "with both its volumes"
+            == 3,
+        "with its three volumes"
     );
     assert!(
         virt.image_bytes() == golden,

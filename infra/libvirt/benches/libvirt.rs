@@ -129,6 +129,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                 disks: Disks {
                     overlay,
                     seed,
+                    console: String::new(),
                     base: Base {
                         path: "/var/lib/libvirt/images/base.qcow2".to_owned(),
                         format: "qcow2".to_owned(),
@@ -143,6 +144,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
             let paths = VolumePaths {
                 overlay: &overlay_path,
                 seed: &seed_path,
+                console: None,
                 data: &[],
             };
             xml::domain(&spec, paths)

@@ -8,7 +8,8 @@
 //! it started and its operation id, a replay, or a refusal), the instrumented hypervisor
 //! (each phase of a transition, with its duration), the provider's transition observer (the
 //! transition's end), the libvirt adapter (a domain changed behind the provider's back, seen
-//! by its drift watch; the guest's addresses its agent reported after a Configure) and the
+//! by its drift watch; the guest's addresses its agent reported after a Configure; the last
+//! lines of a guest's serial console when it did not come up) and the
 //! reconcile pass (records it changed). Each carries the trace id
 //! of the span it was recorded in, so the operator can jump from a line to its trace.
 //!
@@ -79,6 +80,10 @@ pub enum What {
     /// The guest's addresses as its agent reported them after a Configure (`NAME MAC
     /// ADDR/PREFIX ...` per interface, `; ` between them; cut to [`MAX_TEXT_BYTES`]).
     Addresses(Box<str>),
+    /// The last lines of the guest's serial console, read when it did not come up (its
+    /// start failed, it stopped, or its agent never answered): lines joined with ` | `, the
+    /// end kept (see [`bounded_end`]).
+    Console(Box<str>),
 }
 
 /// What the drift watch saw of a machine's domain.
@@ -276,6 +281,20 @@ pub fn bounded(text: &str) -> Box<str> {
     format!("{}… ({} bytes)", &text[..end], text.len()).into_boxed_str()
 }
 
+/// `text` cut to [`MAX_TEXT_BYTES`] from the front, at a character boundary: for texts
+/// whose end says the most (a console's last lines).
+#[must_use]
+pub fn bounded_end(text: &str) -> Box<str> {
+    if text.len() <= MAX_TEXT_BYTES {
+        return text.into();
+    }
+    let mut start = text.len() - MAX_TEXT_BYTES;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("({} bytes) …{}", text.len(), &text[start..]).into_boxed_str()
+}
+
 // ---------------------------------------------------------------------------------------
 // The JSON the endpoint answers with.
 
@@ -322,6 +341,8 @@ struct EventJson {
     error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     addresses: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    console: Option<String>,
 }
 
 impl<'a> Page<'a> {
@@ -385,6 +406,11 @@ fn event_json(event: &Event) -> EventJson {
         What::Addresses(addresses) => EventJson {
             event: "addresses",
             addresses: Some(addresses.to_string()),
+            ..base
+        },
+        What::Console(lines) => EventJson {
+            event: "console",
+            console: Some(lines.to_string()),
             ..base
         },
     }

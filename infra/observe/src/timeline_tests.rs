@@ -98,6 +98,16 @@ fn texts_are_cut() {
     assert!(cut.len() < MAX_TEXT_BYTES + 32, "{}", cut.len());
     assert!(cut.ends_with(&format!("({} bytes)", long.len())));
     assert_eq!(&*bounded("short"), "short");
+    // A console's end says the most: bounded_end keeps it.
+    let console = format!("{long} | reboot: Power down");
+    let kept = bounded_end(&console);
+    assert!(kept.len() < MAX_TEXT_BYTES + 32, "{}", kept.len());
+    assert!(
+        kept.starts_with(&format!("({} bytes) …", console.len())),
+        "{kept}"
+    );
+    assert!(kept.ends_with("é | reboot: Power down"), "{kept}");
+    assert_eq!(&*bounded_end("short"), "short");
 }
 
 #[test]
@@ -119,6 +129,8 @@ fn the_page_names_each_event() {
     timeline.record("m1", None, failed);
     let shown = "enp1s0 52:54:00:aa:bb:cc 10.0.0.7/24 fe80::1/64";
     timeline.record("m1", None, What::Addresses(bounded(shown)));
+    let console = "[ 1.0] Run /init as init process | reboot: Power down";
+    timeline.record("m1", None, What::Console(bounded_end(console)));
     let query = Query {
         machine: Some("m1".to_owned()),
     };
@@ -141,6 +153,9 @@ fn the_page_names_each_event() {
     assert_eq!(events[3]["event"], "addresses");
     assert_eq!(events[3]["addresses"], shown);
     assert_eq!(events[3].as_object().unwrap().len(), 4, "{}", events[3]);
+    assert_eq!(events[4]["event"], "console");
+    assert_eq!(events[4]["console"], console);
+    assert_eq!(events[4].as_object().unwrap().len(), 4, "{}", events[4]);
     assert_eq!(page["kept_at_most"], EVENTS_PER_MACHINE);
     assert_eq!(answer(&timeline, &Query::default()).0, 400);
     let unknown = Query {

@@ -113,6 +113,7 @@ impl Bare {
             disks: Disks {
                 overlay,
                 seed,
+                console: String::new(),
                 base: Base {
                     path: self.base.0.clone(),
                     format: "qcow2".to_owned(),
@@ -161,6 +162,7 @@ impl Bare {
         let paths = VolumePaths {
             overlay: &overlay_path,
             seed: &seed_path,
+            console: None,
             data: &[],
         };
         let document = xml::domain(&spec, paths);

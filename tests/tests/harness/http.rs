@@ -1,4 +1,5 @@
-//! A minimal HTTP/1.0 client for the side server (`/metrics`, `/healthz`, `/readyz`).
+//! A minimal HTTP/1.0 client for the side server (`/metrics`, `/healthz`, `/readyz`,
+//! `/timeline`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -34,4 +35,26 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Str
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
     Ok((status, head.to_owned(), body.to_owned()))
+}
+
+/// `id` percent-encoded for a query string (machine ids hold `/`).
+pub fn query_encoded(id: &str) -> String {
+    id.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The events of machine `id`'s timeline (`GET /timeline?machine=ID` on the metrics port
+/// `metrics`), oldest first; fails unless the answer is 200 with a JSON page.
+pub async fn timeline_events(metrics: SocketAddr, id: &str) -> Vec<serde_json::Value> {
+    let path = format!("/timeline?machine={}", query_encoded(id));
+    let (status, _, body) = http_get(metrics, &path).await.expect("GET /timeline");
+    assert_eq!(status, 200, "{body}");
+    let page: serde_json::Value = serde_json::from_str(&body).expect("the timeline is JSON");
+    page["events"].as_array().expect("events").clone()
 }

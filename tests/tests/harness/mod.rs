@@ -27,7 +27,7 @@ pub fn repo_root() -> std::path::PathBuf {
         .expect("the repository root exists")
 }
 
-pub use http::http_get;
+pub use http::{http_get, query_encoded, timeline_events};
 pub use process::{Server, binary, exit_within};
 pub use profiles::{bare_metal, core, fault};
 pub use walk::*;

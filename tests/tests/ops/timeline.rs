@@ -13,20 +13,8 @@ use super::*;
 const KEPT: usize = 16;
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
-/// `id` percent-encoded for a query string (ids hold `/`).
-fn encoded(id: &str) -> String {
-    id.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 async fn timeline(metrics: SocketAddr, id: &str) -> (u16, String) {
-    let path = format!("/timeline?machine={}", encoded(id));
+    let path = format!("/timeline?machine={}", query_encoded(id));
     let (status, _, body) = http_get(metrics, &path).await.expect("GET /timeline");
     (status, body)
 }

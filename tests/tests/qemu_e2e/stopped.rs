@@ -1,8 +1,10 @@
 //! A guest that stops by itself right after it started (here: the initramfs's first process is
 //! `poweroff -f`, so the kernel powers the machine off as soon as it has booted). Whichever
 //! call meets the stopped domain says so in `last_error`: its state and libvirt's reason, and
-//! where the QEMU log is. Before, Configure kept pinging an agent that could never answer until
-//! its deadline (minutes), and then reported only a timeout.
+//! where the QEMU log is, and the last lines of the guest's serial console (the kernel's own
+//! words, read back through libvirt from the console log), which are on the machine's
+//! timeline too. Before, Configure kept pinging an agent that could never answer until its
+//! deadline (minutes), and then reported only a timeout.
 
 use std::time::{Duration, Instant};
 
@@ -52,6 +54,23 @@ fn assert_explains_stop(error: &str) {
         "where to look: {error}"
     );
     assert!(!error.contains('\n'), "one line: {error}");
+    // The kernel's lines carry its timestamps (`[    1.234567] ...`, spaces collapsed).
+    assert!(
+        error.contains("the guest's console ended with: ["),
+        "the guest's console: {error}"
+    );
+}
+
+/// The newest `console` event on `id`'s timeline: the kernel's last lines too.
+async fn assert_console_on_timeline(server: &Server, id: &str) {
+    let metrics = server.metrics_addr.expect("the tier serves --metrics-addr");
+    let events = timeline_events(metrics, id).await;
+    let console = (events.iter().rev())
+        .find(|e| e["event"] == "console")
+        .and_then(|e| e["console"].as_str())
+        .unwrap_or_else(|| panic!("no console event on the timeline: {events:?}"));
+    println!("the timeline's console event: {console}");
+    assert!(console.contains('['), "the kernel's lines: {console}");
 }
 
 #[tokio::test]
@@ -76,6 +95,7 @@ async fn a_guest_that_stops_after_start_fails_with_its_state() {
         // The guest was already off when Create checked it: the attempt is rolled back.
         println!("the Create saw the stop");
         assert_explains_stop(&created.last_error);
+        assert_console_on_timeline(&server, &id).await;
         assert_eq!(
             virt.volumes(),
             volumes_before,
@@ -96,6 +116,7 @@ async fn a_guest_that_stops_after_start_fails_with_its_state() {
         assert_eq!(state(&failed), S::Failed, "{failed:?}");
         assert_explains_stop(&failed.last_error);
         assert!(failed.last_error.contains(&name), "{}", failed.last_error);
+        assert_console_on_timeline(&server, &id).await;
 
         // Failed keeps its domain for the operator; clean up by hand as one would.
         let domain = virt

@@ -159,26 +159,13 @@ async fn timeline_addresses(server: &Server, id: &str) -> String {
     let metrics = server
         .metrics_addr
         .expect("the tier's providers serve --metrics-addr");
-    let encoded: String = id
-        .bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect();
-    let path = format!("/timeline?machine={encoded}");
-    let (status, _, body) = http_get(metrics, &path).await.expect("GET /timeline");
-    assert_eq!(status, 200, "{body}");
-    let page: Value = serde_json::from_str(&body).expect("the timeline is JSON");
-    let events = page["events"].as_array().expect("events");
+    let events = timeline_events(metrics, id).await;
     events
         .iter()
         .rev()
         .find(|e| e["event"] == "addresses")
         .and_then(|e| e["addresses"].as_str())
-        .unwrap_or_else(|| panic!("no addresses event on the timeline: {body}"))
+        .unwrap_or_else(|| panic!("no addresses event on the timeline: {events:?}"))
         .to_lowercase()
 }
 

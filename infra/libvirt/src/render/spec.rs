@@ -65,6 +65,9 @@ pub struct Disks {
     pub overlay: String,
     /// The NoCloud seed's volume name.
     pub seed: String,
+    /// The serial console's log: a file beside the seed that virtlogd writes
+    /// ([`console_name`]).
+    pub console: String,
     /// What the root is made from, as the host reported it.
     pub base: Base,
     /// The data disks, in the order the guest gets them.
@@ -104,6 +107,8 @@ pub struct VolumePaths<'a> {
     pub overlay: &'a str,
     /// The seed's path on the host.
     pub seed: &'a str,
+    /// The console log's path on the host (`None`: the console is not kept).
+    pub console: Option<&'a str>,
     /// The data disks' paths, in the spec's order.
     pub data: &'a [String],
 }
@@ -167,6 +172,7 @@ impl DomainSpec {
             disks: Disks {
                 overlay: root_name(&name, base.rbd.is_some()),
                 seed: seed_name(&name),
+                console: console_name(&name),
                 data: data_volumes(&name, slot.disks, base.rbd.is_some()),
                 base,
             },
@@ -226,6 +232,14 @@ pub fn seed_name(domain: &str) -> String {
     format!("{domain}-cidata.iso")
 }
 
+/// The console log's volume name for a domain. virtlogd keeps at most its configured
+/// number of older files beside it (`-console.log.0`, `.1`, …), which [`owner_of`] knows
+/// too.
+#[must_use]
+pub fn console_name(domain: &str) -> String {
+    format!("{domain}-console.log")
+}
+
 /// The volume name of data disk `disk` of a domain (`disk` is lower-case letters and digits,
 /// as the catalog checks).
 #[must_use]
@@ -244,9 +258,16 @@ pub fn owner_of(volume: &str) -> Option<&str> {
             && (disk.bytes()).all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
         (ours && !domain.is_empty()).then_some(domain)
     };
+    let console_owner = || {
+        let (stem, number) = volume.rsplit_once('.')?;
+        let rotated = !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit());
+        let stem = if rotated { stem } else { volume };
+        stem.strip_suffix("-console.log")
+    };
     volume
         .strip_suffix("-overlay.qcow2")
         .or_else(|| volume.strip_suffix("-cidata.iso"))
+        .or_else(console_owner)
         .or_else(|| volume.strip_suffix("-root"))
         .or_else(data_owner)
         .filter(|domain| !domain.is_empty())

@@ -68,12 +68,14 @@ fn options(change: impl FnOnce(&mut DomainConfig)) -> DomainConfig {
 fn documents(spec: &DomainSpec) -> String {
     let overlay_path = format!("/var/lib/libvirt/images/{}", spec.disks.overlay);
     let seed_path = format!("/var/lib/libvirt/images/{}", spec.disks.seed);
+    let console_path = format!("/var/lib/libvirt/images/{}", spec.disks.console);
     let data_paths: Vec<String> = (spec.disks.data.iter())
         .map(|disk| format!("/var/lib/libvirt/images/{}", disk.volume))
         .collect();
     let paths = VolumePaths {
         overlay: &overlay_path,
         seed: &seed_path,
+        console: Some(&console_path),
         data: &data_paths,
     };
     let image = seed::build(&spec.name, &spec.instance_id, &spec.user_data).unwrap();
@@ -82,11 +84,12 @@ fn documents(spec: &DomainSpec) -> String {
         .map(|disk| xml::data_volume_of(spec, disk))
         .collect();
     format!(
-        "=== domain\n{}=== overlay volume\n{}=== seed volume\n{}=== data volumes\n{}\
-         === seed meta-data\n{}=== seed user-data\n{}",
+        "=== domain\n{}=== overlay volume\n{}=== seed volume\n{}=== console volume\n{}\
+         === data volumes\n{}=== seed meta-data\n{}=== seed user-data\n{}",
         xml::domain(spec, paths),
         xml::overlay(spec),
         xml::seed(spec, seed_bytes),
+        xml::console(spec),
         data,
         seed::meta_data(&spec.name, &spec.instance_id),
         String::from_utf8_lossy(&spec.user_data),
@@ -375,6 +378,8 @@ fn the_spec_names_the_domain_its_volumes_and_this_incarnation() {
     assert_eq!(spec.disks.overlay, overlay_name(&name));
     assert_eq!(spec.disks.seed, seed_name(&name));
     assert_eq!(owner_of(&spec.disks.seed), Some(name.as_str()));
+    assert_eq!(spec.disks.console, console_name(&name));
+    assert_eq!(owner_of(&spec.disks.console), Some(name.as_str()));
     assert_eq!(spec.instance_id, seed::instance_id(&name, "op-7"));
     assert_eq!(spec.tag, Tag::new(PROVIDER, MACHINE));
     assert_eq!(spec.name, name);

@@ -6,7 +6,9 @@
 //! raw. The domain is described in docs/libvirt.md §5.4: x86_64/q35 with BIOS boot, host CPU,
 //! a virtio disk on the qcow2 overlay, the cloud-init seed as a second read-only virtio disk
 //! (or, with `--seed-bus sata`, a SATA CD-ROM), one virtio NIC on `--network`, the qemu
-//! guest-agent channel and a serial console.
+//! guest-agent channel and a serial console whose output libvirt's log daemon writes to a
+//! file beside the seed (the console log), which the provider reads back through libvirt
+//! when a guest fails to come up (`storage::console`).
 //!
 //! Each NIC carries the MAC address derived from its machine (`devices`), the CPU is the
 //! operator's choice (`--cpu`, `--instance-cpu`), and the SMBIOS system serial says
@@ -73,6 +75,23 @@ fn data_disks(data: &[DataVolume], paths: &[String], rbd: Option<&RbdSource>) ->
             )
         })
         .collect()
+}
+
+/// The serial port, and the log its output goes to when `log` (an escaped path) is given.
+/// The log is rewritten at each start (`append='off'`): it holds this boot only. libvirt
+/// makes the `<console>` the same device, so the console needs no element of its own.
+fn serial(log: Option<&str>) -> String {
+    match log {
+        Some(path) => format!(
+            "
+    <serial type='pty'>
+      <log file='{path}' append='off'/>
+    </serial>"
+        ),
+        None => "
+    <serial type='pty'/>"
+            .to_owned(),
+    }
 }
 
 /// The SMBIOS table the domain presents: its system serial names cloud-init's datasource.
@@ -152,6 +171,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     let nic: String = spec.nics.iter().map(Nic::to_xml).collect();
     let (cpuset, placement) = (spec.placed.vcpu_cpuset(), spec.placed.elements());
     let passthrough = spec.placed.device_elements();
+    let serial = serial(paths.console.map(escape).as_deref());
     format!(
         "<domain type='{kind}'>
   <name>{name}</name>
@@ -173,9 +193,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     <channel type='unix'>
       <source mode='bind'/>
       <target type='virtio' name='{AGENT_CHANNEL}'/>
-    </channel>
-    <serial type='pty'/>
-    <console type='pty'/>
+    </channel>{serial}
   </devices>
 </domain>
 "
@@ -215,6 +233,13 @@ pub fn seed(spec: &DomainSpec, bytes: u64) -> String {
     seed_volume(&spec.disks.seed, bytes)
 }
 
+/// `spec`'s console log: an empty raw file made before the domain is defined, so the pool
+/// knows it (libvirt reads it back as a volume, also from remote hosts) and Delete removes it.
+#[must_use]
+pub fn console(spec: &DomainSpec) -> String {
+    seed_volume(&spec.disks.console, 0)
+}
+
 /// A qcow2 overlay volume backed by the base image. It is thin (allocation 0): qcow2 grows
 /// on write, and a pool must not be charged the full virtual size per machine.
 #[must_use]
@@ -244,7 +269,7 @@ fn thin_qcow2(name: &str, capacity: u64, backing: &str) -> String {
     )
 }
 
-/// A raw volume sized for the seed ISO.
+/// A raw volume of `capacity` bytes (the seed ISO's size, or 0 for the console log).
 #[must_use]
 pub fn seed_volume(name: &str, capacity: u64) -> String {
     let name = escape(name);

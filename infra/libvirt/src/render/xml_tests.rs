@@ -36,6 +36,7 @@ fn spec(tag: &Tag, nics: &[Nic]) -> DomainSpec {
         disks: Disks {
             overlay: "o.qcow2".to_owned(),
             seed: "s.iso".to_owned(),
+            console: "c.log".to_owned(),
             base: Base {
                 path: "/var/lib/libvirt/images/base.qcow2".to_owned(),
                 format: "qcow2".to_owned(),
@@ -52,6 +53,7 @@ fn spec(tag: &Tag, nics: &[Nic]) -> DomainSpec {
 const PATHS: VolumePaths<'static> = VolumePaths {
     overlay: "/var/lib/libvirt/images/o.qcow2",
     seed: "/var/lib/libvirt/images/s.iso",
+    console: Some("/var/lib/libvirt/images/c.log"),
     data: &[],
 };
 

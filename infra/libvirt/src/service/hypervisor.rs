@@ -35,6 +35,7 @@ use crate::options::CapacityPolicy;
 use crate::render::ownership::Tag;
 use crate::render::spec::data_volumes;
 use crate::service::lifecycle::{self, CreateSpec};
+use crate::storage::console;
 use crate::storage::volumes::{self, Pools};
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_observe::timeline::{self, What};
@@ -73,13 +74,30 @@ impl<C: Clock> LibvirtHypervisor<C> {
         }
     }
 
-    /// Waits for the guest agent and records how long it took (the `agent_ready` phase).
-    async fn agent_ready(&self, what: &str, agent: &DomainAgent) -> Result<(), HypervisorError> {
+    /// Waits for the guest agent and records how long it took (the `agent_ready` phase). An
+    /// agent that never answers (the guest stopped, or hangs at boot) fails with the last
+    /// lines of the guest's console after the reason.
+    async fn agent_ready(
+        &self,
+        what: &str,
+        machine: &Machine,
+        agent: &DomainAgent,
+    ) -> Result<(), HypervisorError> {
         let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
         let watch = Stopwatch::start();
-        agent::wait_ready(agent, clock, policy)
-            .await
-            .map_err(|e| maybe_done(format!("{what}: {e}")))?;
+        if let Err(e) = agent::wait_ready(agent, clock, policy).await {
+            let mut message = format!("{what}: {e}");
+            let (name, id) = (agent.name.clone(), machine.id.to_string());
+            let timeline = self.inner.metrics.timeline.clone();
+            let explained = agent.host.call(Lane::Agent, move |session| {
+                if let Ok(domain) = session.conn.lookup_domain_by_name(&name) {
+                    console::explain(&mut message, session, &domain, &id, &timeline);
+                }
+                Ok(message)
+            });
+            let message = explained.await.unwrap_or_else(|_| format!("{what}: {e}"));
+            return Err(maybe_done(message));
+        }
         self.inner
             .metrics
             .observe_phase("agent_ready", watch.seconds());
@@ -456,7 +474,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let agent = DomainAgent { host, name };
         let blob = request.bootstrap_blob.expose();
         let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
-        self.agent_ready("configure", &agent).await?;
+        self.agent_ready("configure", machine, &agent).await?;
         let watch = Stopwatch::start();
         guest::bootstrap(&agent, clock, policy, &request.cluster_id, blob)
             .await
@@ -478,7 +496,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let (_, name) = self.target(machine)?;
         let agent = DomainAgent { host, name };
         let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
-        self.agent_ready("drain", &agent).await?;
+        self.agent_ready("drain", machine, &agent).await?;
         let watch = Stopwatch::start();
         guest::drain(&agent, clock, policy, request.grace_period_seconds)
             .await

@@ -34,7 +34,7 @@ use crate::render::rbd::PoolKind;
 use crate::render::seed;
 use crate::render::spec::{Base, Choices, DomainSpec, Slot, VolumePaths};
 use crate::render::xml;
-use crate::storage::volumes;
+use crate::storage::{console, volumes};
 use bigfleet_libvirt_system::Stopwatch;
 
 /// What one Create asks for.
@@ -179,6 +179,7 @@ fn prepare<'a>(
     let mut made = vec![disks.overlay.clone()];
     made.extend(disks.data.iter().map(|d| d.volume.clone()));
     made.push(disks.seed.clone());
+    made.push(disks.console.clone());
     let plan = steps::create_steps(&made, std::slice::from_ref(&disks.seed));
     let on_host = OnHost {
         session,
@@ -365,6 +366,9 @@ impl steps::Substrate for OnHost<'_> {
             let bytes = u64::try_from(self.seed_image.len()).unwrap_or(u64::MAX);
             volumes::create_or_adopt(&self.seed_pool, name, &xml::seed(&self.spec, bytes))
                 .map_err(maybe_done)?
+        } else if name == disks.console {
+            volumes::create_or_adopt(&self.seed_pool, name, &xml::console(&self.spec))
+                .map_err(maybe_done)?
         } else {
             let disk = (disks.data.iter().find(|d| d.volume == name))
                 .ok_or_else(|| nothing_done(format!("no volume {name} in the spec")))?;
@@ -386,12 +390,14 @@ impl steps::Substrate for OnHost<'_> {
         let disks = &self.spec.disks;
         let overlay = self.path(&disks.overlay)?;
         let seed = self.path(&disks.seed)?;
+        let console = self.path(&disks.console)?;
         let data = (disks.data.iter())
             .map(|d| self.path(&d.volume))
             .collect::<Result<Vec<_>, _>>()?;
         let paths = VolumePaths {
             overlay: &overlay,
             seed: &seed,
+            console: Some(&console),
             data: &data,
         };
         let document = xml::domain(&self.spec, paths);
@@ -419,7 +425,11 @@ impl steps::Substrate for OnHost<'_> {
         let domain = (self.domain.as_ref())
             .ok_or_else(|| nothing_done(format!("domain {name} was not defined")))?;
         let watch = Stopwatch::start();
-        domains::start(domain, name)?;
+        if let Err(mut e) = domains::start(domain, name) {
+            let (machine, timeline) = (&self.spec.tag.machine_id, &self.settings.metrics.timeline);
+            console::explain(&mut e.message, self.session, domain, machine, timeline);
+            return Err(e);
+        }
         self.settings
             .metrics
             .observe_phase("start", watch.seconds());
@@ -438,7 +448,8 @@ impl steps::Substrate for OnHost<'_> {
 
     fn delete_volume(&mut self, name: &str) -> Result<(), HypervisorError> {
         self.volumes.remove(name);
-        let pool = if name == self.spec.disks.seed {
+        let disks = &self.spec.disks;
+        let pool = if name == disks.seed || name == disks.console {
             &self.seed_pool
         } else {
             &self.pool

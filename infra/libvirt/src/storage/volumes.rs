@@ -19,7 +19,7 @@ use crate::host::session::{BaseImage, Session};
 use crate::render::rbd::{self, PoolKind};
 use crate::render::xml;
 
-pub use crate::render::spec::{overlay_name, owner_of, rbd_root_name, seed_name};
+pub use crate::render::spec::{console_name, overlay_name, owner_of, rbd_root_name, seed_name};
 
 /// Upload chunk size for the seed ISO.
 const UPLOAD_CHUNK: usize = 256 * 1024;
@@ -203,7 +203,9 @@ pub(crate) fn delete(pool: &StoragePool, name: &str) -> Result<bool, String> {
 }
 
 /// Deletes a domain's root (overlay or RBD clone) and the data volumes `data` from
-/// `pools.storage`, and its seed from `pools.seed` (whichever exist). Every volume is
+/// `pools.storage`, and its seed and console log from `pools.seed` (whichever exist; older
+/// console files virtlogd rotated out are left to orphan collection, which re-reads the
+/// pool). Every volume is
 /// attempted; the errors are joined.
 pub(crate) fn delete_domain_volumes(
     session: &Session,
@@ -223,8 +225,14 @@ pub(crate) fn delete_domain_volumes(
     } else {
         pool(session, pools.seed)
     };
-    if let Err(e) = seed.and_then(|seed| delete(&seed, &seed_name(domain))) {
-        errors.push(e);
+    let beside_seed = [seed_name(domain), console_name(domain)];
+    match seed {
+        Ok(seed) => errors.extend(
+            beside_seed
+                .iter()
+                .filter_map(|name| delete(&seed, name).err()),
+        ),
+        Err(e) => errors.push(e),
     }
     if errors.is_empty() {
         Ok(())
@@ -329,8 +337,16 @@ mod tests {
             owner_of(&data_name("bigfleet-ab", "logs2")),
             Some("bigfleet-ab")
         );
+        assert_eq!(owner_of(&console_name("bigfleet-ab")), Some("bigfleet-ab"));
+        // virtlogd's older files of the console log.
+        assert_eq!(owner_of("bigfleet-ab-console.log.0"), Some("bigfleet-ab"));
+        assert_eq!(owner_of("bigfleet-ab-console.log.12"), Some("bigfleet-ab"));
         assert_eq!(owner_of("base.qcow2"), None);
         for theirs in [
+            "-console.log",
+            "x-console.log.",
+            "x-console.log.a",
+            "x-console.txt",
             "x-data-.qcow2",
             "-data-a.qcow2",
             "x-data-My.qcow2",

@@ -10,7 +10,7 @@ use super::*;
 use crate::render::spec::data_name;
 use crate::render::xml;
 use crate::service::lifecycle;
-use crate::storage::volumes::{overlay_name, seed_name};
+use crate::storage::volumes::{console_name, overlay_name, seed_name};
 
 /// `kvm.small` with a 20 GiB root and two data disks (one named), in place of the built-in.
 const SHAPED: &str = r#"{"kvm.small": {"vcpu": 2, "memory_mib": 4096, "disk_gib": 20,
@@ -34,6 +34,7 @@ async fn a_types_root_size_and_data_disks_are_made_served_by_serial_and_removed(
     let mut want = vec![
         ("base.qcow2".to_owned(), 10 << 30),
         (seed_name(&name), 0),
+        (console_name(&name), 0),
         (overlay_name(&name), 20 << 30),
         (data_name(&name, "data1"), 5 << 30),
         (data_name(&name, "scratch"), 64 << 30),

@@ -11,7 +11,7 @@ use crate::host::domains::read_tag;
 use crate::render::ownership::Tag;
 use crate::render::xml;
 use crate::service::lifecycle;
-use crate::storage::volumes::{overlay_name, seed_name};
+use crate::storage::volumes::{console_name, overlay_name, seed_name};
 use bigfleet_libvirt_config::naming::domain_name;
 
 #[tokio::test]
@@ -29,6 +29,7 @@ async fn create_defines_a_tagged_running_domain_with_its_volumes() {
         [
             "base.qcow2".to_owned(),
             seed_name(&name),
+            console_name(&name),
             overlay_name(&name)
         ]
     );
@@ -69,6 +70,15 @@ async fn create_defines_a_tagged_running_domain_with_its_volumes() {
         overlay.1
     );
     assert_eq!(xml::volume_format(&overlay.1).as_deref(), Some("qcow2"));
+    // The serial console's log is the console volume, which libvirt can read back.
+    let console_path = on_host(&rig.hv, ZONE, move |s| {
+        let pool = s.conn.lookup_storage_pool_by_name("default").unwrap();
+        let volume = pool.lookup_storage_vol_by_name(&console_name(&name));
+        volume.unwrap().path().unwrap()
+    })
+    .await;
+    let logged = crate::storage::console::log_path(&document);
+    assert_eq!(logged, Some(console_path), "{document}");
 }
 
 #[tokio::test]

@@ -64,6 +64,7 @@ pub(super) fn planted_domain(
         disks: Disks {
             overlay: overlay_name(name),
             seed: seed_name(name),
+            console: crate::render::spec::console_name(name),
             base: Base {
                 path: "/base".to_owned(),
                 format: "qcow2".to_owned(),
@@ -80,6 +81,7 @@ pub(super) fn planted_domain(
         VolumePaths {
             overlay,
             seed,
+            console: None,
             data: &[],
         },
     )

@@ -9,7 +9,7 @@ use bigfleet_libvirt_config::naming::domain_name;
 
 use super::*;
 use crate::host::fixture::{RBD_SECRET, rbd_pool};
-use crate::render::spec::{rbd_data_name, rbd_root_name, seed_name};
+use crate::render::spec::{console_name, rbd_data_name, rbd_root_name, seed_name};
 
 /// `kvm.small` with a 20 GiB root and two data disks.
 const SHAPED: &str = r#"{"kvm.small": {"vcpu": 2, "memory_mib": 4096, "disk_gib": 20,
@@ -48,7 +48,11 @@ async fn an_rbd_pool_gets_cloned_roots_rbd_data_disks_and_seeds_in_the_seed_pool
     assert_eq!(sized(&rig, "ceph").await, want);
     assert_eq!(
         volumes(&rig.hv, ZONE, "default").await,
-        ["base.qcow2".to_owned(), seed_name(&name)]
+        [
+            "base.qcow2".to_owned(),
+            seed_name(&name),
+            console_name(&name)
+        ]
     );
     let probe = name.clone();
     let document = on_host(&rig.hv, ZONE, move |s| {
@@ -152,7 +156,11 @@ async fn image_source_reaches_the_rbd_pool_staged_in_the_seed_pool_and_machines_
     assert_eq!(volumes(&rig.hv, ZONE, "ceph").await, want);
     assert_eq!(
         volumes(&rig.hv, ZONE, "default").await,
-        ["base.qcow2".to_owned(), seed_name(&name)],
+        [
+            "base.qcow2".to_owned(),
+            seed_name(&name),
+            console_name(&name)
+        ],
         "the staged copy is gone once the Ceph pool holds the image"
     );
 }
