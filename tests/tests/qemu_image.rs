@@ -431,8 +431,8 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str, disks: &DiskPl
     };
     assert_eq!(
         own(virt.volumes()).len(),
-        2 + disks.data.len(),
-        "Create made the overlay, the seed and the data disks of {name}"
+        3 + disks.data.len(),
+        "Create made the overlay, the seed, the console log and the data disks of {name}"
     );
 
     let blob = blob(64 * 1024);
