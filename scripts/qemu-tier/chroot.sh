@@ -147,7 +147,8 @@ build_base() {
 
     # qemu.conf: QEMU runs as root without a security driver; namespaces = [ ] because the
     # chroot cannot make its mounts private ("Failed disable mount propagation out of the
-    # root filesystem"); cgroup_controllers = [ ] so libvirt leaves the host's cgroups alone.
+    # root filesystem"); cgroup_controllers = [ ] so libvirt leaves the host's cgroups alone;
+    # swtpm (a guest's emulated TPM) runs as root too, like QEMU here.
     # (Debian 12 ships these files in libvirt-daemon-system, which is not installed, so they
     # only hold these settings; everything else keeps libvirt's built-in defaults.)
     {
@@ -157,6 +158,8 @@ build_base() {
         echo 'security_driver = "none"'
         echo 'namespaces = [ ]'
         echo 'cgroup_controllers = [ ]'
+        echo 'swtpm_user = "root"'
+        echo 'swtpm_group = "root"'
     } >"$R/etc/libvirt/qemu.conf"
     # libvirtd logs to a file (no journal in the chroot).
     {

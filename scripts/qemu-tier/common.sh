@@ -13,13 +13,14 @@ suite=bookworm
 # the image zone's NAT network, dnsmasq, iptables and iproute2; and the tools that lay out
 # the golden image's disk without loop devices: sfdisk, mkfs.vfat, mtools and GRUB's images;
 # for the single-node Ceph cluster (ceph.sh), its daemons and CLI, libvirt's rbd storage
-# backend and QEMU's rbd block driver).
+# backend and QEMU's rbd block driver; swtpm for the guests' emulated TPMs).
 chroot_packages=(libvirt-daemon libvirt-daemon-driver-qemu qemu-system-x86 qemu-utils
     libvirt-clients qemu-guest-agent busybox-static cpio kmod ovmf
     openssh-server polkitd dbus netcat-openbsd
     dnsmasq-base iptables iproute2
     fdisk dosfstools mtools e2fsprogs grub-pc-bin grub-efi-amd64-bin
-    ceph-mon ceph-osd ceph-mgr ceph-common libvirt-daemon-driver-storage-rbd qemu-block-extra)
+    ceph-mon ceph-osd ceph-mgr ceph-common libvirt-daemon-driver-storage-rbd qemu-block-extra
+    swtpm swtpm-tools)
 # Bump when the chroot recipe changes in a way that needs a fresh debootstrap. A change of
 # the package list alone that only adds packages does not: prepare installs the new ones
 # into the existing chroot (chroot.sh).

@@ -519,3 +519,4 @@ mod full_pool;
 mod image_source;
 mod placement;
 mod stopped;
+mod tpm;

@@ -3,7 +3,7 @@
 //! The built-in `kvm.*` catalog covers a first run; `--instance-types` replaces it (no merge)
 //! with a JSON object `name -> {"vcpu": N, "memory_mib": N}` (and optionally `disk_gib` and
 //! `data_disks`, see [`DiskShape`]; `hugepages` and `dedicated_cpus`, see [`Placement`];
-//! `devices`, a count per class of [`DeviceClasses`]),
+//! `devices`, a count per class of [`DeviceClasses`]; `tpm`, a virtual TPM 2.0),
 //! which the configuration loader
 //! decodes into [`RawInstanceType`] entries and hands to [`InstanceCatalog::from_raw`]. The
 //! catalog is the only source of a machine's `allocatable`, so a shape is refused unless both
@@ -34,6 +34,9 @@ pub struct InstanceType {
     pub placement: Placement,
     /// Passthrough devices: a count per device class.
     pub devices: BTreeMap<String, u32>,
+    /// A virtual TPM 2.0 (`tpm`): an emulated TPM whose state lives on the host with the
+    /// domain and goes with it.
+    pub tpm: bool,
 }
 
 /// Instance types by name, in name order, and the device classes they may ask for.
@@ -63,6 +66,9 @@ pub struct RawInstanceType {
     /// Device counts by class, as written.
     #[serde(default)]
     pub devices: BTreeMap<String, i64>,
+    /// Whether the type has a virtual TPM.
+    #[serde(default)]
+    pub tpm: bool,
 }
 
 impl InstanceCatalog {
@@ -89,6 +95,7 @@ impl InstanceCatalog {
                     disks,
                     placement: Placement::default(),
                     devices: BTreeMap::new(),
+                    tpm: false,
                 };
                 (name.to_owned(), shape)
             })
@@ -145,6 +152,7 @@ impl InstanceCatalog {
                 disks,
                 placement,
                 devices,
+                tpm: shape.tpm,
             };
             types.insert(name, shape);
         }
@@ -262,6 +270,7 @@ mod tests {
             },
             placement: Placement::default(),
             devices: BTreeMap::new(),
+            tpm: false,
         };
         assert_eq!(catalog.get("kvm.small"), Some(&shape(2, 4096, 40)));
         assert_eq!(catalog.get("kvm.medium"), Some(&shape(4, 8192, 80)));
@@ -315,6 +324,16 @@ mod tests {
             msg.starts_with("--instance-types types.json: \"d.bad\" disk_gib is 0"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn a_type_asks_for_a_tpm_with_tpm_true() {
+        let text = r#"{"t.tpm": {"vcpu": 1, "memory_mib": 512, "tpm": true},
+                       "t.plain": {"vcpu": 1, "memory_mib": 512}}"#;
+        let catalog = from_json(text, "t").unwrap();
+        assert!(catalog.get("t.tpm").unwrap().tpm);
+        assert!(!catalog.get("t.plain").unwrap().tpm, "off unless asked");
+        assert!(!InstanceCatalog::builtin().iter().any(|(_, t)| t.tpm));
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
                         disks: shape.map(|s| s.disks.clone()).unwrap_or_default(),
                         placement: shape.map(|s| s.placement).unwrap_or_default(),
                         devices: shape.map(|s| s.devices.clone()).unwrap_or_default(),
+                        tpm: shape.is_some_and(|s| s.tpm),
                         instance_type,
                     }
                 })

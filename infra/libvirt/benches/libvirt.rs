@@ -139,6 +139,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                     data: Vec::new(),
                 },
                 user_data: Arc::from(&b"#cloud-config\n{}\n"[..]),
+                tpm: false,
                 name,
             };
             let paths = VolumePaths {

@@ -123,6 +123,7 @@ impl Bare {
                 data: Vec::new(),
             },
             user_data: Arc::from(&b""[..]),
+            tpm: false,
         }
     }
 

@@ -447,3 +447,52 @@ pub(super) fn domains(zone: &str, domains: &Probe<Domains>) -> Check {
         }
     }
 }
+
+/// `vtpm`: when a type served on this host asks for a TPM, whether libvirt can emulate one;
+/// no line when none does.
+pub(super) fn tpm(zone: &str, caps: &Probe<DomainCaps>, slots: &[Slots]) -> Option<Check> {
+    let asking: Vec<&str> = (slots.iter())
+        .filter(|s| s.tpm)
+        .map(|s| s.instance_type.as_str())
+        .collect();
+    if asking.is_empty() {
+        return None;
+    }
+    let types = asking.join(", ");
+    let fix = "install swtpm and swtpm-tools on the host and restart libvirtd; `virsh \
+               domcapabilities` then lists `emulator` among <tpm>'s backendModel values";
+    let found = match caps {
+        Probe::Found(c) => c.tpm_emulator,
+        Probe::Failed(e) | Probe::Unsupported(e) => {
+            let detail = format!("not checked: {e}");
+            return Some(check(zone, "vtpm", Status::Skip, detail, ""));
+        }
+        Probe::Missing => {
+            let detail = "not checked: no domain capabilities".to_owned();
+            return Some(check(zone, "vtpm", Status::Skip, detail, ""));
+        }
+    };
+    Some(match found {
+        Some(true) => check(
+            zone,
+            "vtpm",
+            Status::Ok,
+            format!("an emulated TPM 2.0 for {types}"),
+            "",
+        ),
+        Some(false) => check(
+            zone,
+            "vtpm",
+            Status::Block,
+            format!("a TPM for {types}, and libvirt cannot emulate one on this host"),
+            fix,
+        ),
+        None => check(
+            zone,
+            "vtpm",
+            Status::Warn,
+            format!("a TPM for {types}; this libvirt does not say whether it can emulate one"),
+            fix,
+        ),
+    })
+}

@@ -48,6 +48,10 @@ pub struct DomainCaps {
     /// Whether a `unix` channel (the guest-agent channel) is supported; `None` when this
     /// libvirt does not list channel types.
     pub unix_channel: Option<bool>,
+    /// Whether libvirt can give a domain an emulated TPM (`<tpm>`'s `backendModel` lists
+    /// `emulator`, as it does once swtpm is installed); `None` when this libvirt does not
+    /// list TPM support.
+    pub tpm_emulator: Option<bool>,
 }
 
 /// A storage pool.
@@ -165,6 +169,8 @@ pub struct Slots {
     pub placement: Placement,
     /// The type's passthrough devices: a count per class.
     pub devices: BTreeMap<String, u32>,
+    /// Whether the type has a virtual TPM.
+    pub tpm: bool,
 }
 
 /// What the flags would run.

@@ -219,10 +219,23 @@ fn parse_domain_caps(xml: &str) -> Option<DomainCaps> {
                     .descendants()
                     .any(|n| n.has_tag_name("value") && n.text() == Some("unix"))
         });
+    let tpm_emulator = child(root, "devices")
+        .and_then(|d| child(d, "tpm"))
+        .map(|tpm| {
+            let backends = tpm
+                .children()
+                .find(|n| n.has_tag_name("enum") && n.attribute("name") == Some("backendModel"));
+            tpm.attribute("supported") == Some("yes")
+                && backends.is_some_and(|b| {
+                    b.children()
+                        .any(|v| v.has_tag_name("value") && v.text() == Some("emulator"))
+                })
+        });
     Some(DomainCaps {
         machine,
         os_supported,
         unix_channel,
+        tpm_emulator,
     })
 }
 
@@ -323,5 +336,27 @@ mod tests {
         let caps = parse_domain_caps(old).unwrap();
         assert!(!caps.os_supported);
         assert_eq!(caps.unix_channel, None, "channel types not listed");
+        assert_eq!(caps.tpm_emulator, None, "TPM support not listed");
+    }
+
+    #[test]
+    fn domain_capabilities_say_whether_a_tpm_can_be_emulated() {
+        let with = |backends: &str| {
+            format!(
+                "<domainCapabilities><machine>pc-q35-7.2</machine><os supported='yes'/>\
+                 <devices><tpm supported='yes'><enum name='model'><value>tpm-crb</value>\
+                 </enum><enum name='backendModel'>{backends}</enum></tpm></devices>\
+                 </domainCapabilities>"
+            )
+        };
+        let swtpm = with("<value>passthrough</value><value>emulator</value>");
+        assert_eq!(parse_domain_caps(&swtpm).unwrap().tpm_emulator, Some(true));
+        let passthrough_only = with("<value>passthrough</value>");
+        let caps = parse_domain_caps(&passthrough_only).unwrap();
+        assert_eq!(caps.tpm_emulator, Some(false), "no swtpm on the host");
+        let unsupported = "<domainCapabilities><os supported='yes'/><devices>\
+            <tpm supported='no'/></devices></domainCapabilities>";
+        let caps = parse_domain_caps(unsupported).unwrap();
+        assert_eq!(caps.tpm_emulator, Some(false));
     }
 }

@@ -27,6 +27,7 @@ pub(super) fn want() -> Expectations {
                 disks: bigfleet_libvirt_domain::catalog::DiskShape::default(),
                 placement: bigfleet_libvirt_domain::catalog::Placement::default(),
                 devices: std::collections::BTreeMap::new(),
+                tpm: false,
             }],
         )],
         classes: bigfleet_libvirt_domain::catalog::DeviceClasses::default(),
@@ -48,6 +49,7 @@ pub(super) fn good() -> HostFacts {
             machine: "pc-q35-7.2".to_owned(),
             os_supported: true,
             unix_channel: Some(true),
+            tpm_emulator: Some(false),
         }),
         seed_pool: None,
         pool: Probe::Found(Pool {
@@ -160,6 +162,7 @@ fn guests_that_cannot_boot_or_talk_to_the_agent_block() {
         machine: "pc-q35-7.2".to_owned(),
         os_supported: false,
         unix_channel: Some(true),
+        tpm_emulator: None,
     });
     assert_eq!(
         status(&judge(&want(), &[host.clone()]), "a", "domain type").0,
@@ -169,6 +172,7 @@ fn guests_that_cannot_boot_or_talk_to_the_agent_block() {
         machine: "pc-q35-7.2".to_owned(),
         os_supported: true,
         unix_channel: Some(false),
+        tpm_emulator: None,
     });
     let (s, detail, _) = status(&judge(&want(), &[host]), "a", "domain type");
     assert_eq!(s, Status::Block);
@@ -441,4 +445,33 @@ fn a_budget_near_libvirtds_workers_warns_and_names_the_setting() {
         status(&judge(&busy, &[host]), "a", "host workers").0,
         Status::Ok
     );
+}
+
+#[test]
+fn a_type_with_a_tpm_needs_swtpm_on_its_hosts() {
+    let vtpm = |host: &HostFacts, want: &Expectations| {
+        let report = judge(want, std::slice::from_ref(host));
+        let found = report.checks.iter().find(|c| c.check == "vtpm");
+        found.map(|c| (c.status, c.detail.clone(), c.fix.clone()))
+    };
+    let host = good();
+    assert_eq!(vtpm(&host, &want()), None, "no type asks: no line");
+    let mut asks = want();
+    asks.slots[0].1[0].tpm = true;
+    let (s, detail, fix) = vtpm(&host, &asks).unwrap();
+    assert_eq!(s, Status::Block, "the good host has no swtpm");
+    assert!(
+        detail.starts_with("a TPM for kvm.small, and libvirt cannot"),
+        "{detail}"
+    );
+    assert!(fix.contains("swtpm"), "{fix}");
+    let mut with_swtpm = good();
+    if let Probe::Found(caps) = &mut with_swtpm.domain_caps {
+        caps.tpm_emulator = Some(true);
+    }
+    assert_eq!(vtpm(&with_swtpm, &asks).unwrap().0, Status::Ok);
+    if let Probe::Found(caps) = &mut with_swtpm.domain_caps {
+        caps.tpm_emulator = None;
+    }
+    assert_eq!(vtpm(&with_swtpm, &asks).unwrap().0, Status::Warn);
 }

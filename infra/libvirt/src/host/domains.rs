@@ -178,9 +178,9 @@ pub(crate) fn write_tag(domain: &Domain, tag: &Tag) -> Result<(), String> {
         .map_err(|e| format!("write the ownership tag: {}", text(&e)))
 }
 
-/// Destroys (if active) and undefines a domain. Undefine asks libvirt to drop NVRAM and
-/// managed-save state too, falling back to a plain undefine for drivers that refuse those
-/// flags. A domain that vanished meanwhile counts as removed.
+/// Destroys (if active) and undefines a domain. Undefine asks libvirt to drop NVRAM,
+/// managed-save and emulated-TPM state too, falling back to fewer flags and then a plain
+/// undefine for libvirt versions and drivers that refuse them. A domain that vanished meanwhile counts as removed.
 pub(crate) fn remove(domain: &Domain, name: &str) -> Result<(), HypervisorError> {
     let active = match domain.info() {
         Ok(info) => info.state.known().is_some_and(is_active),
@@ -198,14 +198,19 @@ pub(crate) fn remove(domain: &Domain, name: &str) -> Result<(), HypervisorError>
             }
         }
     }
-    let flags = sys::VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | sys::VIR_DOMAIN_UNDEFINE_NVRAM;
-    match domain.undefine_flags(flags) {
+    // Newest first: libvirt before 8.9 refuses the TPM flag (its undefine removes the
+    // emulated TPM's state unless told to keep it), and some drivers refuse all flags.
+    let with_state = sys::VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | sys::VIR_DOMAIN_UNDEFINE_NVRAM;
+    for flags in [with_state | sys::VIR_DOMAIN_UNDEFINE_TPM, with_state] {
+        match domain.undefine_flags(flags) {
+            Ok(()) => return Ok(()),
+            Err(e) if is_missing_domain(&e) => return Ok(()),
+            Err(_) => {}
+        }
+    }
+    match domain.undefine() {
         Ok(()) => Ok(()),
         Err(e) if is_missing_domain(&e) => Ok(()),
-        Err(_) => match domain.undefine() {
-            Ok(()) => Ok(()),
-            Err(e) if is_missing_domain(&e) => Ok(()),
-            Err(e) => Err(maybe_done(format!("undefine domain {name}: {}", text(&e)))),
-        },
+        Err(e) => Err(maybe_done(format!("undefine domain {name}: {}", text(&e)))),
     }
 }

@@ -55,6 +55,8 @@ pub struct DomainSpec {
     pub disks: Disks,
     /// The cloud-init user-data, verbatim.
     pub user_data: Arc<[u8]>,
+    /// A virtual TPM 2.0 (the instance type's `tpm`), emulated on the host by swtpm.
+    pub tpm: bool,
 }
 
 /// A domain's volumes.
@@ -141,6 +143,8 @@ pub struct Slot<'a> {
     pub memory_mib: u64,
     /// The instance type's disks.
     pub disks: &'a DiskShape,
+    /// Whether the instance type has a virtual TPM.
+    pub tpm: bool,
 }
 
 impl DomainSpec {
@@ -177,6 +181,7 @@ impl DomainSpec {
                 base,
             },
             user_data: Arc::clone(choices.user_data),
+            tpm: slot.tpm,
             name,
         }
     }

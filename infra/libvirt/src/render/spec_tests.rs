@@ -50,6 +50,7 @@ fn spec_on(options: &DomainConfig, disks: &DiskShape, base: Base) -> DomainSpec 
         vcpu: 2,
         memory_mib: 4096,
         disks,
+        tpm: false,
     };
     DomainSpec::new(&choices, &slot, base)
 }
@@ -251,6 +252,16 @@ fn a_shared_machine_keeps_off_the_dedicated_cpus() {
 fn efi_firmware() {
     let options = options(|o| o.platform.firmware = Firmware::Efi);
     insta::assert_snapshot!("efi", documents(&spec_with(&options)));
+}
+
+#[test]
+fn a_virtual_tpm_on_efi() {
+    let options = options(|o| o.platform.firmware = Firmware::Efi);
+    let spec = DomainSpec {
+        tpm: true,
+        ..spec_with(&options)
+    };
+    insta::assert_snapshot!("tpm_efi", documents(&spec));
 }
 
 #[test]

@@ -94,6 +94,14 @@ fn serial(log: Option<&str>) -> String {
     }
 }
 
+/// The emulated TPM 2.0 (CRB interface, what current guests' drivers expect on q35): libvirt
+/// runs swtpm for it and keeps its state under the host's `/var/lib/libvirt/swtpm/`, which
+/// the domain's undefine removes.
+const TPM: &str = "
+    <tpm model='tpm-crb'>
+      <backend type='emulator' version='2.0'/>
+    </tpm>";
+
 /// The SMBIOS table the domain presents: its system serial names cloud-init's datasource.
 const SYSINFO: &str = "\n  <sysinfo type='smbios'>
     <system><entry name='serial'>ds=nocloud</entry></system>
@@ -172,6 +180,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     let (cpuset, placement) = (spec.placed.vcpu_cpuset(), spec.placed.elements());
     let passthrough = spec.placed.device_elements();
     let serial = serial(paths.console.map(escape).as_deref());
+    let tpm = if spec.tpm { TPM } else { "" };
     format!(
         "<domain type='{kind}'>
   <name>{name}</name>
@@ -189,7 +198,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
   <on_crash>restart</on_crash>
-  <devices>{root}{seed}{data}{nic}{passthrough}
+  <devices>{root}{seed}{data}{nic}{passthrough}{tpm}
     <channel type='unix'>
       <source mode='bind'/>
       <target type='virtio' name='{AGENT_CHANNEL}'/>

@@ -46,6 +46,7 @@ fn spec(tag: &Tag, nics: &[Nic]) -> DomainSpec {
             data: Vec::new(),
         },
         user_data: std::sync::Arc::from(&b""[..]),
+        tpm: false,
     }
 }
 

@@ -449,6 +449,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             disks: shape.disks.clone(),
             placement: shape.placement,
             devices: shape.devices.clone(),
+            tpm: shape.tpm,
         };
         let placed = DomainRef::new(machine.zone.clone(), spec.name.clone());
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));

@@ -54,6 +54,8 @@ pub(crate) struct CreateSpec {
     pub(crate) placement: Placement,
     /// The instance type's passthrough devices: a count per class.
     pub(crate) devices: BTreeMap<String, u32>,
+    /// Whether the instance type has a virtual TPM.
+    pub(crate) tpm: bool,
 }
 
 /// Creates (or adopts) the domain and leaves it running. What it needs is read first (the
@@ -144,6 +146,7 @@ fn domain_spec(
         vcpu: spec.vcpu,
         memory_mib: spec.memory_mib,
         disks: &spec.disks,
+        tpm: spec.tpm,
     };
     let base = Base {
         path: base.path.clone(),

@@ -216,3 +216,37 @@ async fn a_higher_ratio_offers_thin_disks_past_the_pool() {
     // 100 GiB × 2 − 10 GiB: four 40 GiB roots.
     assert_eq!(rig.hv.describe().await.unwrap().len(), 4);
 }
+
+/// `kvm.small` with a virtual TPM.
+const WITH_TPM: &str = r#"{"kvm.small": {"vcpu": 2, "memory_mib": 4096, "tpm": true}}"#;
+
+#[tokio::test]
+async fn a_type_with_a_tpm_gets_an_emulated_tpm_and_delete_removes_the_domain() {
+    let rig = rig_typed(WITH_TPM).await;
+    let machine = create(&rig.hv, &rig.slots[0]).await.unwrap();
+    let name = domain_name("libvirt", rig.slots[0].id.as_str());
+    let probe = name.clone();
+    let document = on_host(&rig.hv, ZONE, move |s| {
+        let d = s.conn.lookup_domain_by_name(&probe).unwrap();
+        d.xml_desc(0).unwrap()
+    })
+    .await;
+    assert!(document.contains("<tpm model='tpm-crb'>"), "{document}");
+    assert!(
+        document.contains("<backend type='emulator' version='2.0'"),
+        "{document}"
+    );
+    delete(&rig.hv, &machine).await.unwrap();
+    assert!(domains(&rig.hv, ZONE).await.is_empty(), "undefined");
+    assert_eq!(volumes(&rig.hv, ZONE, "default").await, ["base.qcow2"]);
+
+    // A type without `tpm` has none.
+    let plain = rig_typed(SHAPED).await;
+    create(&plain.hv, &plain.slots[0]).await.unwrap();
+    let document = on_host(&plain.hv, ZONE, move |s| {
+        let d = s.conn.lookup_domain_by_name(&name).unwrap();
+        d.xml_desc(0).unwrap()
+    })
+    .await;
+    assert!(!document.contains("<tpm"), "{document}");
+}

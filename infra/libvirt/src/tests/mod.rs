@@ -74,6 +74,7 @@ pub(super) fn planted_domain(
             data: Vec::new(),
         },
         user_data: Arc::from(&b""[..]),
+        tpm: false,
     };
     let (overlay, seed) = paths;
     xml::domain(
@@ -307,6 +308,7 @@ pub(super) async fn create_refused_at_define(
         disks,
         placement: bigfleet_libvirt_domain::catalog::Placement::default(),
         devices: std::collections::BTreeMap::new(),
+        tpm: false,
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {

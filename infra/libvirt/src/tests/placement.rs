@@ -215,6 +215,7 @@ pub(super) async fn create_refused_at_define(
         disks: bigfleet_libvirt_domain::catalog::DiskShape::default(),
         placement,
         devices,
+        tpm: false,
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {
