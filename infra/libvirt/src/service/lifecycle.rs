@@ -69,7 +69,7 @@ pub(crate) fn create(
 ) -> Result<(), HypervisorError> {
     let _alone = host.exclusive(&spec.name);
     if let Some((domain, _)) = owned(session, &spec.name, &settings.provider, &spec.machine_id)? {
-        return ensure_running(&domain, &spec.name);
+        return power_on_explained(session, settings, &domain, &spec.name, &spec.machine_id);
     }
     let (mut on_host, plan) = prepare(session, settings, spec)?;
     let disks = &on_host.spec.disks;
@@ -518,5 +518,21 @@ pub(crate) fn power_on(
              re-create the machine"
         ))
     })?;
-    ensure_running(&domain, name)
+    power_on_explained(session, settings, &domain, name, machine_id)
+}
+
+/// [`ensure_running`], and when the domain will not start, the last lines of its console
+/// after the reason (and on its timeline).
+fn power_on_explained(
+    session: &Session,
+    settings: &SequenceContext,
+    domain: &Domain,
+    name: &str,
+    machine_id: &str,
+) -> Result<(), HypervisorError> {
+    ensure_running(domain, name).map_err(|mut e| {
+        let timeline = &settings.metrics.timeline;
+        console::explain(&mut e.message, session, domain, machine_id, timeline);
+        e
+    })
 }

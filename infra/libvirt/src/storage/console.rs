@@ -12,12 +12,12 @@ use std::borrow::Cow;
 
 use virt::domain::Domain;
 use virt::storage_vol::StorageVol;
-use virt::stream::Stream;
 
 use bigfleet_libvirt_observe::timeline::{self, Timeline, What};
 
 use crate::host::error::text;
 use crate::host::session::Session;
+use crate::storage::readback::download;
 
 /// How much of the log's end is read.
 const TAIL_BYTES: u64 = 16 * 1024;
@@ -100,40 +100,15 @@ fn read_tail(session: &Session, volume: &StorageVol) -> Result<Vec<u8>, String> 
         .capacity;
     let offset = size.saturating_sub(TAIL_BYTES);
     let length = size - offset;
-    if length == 0 {
-        return Ok(Vec::new());
-    }
-    let stream = Stream::new(&session.conn, 0).map_err(|e| format!("open stream: {}", text(&e)))?;
-    if let Err(e) = volume.download(&stream, offset, length, 0) {
-        let _ = stream.abort();
-        return Err(format!("start download: {}", text(&e)));
-    }
     let mut tail = Vec::new();
-    let mut buffer = vec![0u8; 4096];
-    loop {
-        match stream.recv(&mut buffer) {
-            Ok(0) => break,
-            Ok(n) if n > 0 => {
-                tail.extend_from_slice(&buffer[..n.unsigned_abs()]);
-                // libvirt sends no more than asked; this bound holds even if it did.
-                if tail.len() as u64 >= TAIL_BYTES {
-                    let _ = stream.abort();
-                    return Ok(tail);
-                }
-            }
-            Ok(_) => {
-                let _ = stream.abort();
-                return Err("the stream returned no data".to_owned());
-            }
-            Err(e) => {
-                let _ = stream.abort();
-                return Err(format!("download: {}", text(&e)));
-            }
-        }
+    if length == 0 {
+        return Ok(tail);
     }
-    stream
-        .finish()
-        .map_err(|e| format!("finish download: {}", text(&e)))?;
+    download(&session.conn, volume, (offset, length), 4096, |chunk| {
+        tail.extend_from_slice(chunk);
+        // libvirt sends no more than asked; this bound holds even if it did.
+        (tail.len() as u64) <= TAIL_BYTES
+    })?;
     Ok(tail)
 }
 

@@ -69,17 +69,42 @@ pub(crate) fn content(
 
 /// The sha256 (hex) of the volume's first `bytes` bytes, read over a libvirt stream.
 fn downloaded_sha256(conn: &Connect, volume: &StorageVol, bytes: u64) -> Result<String, String> {
+    let mut hasher = Sha256::new();
+    download(conn, volume, (0, bytes), CHUNK, |chunk| {
+        hasher.update(chunk);
+        true
+    })?;
+    Ok(hex(&hasher.finalize()))
+}
+
+/// Streams `length` bytes of `volume` from `offset` (`span`) in chunks of up to `chunk`
+/// bytes, handing each to `take`, which returns `false` to stop early (the stream is then
+/// aborted, which is not an error).
+///
+/// # Errors
+/// The libvirt call that failed, in its words; the stream is aborted.
+pub(crate) fn download(
+    conn: &Connect,
+    volume: &StorageVol,
+    (offset, length): (u64, u64),
+    chunk: usize,
+    mut take: impl FnMut(&[u8]) -> bool,
+) -> Result<(), String> {
     let stream = Stream::new(conn, 0).map_err(|e| format!("open download stream: {}", text(&e)))?;
-    if let Err(e) = volume.download(&stream, 0, bytes, 0) {
+    if let Err(e) = volume.download(&stream, offset, length, 0) {
         let _ = stream.abort();
         return Err(format!("start download: {}", text(&e)));
     }
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; CHUNK];
+    let mut buffer = vec![0u8; chunk];
     loop {
         match stream.recv(&mut buffer) {
             Ok(0) => break,
-            Ok(n) if n > 0 => hasher.update(&buffer[..n.unsigned_abs()]),
+            Ok(n) if n > 0 => {
+                if !take(&buffer[..n.unsigned_abs()]) {
+                    let _ = stream.abort();
+                    return Ok(());
+                }
+            }
             Ok(_) => {
                 let _ = stream.abort();
                 return Err("the download stream returned no data".to_owned());
@@ -92,8 +117,7 @@ fn downloaded_sha256(conn: &Connect, volume: &StorageVol, bytes: u64) -> Result<
     }
     stream
         .finish()
-        .map_err(|e| format!("finish download: {}", text(&e)))?;
-    Ok(hex(&hasher.finalize()))
+        .map_err(|e| format!("finish download: {}", text(&e)))
 }
 
 #[cfg(test)]
