@@ -81,7 +81,7 @@ pub enum What {
     /// ADDR/PREFIX ...` per interface, `; ` between them; cut to [`MAX_TEXT_BYTES`]).
     Addresses(Box<str>),
     /// The last lines of the guest's serial console, read when it did not come up (its
-    /// start failed, it stopped, or its agent never answered): lines joined with ` | `, the
+    /// start failed, it stopped, or its agent could not be reached): lines joined with ` | `, the
     /// end kept (see [`bounded_end`]).
     Console(Box<str>),
 }

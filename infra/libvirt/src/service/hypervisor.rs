@@ -75,8 +75,9 @@ impl<C: Clock> LibvirtHypervisor<C> {
     }
 
     /// Waits for the guest agent and records how long it took (the `agent_ready` phase). An
-    /// agent that never answers (the guest stopped, or hangs at boot) fails with the last
-    /// lines of the guest's console after the reason.
+    /// agent that cannot be reached (the guest stopped, or agent calls cannot work) fails with
+    /// the last lines of the guest's console after the reason; a wait cut by the call's
+    /// deadline ends without it.
     async fn agent_ready(
         &self,
         what: &str,

@@ -5,7 +5,7 @@
 //! configured size, so it is bounded on the host. The file is a volume of the seed's pool,
 //! so its end is read here with a volume download, which works for remote hosts too, where
 //! the host's files are out of reach. When a guest does not come up (its start fails or it
-//! stops, or its agent never answers), the last lines of this boot go into the machine's
+//! stops, or its agent cannot be reached), the last lines of this boot go into the machine's
 //! `last_error` and timeline: usually the kernel's or the init system's own words.
 
 use std::borrow::Cow;
