@@ -57,6 +57,9 @@ and the doctor hook Job checks exactly them.
 {{- if .Values.deviceClasses.content }}
 - --device-classes=/etc/bigfleet/device-classes/device-classes.json
 {{- end }}
+{{- if .Values.addressPools.content }}
+- --address-pools=/etc/bigfleet/address-pools/address-pools.json
+{{- end }}
 {{- if .Values.offerings.content }}
 - --offerings=/etc/bigfleet/offerings/offerings.json
 {{- end }}

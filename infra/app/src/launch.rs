@@ -15,7 +15,7 @@ use bigfleet_libvirt_domain::authorization::IdentityMode;
 use bigfleet_libvirt_grpc::tls::TlsFiles;
 use bigfleet_libvirt_libvirt::golden;
 use bigfleet_libvirt_libvirt::{
-    Budget, CapacityPolicy, CpuSet, DomainConfig, GcPolicy, fit_connections,
+    AddressBook, Budget, CapacityPolicy, CpuSet, DomainConfig, GcPolicy, fit_connections,
 };
 
 use bigfleet_libvirt_config::{self as config, ConfigError, HostConnection};
@@ -153,6 +153,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     };
     let inventory = catalog::build_inventory(&offerings, &inventory_config)?;
     check_roots(&libvirt, &catalog, &inventory)?;
+    devices::address_book(flags, &inventory.machines, &mut libvirt)?;
     if backend == Backend::Libvirt {
         check_dedicated(&libvirt, &catalog, &inventory)?;
     }
@@ -345,6 +346,7 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
         network: flags.network.trim().to_owned(),
         nics: Vec::new(),
         instance_nics: std::collections::BTreeMap::new(),
+        addresses: AddressBook::default(),
         cpu: None,
         instance_cpu: std::collections::BTreeMap::new(),
         platform: devices::platform(flags)?,

@@ -115,6 +115,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
             let nics = vec![Nic {
                 source: NicSource::Network("default".to_owned()),
                 mac: Mac::derive(PROVIDER, slot.id.as_str(), 0, 0),
+                vlan: None,
             }];
             let spec = DomainSpec {
                 instance_type: slot.instance_type.clone(),
@@ -125,6 +126,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                 placed: xml::Placed::default(),
                 cpu: None,
                 nics,
+                address: None,
                 platform: xml::Platform::default(),
                 disks: Disks {
                     overlay,

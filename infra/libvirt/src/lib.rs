@@ -43,10 +43,11 @@ pub use host::connection::Health;
 pub use host::lanes::Lane;
 pub use host::{fixture, lanes};
 pub use metrics::lanes::LaneMetrics;
+pub use options::addresses as address_pools;
 pub use options::{
-    AgentPolicy, Budget, CapacityPolicy, CpuChoice, CpuMode, CpuSet, DirectKernel, DomainConfig,
-    DomainType, Firmware, GcPolicy, HostPolicy, LibvirtConfig, NicSource, Platform, SeedBus,
-    fit_connections,
+    AddressBook, AddressPools, AgentPolicy, Budget, CapacityPolicy, CpuChoice, CpuMode, CpuSet,
+    DirectKernel, DomainConfig, DomainType, Firmware, GcPolicy, HostPolicy, LibvirtConfig,
+    NicSource, Platform, SeedBus, fit_connections,
 };
 pub use render::ownership::{NAMESPACE, Tag};
 pub use render::{devices, xml};

@@ -109,6 +109,7 @@ impl Bare {
             placed: Placed::default(),
             cpu: self.cpu.clone(),
             nics: Vec::new(),
+            address: None,
             platform: self.platform.clone(),
             disks: Disks {
                 overlay,

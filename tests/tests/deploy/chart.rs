@@ -327,6 +327,53 @@ fn offerings_and_instance_types_via_set_file() {
     assert!(ok, "{stderr}");
 }
 
+/// `--set-file addressPools.content=…`: a ConfigMap, mounted, passed as --address-pools
+/// (to the provider and to doctor's job), with a checksum; the example pools fit the example
+/// offerings, as the real binary checks them.
+#[test]
+fn address_pools_via_set_file() {
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
+    let pools_file = "deploy/examples/address-pools.dc1.json";
+    let m = tools.render(&[
+        "-f",
+        "deploy/examples/dc1.values.yaml",
+        "--set-file",
+        "offerings.content=deploy/examples/offerings.dc1.json",
+        "--set-file",
+        &format!("addressPools.content={pools_file}"),
+    ]);
+    let pools_cm = m.get("ConfigMap", &format!("{RELEASE}-address-pools"));
+    let pools = pools_cm["data"]["address-pools.json"].as_str().unwrap();
+    let wanted = std::fs::read_to_string(repo_root().join(pools_file)).unwrap();
+    assert_eq!(pools.trim(), wanted.trim());
+    let in_pod = "/etc/bigfleet/address-pools/address-pools.json";
+    assert_eq!(m.arg("--address-pools").as_deref(), Some(in_pod));
+    assert_eq!(
+        m.volume("address-pools").unwrap()["configMap"]["name"],
+        format!("{RELEASE}-address-pools").as_str()
+    );
+    assert_eq!(m.mount("address-pools").unwrap()["readOnly"], true);
+    let annotations = &m.deployment()["spec"]["template"]["metadata"]["annotations"];
+    assert!(annotations["checksum/address-pools"].is_string());
+    let offerings_cm = m.get("ConfigMap", &format!("{RELEASE}-offerings"));
+    let (_dir1, pools_local) = temp_file("address-pools.json", pools);
+    let (_dir2, offerings_local) = temp_file(
+        "offerings.json",
+        offerings_cm["data"]["offerings.json"].as_str().unwrap(),
+    );
+    let mut args = m.args();
+    args.push("--use-fake-backend".to_owned());
+    let files = [
+        (in_pod, pools_local.as_str()),
+        ("/etc/bigfleet/offerings/offerings.json", &offerings_local),
+    ];
+    let (ok, stderr) = binary_with_chart_args(&args, &files);
+    assert!(ok, "{stderr}");
+    assert_eq!(tools.render(&[]).arg("--address-pools"), None);
+}
+
 #[test]
 fn tls_and_mtls_mount_the_secret_and_wire_the_flags() {
     let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {

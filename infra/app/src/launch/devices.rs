@@ -1,16 +1,55 @@
 //! The platform and device flags of the libvirt backend (`--domain-type`, `--firmware`,
 //! `--seed-bus`, the direct-boot kernel, `--nic`, `--instance-nic`, `--cpu` and
-//! `--instance-cpu`), checked against each other, the platform and the instance-type catalog.
-//! Every refusal names the flag and the accepted forms.
+//! `--instance-cpu`), checked against each other, the platform and the instance-type catalog,
+//! and the static address pools (`--address-pools`), booked against the slots. Every refusal
+//! names the flag and the accepted forms.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 
+use bigfleet_libvirt_domain::Machine;
 use bigfleet_libvirt_domain::catalog::InstanceCatalog;
 use bigfleet_libvirt_libvirt::{
-    CpuChoice, DirectKernel, DomainConfig, DomainType, Firmware, NicSource, Platform, SeedBus,
+    AddressPools, CpuChoice, DirectKernel, DomainConfig, DomainType, Firmware, NicSource, Platform,
+    SeedBus, address_pools,
 };
 
 use super::{Flags, LaunchError, flag};
+
+/// Books `--address-pools` (when given) against `slots`, into `libvirt`'s address book.
+pub(super) fn address_book(
+    flags: &Flags,
+    slots: &[Machine],
+    libvirt: &mut DomainConfig,
+) -> Result<(), LaunchError> {
+    let Some(path) = &flags.address_pools else {
+        return Ok(());
+    };
+    let source = path.display().to_string();
+    let mut text = Vec::new();
+    let read = std::fs::File::open(path).and_then(|file| {
+        file.take(address_pools::MAX_FILE_BYTES + 1)
+            .read_to_end(&mut text)
+    });
+    read.map_err(|e| {
+        flag(format!(
+            "{} {source}: cannot read the file: {e}",
+            address_pools::FLAG
+        ))
+    })?;
+    if text.len() as u64 > address_pools::MAX_FILE_BYTES {
+        return Err(flag(format!(
+            "{} {source} is larger than {} bytes; a pools file holds a few lines per offering",
+            address_pools::FLAG,
+            address_pools::MAX_FILE_BYTES
+        )));
+    }
+    let pools = AddressPools::parse(&text, &source).map_err(flag)?;
+    libvirt.addresses = pools
+        .book(slots, |instance_type| libvirt.nic_sources(instance_type))
+        .map_err(flag)?;
+    Ok(())
+}
 
 /// Fills `libvirt`'s NIC and CPU choices from `flags`.
 pub(super) fn apply(

@@ -104,9 +104,9 @@ pub struct Flags {
         default_value = "default"
     )]
     pub network: String,
-    /// A NIC of every domain, in order, replacing --network's: network=NAME, bridge=NAME or
-    /// direct=DEVICE[:bridge|vepa|private|passthrough] (libvirt backend; repeatable; the
-    /// variable takes several, separated by ';').
+    /// A NIC of every domain, in order, replacing --network's: network=NAME, bridge=NAME,
+    /// ovs=NAME (an Open vSwitch bridge) or direct=DEVICE[:bridge|vepa|private|passthrough]
+    /// (libvirt backend; repeatable; the variable takes several, separated by ';').
     #[arg(
         long,
         global = true,
@@ -224,6 +224,17 @@ pub struct Flags {
         value_parser = optional_path
     )]
     pub device_classes: ::std::option::Option<PathBuf>,
+    /// JSON list of static address pools, one per offering ({instance_type, zone, cidr,
+    /// first, gateway, dns, search, vlan}): slot i gets first + i on its first NIC instead of
+    /// DHCP (libvirt backend; docs/libvirt.md §3.7).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_ADDRESS_POOLS",
+        default_value = "",
+        value_parser = optional_path
+    )]
+    pub address_pools: ::std::option::Option<PathBuf>,
     /// Explicit USD/hour prices, type=usd,...
     #[arg(
         long,

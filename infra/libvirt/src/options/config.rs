@@ -10,6 +10,7 @@ use bigfleet_libvirt_config::HostConnection;
 use bigfleet_libvirt_domain::Machine;
 use bigfleet_libvirt_domain::catalog::InstanceCatalog;
 
+use super::addresses::AddressBook;
 use super::devices::{CpuChoice, NicSource};
 use super::golden::GoldenImage;
 use super::platform::Platform;
@@ -38,6 +39,9 @@ pub struct DomainConfig {
     pub nics: Vec<NicSource>,
     /// The NICs of one instance type instead (`--instance-nic TYPE:SOURCE`).
     pub instance_nics: BTreeMap<String, Vec<NicSource>>,
+    /// The first NIC's fixed address of every slot a static address pool serves
+    /// (`--address-pools`, booked against the slots by the launch plan); empty = DHCP.
+    pub addresses: AddressBook,
     /// The guest CPU (`--cpu`); `None` = the platform's default.
     pub cpu: Option<CpuChoice>,
     /// The guest CPU of one instance type instead (`--instance-cpu TYPE:CPU`).
@@ -74,6 +78,7 @@ impl Default for DomainConfig {
             network: "default".to_owned(),
             nics: Vec::new(),
             instance_nics: BTreeMap::new(),
+            addresses: AddressBook::default(),
             cpu: None,
             instance_cpu: BTreeMap::new(),
             platform: Platform::default(),

@@ -11,6 +11,9 @@ pub enum NicSource {
     Network(String),
     /// An existing host bridge (`bridge=NAME`): `<interface type='bridge'>`.
     Bridge(String),
+    /// An existing Open vSwitch bridge (`ovs=NAME`): `<interface type='bridge'>` with
+    /// `<virtualport type='openvswitch'/>`, which can carry a VLAN tag.
+    Ovs(String),
     /// macvtap on a host device (`direct=DEV` or `direct=DEV:MODE`):
     /// `<interface type='direct'>`.
     Direct {
@@ -56,12 +59,13 @@ impl DirectMode {
 }
 
 impl NicSource {
-    /// Parses `network=NAME`, `bridge=NAME` or `direct=DEV[:MODE]`.
+    /// Parses `network=NAME`, `bridge=NAME`, `ovs=NAME` or `direct=DEV[:MODE]`.
     ///
     /// # Errors
     /// What is wrong with `text`, and the accepted forms.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let forms = "network=NAME, bridge=NAME or direct=DEVICE[:bridge|vepa|private|passthrough]";
+        let forms = "network=NAME, bridge=NAME, ovs=NAME or \
+                     direct=DEVICE[:bridge|vepa|private|passthrough]";
         let (kind, value) = text
             .split_once('=')
             .ok_or_else(|| format!("NIC {text:?} has no '=': use {forms}"))?;
@@ -71,6 +75,7 @@ impl NicSource {
         match kind {
             "network" => Ok(Self::Network(value.to_owned())),
             "bridge" => Ok(Self::Bridge(value.to_owned())),
+            "ovs" => Ok(Self::Ovs(value.to_owned())),
             "direct" => {
                 let (device, mode) = match value.split_once(':') {
                     None => (value, DirectMode::default()),
@@ -105,6 +110,7 @@ impl fmt::Display for NicSource {
         match self {
             Self::Network(name) => write!(f, "network={name}"),
             Self::Bridge(name) => write!(f, "bridge={name}"),
+            Self::Ovs(name) => write!(f, "ovs={name}"),
             Self::Direct { device, mode } => write!(f, "direct={device}:{}", mode.as_str()),
         }
     }

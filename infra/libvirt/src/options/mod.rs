@@ -2,12 +2,14 @@
 //! [`DomainConfig`] or a policy here, validated by the composition root's launch plan and
 //! used by the floors above as is. Nothing here talks to libvirt or renders a document.
 
+pub mod addresses;
 mod config;
 pub(crate) mod devices;
 mod golden;
 pub(crate) mod platform;
 mod policies;
 
+pub use addresses::{AddressBook, AddressPools, StaticAddress};
 pub use bigfleet_libvirt_ports::claims::CpuSet;
 pub use config::{DomainConfig, LibvirtConfig};
 pub use devices::{CpuChoice, CpuMode, NicSource};

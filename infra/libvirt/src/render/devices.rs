@@ -23,6 +23,8 @@ pub struct Nic {
     pub source: NicSource,
     /// Its MAC address.
     pub mac: Mac,
+    /// Its 802.1Q tag (a static address pool's `vlan`, first NIC only).
+    pub vlan: Option<u16>,
 }
 
 impl Nic {
@@ -34,6 +36,13 @@ impl Nic {
                 ("network", format!("<source network='{}'/>", escape(name)))
             }
             NicSource::Bridge(name) => ("bridge", format!("<source bridge='{}'/>", escape(name))),
+            NicSource::Ovs(name) => (
+                "bridge",
+                format!(
+                    "<source bridge='{}'/>\n      <virtualport type='openvswitch'/>",
+                    escape(name)
+                ),
+            ),
             NicSource::Direct { device, mode } => (
                 "direct",
                 format!(
@@ -43,10 +52,13 @@ impl Nic {
                 ),
             ),
         };
+        let vlan = (self.vlan)
+            .map(|tag| format!("\n      <vlan>\n        <tag id='{tag}'/>\n      </vlan>"))
+            .unwrap_or_default();
         format!(
             "\n    <interface type='{kind}'>
       <mac address='{}'/>
-      {source}
+      {source}{vlan}
       <model type='virtio'/>
     </interface>",
             self.mac
@@ -205,6 +217,7 @@ mod tests {
             let nic = Nic {
                 source: NicSource::parse(source).unwrap(),
                 mac,
+                vlan: None,
             };
             let xml = format!("<devices>{}</devices>", nic.to_xml());
             let document = roxmltree::Document::parse(&xml).unwrap();

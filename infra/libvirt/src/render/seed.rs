@@ -10,6 +10,13 @@
 //! earlier life (a retry of the same Create keeps the same one).
 //! The per-cluster bootstrap blob is never put on the seed; it travels through the guest
 //! agent at Configure.
+//!
+//! A machine a static address pool serves gets a third file, `network-config` (version 2,
+//! [`network_config`]): its first NIC, matched by the MAC the provider derived, gets the
+//! fixed address, the pool's default route and DNS; its other NICs keep DHCP. Without it
+//! cloud-init's own fallback (DHCP on the first NIC) applies, as before. The document is
+//! JSON, which every YAML parser reads (cloud-init's included), so that no value needs
+//! YAML quoting rules.
 
 use std::io::Cursor;
 use std::sync::Arc;
@@ -19,6 +26,10 @@ use hadris_iso::read::PathSeparator;
 use hadris_iso::rrip::RripOptions;
 use hadris_iso::write::options::{BaseIsoLevel, CreationFeatures, IsoFormatOptions};
 use hadris_iso::write::{File as IsoFile, InputFiles, IsoImageWriter};
+use serde_json::{Map, Value, json};
+
+use crate::options::StaticAddress;
+use crate::render::devices::Nic;
 
 /// The user-data used when no `--base-user-data` file is given.
 pub const DEFAULT_USER_DATA: &[u8] = b"#cloud-config\n{}\n";
@@ -39,24 +50,66 @@ pub fn meta_data(domain_name: &str, instance_id: &str) -> String {
     format!("instance-id: {instance_id}\nlocal-hostname: {domain_name}\n")
 }
 
+/// The `network-config` of a domain whose first NIC (of `nics`) has the fixed `address`:
+/// that NIC gets the address, a default route through the pool's gateway and its DNS; every
+/// other NIC keeps DHCP. Each is matched by its MAC.
+#[must_use]
+pub fn network_config(nics: &[Nic], address: &StaticAddress) -> String {
+    let subnet = &address.subnet;
+    let mut ethernets = Map::new();
+    for (index, nic) in nics.iter().enumerate() {
+        let matched = json!({ "macaddress": nic.mac.to_string() });
+        let entry = if index == 0 {
+            let mut first = Map::new();
+            first.insert("match".to_owned(), matched);
+            first.insert("addresses".to_owned(), json!([address.with_prefix()]));
+            if let Some(gateway) = subnet.gateway {
+                let route = json!({ "to": "0.0.0.0/0", "via": gateway.to_string() });
+                first.insert("routes".to_owned(), json!([route]));
+            }
+            if !subnet.dns.is_empty() || !subnet.search.is_empty() {
+                let servers: Vec<String> = subnet.dns.iter().map(ToString::to_string).collect();
+                let names = json!({ "addresses": servers, "search": subnet.search });
+                first.insert("nameservers".to_owned(), names);
+            }
+            Value::Object(first)
+        } else {
+            json!({ "match": matched, "dhcp4": true })
+        };
+        ethernets.insert(format!("nic{index}"), entry);
+    }
+    let document = json!({ "version": 2, "ethernets": ethernets });
+    format!("{document:#}\n")
+}
+
 /// Builds the seed ISO for `domain_name` (this incarnation: `instance_id`) with `user_data`
-/// verbatim.
+/// verbatim and, when given, a `network_config`.
 ///
 /// # Errors
 /// The writer's error, as text.
-pub fn build(domain_name: &str, instance_id: &str, user_data: &[u8]) -> Result<Vec<u8>, String> {
+pub fn build(
+    domain_name: &str,
+    instance_id: &str,
+    user_data: &[u8],
+    network_config: Option<&str>,
+) -> Result<Vec<u8>, String> {
+    let mut files = vec![
+        IsoFile::File {
+            name: Arc::new("meta-data".to_owned()),
+            contents: meta_data(domain_name, instance_id).into_bytes(),
+        },
+        IsoFile::File {
+            name: Arc::new("user-data".to_owned()),
+            contents: user_data.to_vec(),
+        },
+    ];
+    files.extend(network_config.map(|text| IsoFile::File {
+        name: Arc::new("network-config".to_owned()),
+        contents: text.as_bytes().to_vec(),
+    }));
     let files = InputFiles {
         path_separator: PathSeparator::ForwardSlash,
-        files: vec![
-            IsoFile::File {
-                name: Arc::new("meta-data".to_owned()),
-                contents: meta_data(domain_name, instance_id).into_bytes(),
-            },
-            IsoFile::File {
-                name: Arc::new("user-data".to_owned()),
-                contents: user_data.to_vec(),
-            },
-        ],
+        files,
     };
     let options = IsoFormatOptions {
         volume_name: LABEL.to_owned(),
@@ -145,7 +198,7 @@ mod tests {
     fn the_seed_is_a_cidata_iso_with_both_files() {
         let user_data = b"#cloud-config\npackages: [qemu-guest-agent]\n";
         let name = "bigfleet-0123456789abcdef01234567";
-        let image = build(name, &instance_id(name, "op-17"), user_data).unwrap();
+        let image = build(name, &instance_id(name, "op-17"), user_data, None).unwrap();
         assert_eq!(image.len() % SECTOR, 0);
         assert_eq!(&image[16 * SECTOR + 1..16 * SECTOR + 6], b"CD001");
         let label = String::from_utf8_lossy(&image[16 * SECTOR + 40..16 * SECTOR + 72]);
@@ -165,9 +218,18 @@ mod tests {
 
     #[test]
     fn empty_and_default_user_data_are_kept_verbatim() {
-        let files = root_files(&build("d", "d-op-1", b"").unwrap());
+        let files = root_files(&build("d", "d-op-1", b"", None).unwrap());
         assert_eq!(files[1], ("user-data".to_owned(), Vec::new()));
-        let files = root_files(&build("d", "d-op-1", DEFAULT_USER_DATA).unwrap());
+        let files = root_files(&build("d", "d-op-1", DEFAULT_USER_DATA, None).unwrap());
         assert_eq!(files[1].1, DEFAULT_USER_DATA);
+    }
+
+    #[test]
+    fn a_network_config_is_a_third_file_when_given() {
+        let config = "{\"version\": 2}\n";
+        let files = root_files(&build("d", "d-op-1", b"", Some(config)).unwrap());
+        let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["meta-data", "network-config", "user-data"]);
+        assert_eq!(files[1].1, config.as_bytes());
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_domain::catalog::{DiskShape, gib_bytes};
 
-use crate::options::{CpuChoice, DomainConfig, Platform};
+use crate::options::{CpuChoice, DomainConfig, Platform, StaticAddress};
 use crate::render::devices::{MacBook, Nic};
 use crate::render::ownership::Tag;
 use crate::render::placement::Placed;
@@ -49,6 +49,9 @@ pub struct DomainSpec {
     pub cpu: Option<CpuChoice>,
     /// The NICs, in order, each with its derived MAC address (none: no NIC).
     pub nics: Vec<Nic>,
+    /// The first NIC's fixed address, when a static address pool serves the slot (the seed
+    /// then carries a `network-config`); `None`: DHCP.
+    pub address: Option<StaticAddress>,
     /// Accelerator, boot method, firmware and the seed's bus.
     pub platform: Platform,
     /// The overlay, seed and data volumes, and the base image the overlay stands on.
@@ -154,6 +157,7 @@ impl DomainSpec {
     pub fn new(choices: &Choices<'_>, slot: &Slot<'_>, base: Base) -> Self {
         let name = domain_name(choices.provider, slot.machine_id);
         let options = choices.options;
+        let address = options.addresses.get(slot.machine_id).cloned();
         let nics = (options
             .nic_sources(slot.instance_type)
             .into_iter()
@@ -161,6 +165,10 @@ impl DomainSpec {
         .map(|(index, source)| Nic {
             source,
             mac: choices.macs.mac(slot.machine_id, index),
+            vlan: address
+                .as_ref()
+                .filter(|_| index == 0)
+                .and_then(|a| a.subnet.vlan),
         })
         .collect();
         Self {
@@ -172,6 +180,7 @@ impl DomainSpec {
             placed: Placed::default(),
             cpu: options.cpu_for(slot.instance_type).cloned(),
             nics,
+            address,
             platform: options.platform.clone(),
             disks: Disks {
                 overlay: root_name(&name, base.rbd.is_some()),

@@ -34,8 +34,13 @@ fn spec_shaped(options: &DomainConfig, disks: &DiskShape) -> DomainSpec {
 
 /// [`spec_shaped`] on a host whose base image is `base`.
 fn spec_on(options: &DomainConfig, disks: &DiskShape, base: Base) -> DomainSpec {
+    spec_of(MACHINE, options, disks, base)
+}
+
+/// [`spec_on`] for the slot `machine` (of [`INSTANCE_TYPE`]).
+fn spec_of(machine: &str, options: &DomainConfig, disks: &DiskShape, base: Base) -> DomainSpec {
     let nics = options.nic_sources(INSTANCE_TYPE).len();
-    let macs = MacBook::new(PROVIDER, [(MACHINE, nics)]);
+    let macs = MacBook::new(PROVIDER, [(machine, nics)]);
     let user_data: Arc<[u8]> = Arc::from(&b"#cloud-config\npackages: [jq]\n"[..]);
     let choices = Choices {
         provider: PROVIDER,
@@ -44,7 +49,7 @@ fn spec_on(options: &DomainConfig, disks: &DiskShape, base: Base) -> DomainSpec 
         user_data: &user_data,
     };
     let slot = Slot {
-        machine_id: MACHINE,
+        machine_id: machine,
         instance_type: INSTANCE_TYPE,
         operation_id: "op-7",
         vcpu: 2,
@@ -79,14 +84,24 @@ fn documents(spec: &DomainSpec) -> String {
         console: Some(&console_path),
         data: &data_paths,
     };
-    let image = seed::build(&spec.name, &spec.instance_id, &spec.user_data).unwrap();
+    let network_config = (spec.address.as_ref()).map(|a| seed::network_config(&spec.nics, a));
+    let image = seed::build(
+        &spec.name,
+        &spec.instance_id,
+        &spec.user_data,
+        network_config.as_deref(),
+    )
+    .unwrap();
     let seed_bytes = u64::try_from(image.len()).unwrap();
     let data: String = (spec.disks.data.iter())
         .map(|disk| xml::data_volume_of(spec, disk))
         .collect();
+    let network_config = (network_config)
+        .map(|text| format!("=== seed network-config\n{text}"))
+        .unwrap_or_default();
     format!(
         "=== domain\n{}=== overlay volume\n{}=== seed volume\n{}=== console volume\n{}\
-         === data volumes\n{}=== seed meta-data\n{}=== seed user-data\n{}",
+         === data volumes\n{}=== seed meta-data\n{}=== seed user-data\n{}{network_config}",
         xml::domain(spec, paths),
         xml::overlay(spec),
         xml::seed(spec, seed_bytes),
@@ -103,6 +118,40 @@ fn nic(text: &str) -> NicSource {
 
 fn cpu(text: &str) -> CpuChoice {
     CpuChoice::parse(text).unwrap()
+}
+
+/// A slot a static address pool serves, with its first NIC on an Open vSwitch bridge: the
+/// NIC carries the pool's VLAN tag, the second NIC none, and the seed gains a
+/// `network-config` giving the first NIC (by its MAC) slot 2's address, the route and DNS,
+/// and the second DHCP.
+#[test]
+fn a_static_address_on_an_ovs_bridge_with_a_vlan_tag() {
+    let slots = crate::tests::slots(PROVIDER, "rack1", INSTANCE_TYPE, 3);
+    let options = options(|o| o.nics = vec![nic("ovs=ovsbr0"), nic("network=storage")]);
+    let pools = crate::options::AddressPools::parse(
+        br#"[{"instance_type": "kvm.small", "zone": "rack1", "cidr": "10.20.0.0/24",
+              "first": "10.20.0.10", "gateway": "10.20.0.1", "dns": ["10.20.0.1"],
+              "search": ["nodes.example"], "vlan": 120}]"#,
+        "pools.json",
+    )
+    .unwrap();
+    let addresses = pools.book(&slots, |t| options.nic_sources(t)).unwrap();
+    let options = DomainConfig {
+        addresses,
+        ..options
+    };
+    let base = Base {
+        path: "/var/lib/libvirt/images/golden.qcow2".to_owned(),
+        format: "qcow2".to_owned(),
+        overlay_bytes: 40 << 30,
+        rbd: None,
+    };
+    let spec = spec_of(slots[2].id.as_str(), &options, &DiskShape::default(), base);
+    assert_eq!(
+        spec.address.as_ref().unwrap().with_prefix(),
+        "10.20.0.12/24"
+    );
+    insta::assert_snapshot!("static_address_ovs_vlan", documents(&spec));
 }
 
 #[test]

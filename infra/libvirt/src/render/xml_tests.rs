@@ -17,6 +17,7 @@ fn nics(network: &str) -> Vec<Nic> {
     vec![Nic {
         source: crate::render::devices::NicSource::Network(network.to_owned()),
         mac: crate::render::devices::Mac([2, 0, 0, 0, 0, 1]),
+        vlan: None,
     }]
 }
 
@@ -32,6 +33,7 @@ fn spec(tag: &Tag, nics: &[Nic]) -> DomainSpec {
         memory_mib: 4096,
         placed: crate::render::placement::Placed::default(),
         nics: nics.to_vec(),
+        address: None,
         cpu: None,
         disks: Disks {
             overlay: "o.qcow2".to_owned(),
@@ -192,10 +194,12 @@ fn a_chosen_cpu_replaces_the_platform_default_and_nics_keep_their_order() {
         Nic {
             source: crate::render::devices::NicSource::Bridge("br0".to_owned()),
             mac: crate::render::devices::Mac([2, 0, 0, 0, 0, 1]),
+            vlan: None,
         },
         Nic {
             source: crate::render::devices::NicSource::parse("direct=eth1:vepa").unwrap(),
             mac: crate::render::devices::Mac([2, 0, 0, 0, 0, 2]),
+            vlan: None,
         },
     ];
     let xml = domain(

@@ -172,10 +172,13 @@ fn prepare<'a>(
         seed_pool(session, options.seed_pool())?
     };
     let domain_spec = domain_spec(settings, spec, &base).map_err(refused)?;
+    let network_config = (domain_spec.address.as_ref())
+        .map(|address| seed::network_config(&domain_spec.nics, address));
     let seed_image = seed::build(
         &domain_spec.name,
         &domain_spec.instance_id,
         &domain_spec.user_data,
+        network_config.as_deref(),
     )
     .map_err(nothing_done)?;
     let disks = &domain_spec.disks;

@@ -4,6 +4,7 @@
 //! process after state loss, use `test:///default`, which is shared by every connection in
 //! the process, with a provider label and base volume unique to the test.
 
+mod addresses;
 mod contract;
 mod disks;
 mod hosts;
@@ -60,6 +61,7 @@ pub(super) fn planted_domain(
         placed: crate::render::placement::Placed::default(),
         cpu: None,
         nics: Vec::new(),
+        address: None,
         platform: Platform::default(),
         disks: Disks {
             overlay: overlay_name(name),
