@@ -64,11 +64,30 @@ ensure_network() {
 XML
         virsh_ net-define /etc/libvirt/default-network.xml >/dev/null
     fi
+    start_network default
+    # `static`: an isolated network with no DHCP (no <dhcp>, no <forward>), for the guests
+    # that take a fixed address from a static address pool (qemu_image::network): its bridge
+    # virbr1 holds 192.168.123.1 in the namespace, so the test can ping the guest from there.
+    if ! virsh_ net-info static >/dev/null 2>&1; then
+        cat >"$R/etc/libvirt/static-network.xml" <<'XML'
+<network>
+  <name>static</name>
+  <bridge name='virbr1' stp='on' delay='0'/>
+  <ip address='192.168.123.1' netmask='255.255.255.0'/>
+</network>
+XML
+        virsh_ net-define /etc/libvirt/static-network.xml >/dev/null
+    fi
+    start_network static
+}
+
+# Starts the zone's libvirt network $1 when it is inactive.
+start_network() {
     local info
-    info=$(virsh_ net-info default)
+    info=$(virsh_ net-info "$1")
     if ! grep -Eq '^Active:[[:space:]]+yes' <<<"$info"; then
-        virsh_ net-start default >/dev/null \
-            || die "cannot start zone $image_zone's network default (log: $R/var/log/libvirt/libvirtd.log)"
+        virsh_ net-start "$1" >/dev/null \
+            || die "cannot start zone $image_zone's network $1 (log: $R/var/log/libvirt/libvirtd.log)"
     fi
 }
 

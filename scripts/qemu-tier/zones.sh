@@ -251,6 +251,8 @@ cmd_env() {
     # The image zone: the real golden image, and whether its QEMU can use KVM.
     echo "export BIGFLEET_QEMU_REAL_IMAGE='$real_image'"
     echo "export BIGFLEET_QEMU_KVM='$(cat "$(zone_dir "$image_zone")/kvm" 2>/dev/null || echo "no: the tier is not started")'"
+    # The image zone's network namespace (the static address test pings its guest from it).
+    echo "export BIGFLEET_QEMU_NETNS='$(netns_name)'"
     echo "export BIGFLEET_QEMU_TIER_SCRIPT='$repo/scripts/qemu-tier/run.sh'"
     echo "export QEMU_TIER_DIR='$tier_dir'"
     remote_env

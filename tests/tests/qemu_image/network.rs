@@ -4,7 +4,8 @@
 //! same MAC after the slot is re-created, and the guest's own view (`ip -j addr`, through the
 //! agent) agreeing with the lease, and the provider's `configured` log line reporting that
 //! lease for that MAC, on its log line and on the machine's timeline.
-//! `guest_network_on_a_bridge` boots its own guest (its own `--nic`).
+//! `static_address_on_a_bridge_without_dhcp` boots its own guest (its own `--nic` and
+//! `--address-pools`, on the zone's network without DHCP).
 
 use serde_json::Value;
 use virt::domain::Domain;
@@ -195,46 +196,97 @@ async fn reported_address(server: &Server, skip: usize, name: &str, mac: &str) -
         .unwrap_or_else(|| panic!("the configured line names no IPv4 address for {mac}: {line}"))
 }
 
-/// `--nic bridge=virbr0`: the NIC on an existing host bridge (here the NAT network's own
-/// bridge, which libvirt's dnsmasq serves) instead of a libvirt network: the domain's
-/// interface is of type `bridge`, and the guest still gets a lease for its derived MAC.
+/// A static address on a network without DHCP, on a NIC plugged into an existing host
+/// bridge: the image zone's isolated libvirt network `static` (scripts/qemu-tier/network.sh:
+/// bridge `virbr1`, 192.168.123.1/24 in the zone's namespace, no DHCP server) and
+/// `--address-pools` giving the type's slots 192.168.123.10 onwards. The domain's interface
+/// is of type `bridge` on `virbr1`; the guest's own view of the NIC with its MAC (through
+/// the agent) is exactly the slot's address, which no DHCP server could have given; and the
+/// guest answers a ping from the zone's namespace.
 // The guest reads (`guest::`) call the agent synchronously and block their worker; on a
 // runtime of its own threads the gRPC connections' tasks keep answering the provider's HTTP/2
 // keepalive pings meanwhile (a ping unanswered for 10 s drops the connection, and with it a
 // call in flight: seen under load when two walks shared one thread).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
-async fn guest_network_on_a_bridge() {
-    let _wall = WallTime::start("guest_network_on_a_bridge");
+async fn static_address_on_a_bridge_without_dhcp() {
+    let _wall = WallTime::start("static_address_on_a_bridge_without_dhcp");
     let tier = ImageTier::from_env();
     let accel = tier.accel();
     println!(
-        "guest_network_on_a_bridge: {} on the host bridge virbr0",
+        "static_address_on_a_bridge_without_dhcp: {} on the host bridge virbr1",
         accel.describe()
     );
     let dir = tempfile::tempdir().unwrap();
+    let pools = dir.path().join("pools.json");
+    let pool = json!([{ "instance_type": "img.small", "zone": "local",
+        "cidr": "192.168.123.0/24", "first": "192.168.123.10",
+        "gateway": "192.168.123.1", "dns": ["192.168.123.1"] }]);
+    std::fs::write(&pools, pool.to_string()).unwrap();
+    let pools_flag = format!("--address-pools={}", pools.display());
     let virt = Libvirt::open(&tier);
     let server = tier.provider(
         dir.path(),
-        "img-bridge",
-        1,
+        "img-static",
+        2,
         &accel,
-        &["--nic=bridge=virbr0"],
+        &["--nic=bridge=virbr1", &pools_flag],
         &DiskPlan::default(),
     );
     let mut c = server.client().await;
     let id = pick(&server, &mut c).await;
-    let (idle, domain, _, _) = create_and_boot(&mut c, &virt, &id).await;
+    let slot: u8 = id.rsplit('/').next().unwrap().parse().unwrap();
+    let address = format!("192.168.123.{}", 10 + slot);
+    let (idle, domain, _, boot) = create_and_boot(&mut c, &virt, &id).await;
     let name = domain_name(&idle);
     let xml = domain.xml_desc(0).expect("the domain's XML");
     assert!(
-        xml.contains("<interface type='bridge'>") && xml.contains("<source bridge='virbr0'/>"),
+        xml.contains("<interface type='bridge'>") && xml.contains("<source bridge='virbr1'/>"),
         "{name} has its NIC on the bridge: {xml}"
     );
     let mac = mac_of(&domain);
-    let (address, _) = lease_held(&tier, &domain, &name, &mac).await;
-    println!("  {name}: bridge NIC, MAC {mac}, lease {address}");
+    let settled = until_explained(
+        &format!("{name}'s NIC ({mac}) to hold {address}"),
+        BOOT,
+        || match guest_addresses(&domain, &mac)? {
+            seen if seen == std::slice::from_ref(&address) => Ok(()),
+            seen => Err(format!("the guest sees {seen:?}")),
+        },
+    )
+    .await;
+    println!(
+        "  {name}: slot {slot}, MAC {mac}, static {address} (held {settled:.2?} after the \
+         agent, {boot:.2?} boot)"
+    );
+    let answered = until_explained(
+        &format!("{address} to answer a ping from the zone's namespace"),
+        Duration::from_secs(60),
+        || ping_from_zone(&tier, &address),
+    )
+    .await;
+    println!("  {name}: {address} answers a ping from the zone's namespace ({answered:.2?})");
     let mut c = server.client().await;
     let accepted = delete(&mut c, &id, None).await;
     settle(&mut c, &id, accepted, S::Speculative, BOOT, Instant::now()).await;
+}
+
+/// One ping of `address` from the image zone's network namespace (with the zone's own
+/// busybox: the host need not have a ping).
+fn ping_from_zone(tier: &ImageTier, address: &str) -> Result<(), String> {
+    let netns = format!("--net=/run/netns/{}", var("BIGFLEET_QEMU_NETNS"));
+    let output = std::process::Command::new("nsenter")
+        .arg(&netns)
+        .arg("chroot")
+        .arg(&tier.root)
+        .args(["busybox", "ping", "-c", "1", "-W", "2", address])
+        .output()
+        .map_err(|e| format!("run nsenter: {e}"))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    ))
 }
