@@ -120,6 +120,25 @@ image_rootfs() {
     in_image_root unmount_chroot
 }
 
+# Debian's signed UEFI loaders for the image's EFI system partition (image/assemble): shim,
+# signed by the UEFI CA whose key OVMF's Secure Boot build has enrolled, and GRUB, signed by
+# Debian, which shim trusts; GRUB then checks the kernel's signature through shim. The
+# packages are only unpacked into $image_work/signed, not installed: their maintainer
+# scripts would try to install a boot loader into the chroot.
+signed_loaders() {
+    local dir=$image_work/signed
+    mkdir -p "$R$dir"
+    local get="cd $dir && apt-get download -q shim-signed grub-efi-amd64-signed"
+    if ! in_chroot sh -c "$get" >>"$tier_dir/image-apt.log" 2>&1; then
+        in_chroot apt-get update -q >>"$tier_dir/image-apt.log" 2>&1 \
+            || die "apt-get update in the chroot failed (log: $tier_dir/image-apt.log)"
+        in_chroot sh -c "$get" >>"$tier_dir/image-apt.log" 2>&1 \
+            || die "cannot download shim-signed and grub-efi-amd64-signed (log: $tier_dir/image-apt.log)"
+    fi
+    in_chroot sh -c "cd $dir && for deb in *.deb; do dpkg-deb -x \"\$deb\" .; done" \
+        || die "cannot unpack the signed loaders"
+}
+
 build_image() {
     local started=$SECONDS
     mount_chroot
@@ -130,6 +149,7 @@ build_image() {
     mkdir -p "$R$image_work/src"
     image_rootfs
     say "image: root file system: $((SECONDS - started))s"
+    signed_loaders
     cp "$guest_src/image/assemble" "$R$image_work/src/"
     rm -f "$R$image_file" "$image_marker"
     in_chroot /bin/bash "$image_work/src/assemble" "$image_file" || die "assembling the image failed"

@@ -671,4 +671,5 @@ fn a_subcommand_flag_variable_sets_the_flag() {
 }
 
 mod addresses;
+mod firmware;
 mod placement;

@@ -518,5 +518,6 @@ mod doctor;
 mod full_pool;
 mod image_source;
 mod placement;
+mod silent;
 mod stopped;
 mod tpm;

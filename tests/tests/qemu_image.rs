@@ -176,11 +176,13 @@ impl ImageTier {
 }
 
 /// The image tier type's disks: a root of `root_gib` (none: as the image asks) and data
-/// disks by name and GiB.
+/// disks by name and GiB; with `secure`, the type also boots with Secure Boot and has a
+/// virtual TPM.
 #[derive(Clone, Debug, Default)]
 pub struct DiskPlan {
     pub root_gib: Option<u64>,
     pub data: Vec<(&'static str, u64)>,
+    pub secure: bool,
 }
 
 impl DiskPlan {
@@ -195,6 +197,10 @@ impl DiskPlan {
                 .map(|(name, gib)| json!({ "name": name, "size_gib": gib }))
                 .collect();
             shape["data_disks"] = json!(data);
+        }
+        if self.secure {
+            shape["secure_boot"] = json!(true);
+            shape["tpm"] = json!(true);
         }
         json!({ "img.small": shape }).to_string()
     }
@@ -239,6 +245,8 @@ impl DiskPlan {
 pub struct Libvirt {
     conn: Connect,
     pool: String,
+    /// Where the zone's file system is on this host.
+    root: PathBuf,
 }
 
 impl Libvirt {
@@ -248,6 +256,7 @@ impl Libvirt {
         Self {
             conn,
             pool: tier.pool.clone(),
+            root: tier.root.clone(),
         }
     }
 
@@ -414,6 +423,39 @@ async fn create_and_boot(
     (idle, domain, create_idle, start.elapsed())
 }
 
+/// The volumes of `virt`'s pool that belong to domain `name` (another walk may share the
+/// pool at the same time).
+fn own_volumes(virt: &Libvirt, name: &str) -> Vec<String> {
+    (virt.volumes().into_iter())
+        .filter(|v| v.starts_with(&format!("{name}-")))
+        .collect()
+}
+
+/// Deletes `id` (domain `name`) and checks that its domain, its volumes and the host files in
+/// `left` are gone; returns how long the Delete took.
+async fn delete_and_check(
+    c: &mut Client,
+    id: &str,
+    virt: &Libvirt,
+    name: &str,
+    left: Vec<PathBuf>,
+) -> Duration {
+    let delete_start = Instant::now();
+    let accepted = delete(c, id, None).await;
+    let (gone, delete_wall) = settle(c, id, accepted, S::Speculative, BOOT, delete_start).await;
+    assert!(!host_set(&gone), "{gone:?}");
+    assert!(virt.domain(name).is_none(), "{name} is undefined");
+    assert_eq!(
+        own_volumes(virt, name),
+        Vec::<String>::new(),
+        "Delete removed every volume it made"
+    );
+    for file in left {
+        assert!(!file.exists(), "Delete removed {}", file.display());
+    }
+    delete_wall
+}
+
 /// The whole lifecycle of one slot of `server` on the real image, with every in-guest check
 /// of `cloud_image`, its type's disks as `disks` plans them; returns what it measured.
 pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str, disks: &DiskPlan) -> Timings {
@@ -422,15 +464,8 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str, disks: &DiskPl
     let start = Instant::now();
     let (idle, domain, create_idle, agent_ready) = create_and_boot(&mut c, virt, &id).await;
     let name = domain_name(&idle);
-    // Another walk may share the pool at the same time: only this domain's volumes count.
-    let own = |volumes: Vec<String>| -> Vec<String> {
-        volumes
-            .into_iter()
-            .filter(|v| v.starts_with(&format!("{name}-")))
-            .collect()
-    };
     assert_eq!(
-        own(virt.volumes()).len(),
+        own_volumes(virt, &name).len(),
         3 + disks.data.len(),
         "Create made the overlay, the seed, the console log and the data disks of {name}"
     );
@@ -457,6 +492,9 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str, disks: &DiskPl
          qemu-guest-agent.service; systemd-analyze blame --no-pager | head -n 15",
     );
     disks.assert_seen(&domain);
+    let secure = disks
+        .secure
+        .then(|| guest::assert_secure(&domain, &virt.root, &name));
     guest::assert_joined(&domain, cluster, &sha256_hex(&blob));
 
     // A fresh connection: the provider closes client connections left idle while the guest
@@ -468,17 +506,7 @@ pub async fn walk(server: &Server, virt: &Libvirt, cluster: &str, disks: &DiskPl
     assert_eq!(drained.cluster, "");
     guest::assert_drained(&domain, 30);
 
-    let delete_start = Instant::now();
-    let accepted = delete(&mut c, &id, None).await;
-    let (gone, delete_wall) =
-        settle(&mut c, &id, accepted, S::Speculative, BOOT, delete_start).await;
-    assert!(!host_set(&gone), "{gone:?}");
-    assert!(virt.domain(&name).is_none(), "{name} is undefined");
-    assert_eq!(
-        own(virt.volumes()),
-        Vec::<String>::new(),
-        "Delete removed every volume it made"
-    );
+    let delete_wall = delete_and_check(&mut c, &id, virt, &name, secure.unwrap_or_default()).await;
     Timings {
         create_idle,
         agent_ready,
@@ -503,15 +531,19 @@ async fn cloud_image() {
     println!("cloud_image: {}", accel.describe());
     let dir = tempfile::tempdir().unwrap();
     let virt = Libvirt::open(&tier);
-    // BIOS (GRUB from the MBR) and UEFI (OVMF, GRUB's BOOTX64.EFI) boot the same image at once;
-    // the BIOS machine's type has a 20 GiB root and two data disks (issue 42), the UEFI one's
-    // the image's own size and none.
+    // BIOS (GRUB from the MBR) and UEFI (OVMF, Debian's signed shim and GRUB) boot the same
+    // image at once; the BIOS machine's type has a 20 GiB root and two data disks (issue 42),
+    // the UEFI one's the image's own size and none, and Secure Boot with a virtual TPM.
     let shaped = DiskPlan {
         root_gib: Some(20),
         data: vec![("data1", 2), ("scratch", 3)],
+        secure: false,
     };
     let bios = tier.provider(dir.path(), "img-bios", 1, &accel, &[], &shaped);
-    let plain = DiskPlan::default();
+    let plain = DiskPlan {
+        secure: true,
+        ..DiskPlan::default()
+    };
     let efi = tier.provider(
         dir.path(),
         "img-efi",

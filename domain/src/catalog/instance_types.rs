@@ -3,7 +3,8 @@
 //! The built-in `kvm.*` catalog covers a first run; `--instance-types` replaces it (no merge)
 //! with a JSON object `name -> {"vcpu": N, "memory_mib": N}` (and optionally `disk_gib` and
 //! `data_disks`, see [`DiskShape`]; `hugepages` and `dedicated_cpus`, see [`Placement`];
-//! `devices`, a count per class of [`DeviceClasses`]; `tpm`, a virtual TPM 2.0),
+//! `devices`, a count per class of [`DeviceClasses`]; `tpm`, a virtual TPM 2.0;
+//! `secure_boot`, UEFI Secure Boot with the firmware's enrolled keys),
 //! which the configuration loader
 //! decodes into [`RawInstanceType`] entries and hands to [`InstanceCatalog::from_raw`]. The
 //! catalog is the only source of a machine's `allocatable`, so a shape is refused unless both
@@ -37,6 +38,9 @@ pub struct InstanceType {
     /// A virtual TPM 2.0 (`tpm`): an emulated TPM whose state lives on the host with the
     /// domain and goes with it.
     pub tpm: bool,
+    /// UEFI Secure Boot (`secure_boot`): the domain boots on UEFI firmware that has the
+    /// usual keys enrolled and refuses an unsigned boot loader.
+    pub secure_boot: bool,
 }
 
 /// Instance types by name, in name order, and the device classes they may ask for.
@@ -69,6 +73,9 @@ pub struct RawInstanceType {
     /// Whether the type has a virtual TPM.
     #[serde(default)]
     pub tpm: bool,
+    /// Whether the type boots with UEFI Secure Boot.
+    #[serde(default)]
+    pub secure_boot: bool,
 }
 
 impl InstanceCatalog {
@@ -96,6 +103,7 @@ impl InstanceCatalog {
                     placement: Placement::default(),
                     devices: BTreeMap::new(),
                     tpm: false,
+                    secure_boot: false,
                 };
                 (name.to_owned(), shape)
             })
@@ -153,6 +161,7 @@ impl InstanceCatalog {
                 placement,
                 devices,
                 tpm: shape.tpm,
+                secure_boot: shape.secure_boot,
             };
             types.insert(name, shape);
         }
@@ -271,6 +280,7 @@ mod tests {
             placement: Placement::default(),
             devices: BTreeMap::new(),
             tpm: false,
+            secure_boot: false,
         };
         assert_eq!(catalog.get("kvm.small"), Some(&shape(2, 4096, 40)));
         assert_eq!(catalog.get("kvm.medium"), Some(&shape(4, 8192, 80)));
@@ -334,6 +344,23 @@ mod tests {
         assert!(catalog.get("t.tpm").unwrap().tpm);
         assert!(!catalog.get("t.plain").unwrap().tpm, "off unless asked");
         assert!(!InstanceCatalog::builtin().iter().any(|(_, t)| t.tpm));
+    }
+
+    #[test]
+    fn a_type_asks_for_secure_boot_with_secure_boot_true() {
+        let text = r#"{"t.sb": {"vcpu": 1, "memory_mib": 512, "secure_boot": true},
+                       "t.plain": {"vcpu": 1, "memory_mib": 512}}"#;
+        let catalog = from_json(text, "t").unwrap();
+        assert!(catalog.get("t.sb").unwrap().secure_boot);
+        assert!(
+            !catalog.get("t.plain").unwrap().secure_boot,
+            "off unless asked"
+        );
+        assert!(
+            !InstanceCatalog::builtin()
+                .iter()
+                .any(|(_, t)| t.secure_boot)
+        );
     }
 
     #[test]

@@ -154,6 +154,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     let inventory = catalog::build_inventory(&offerings, &inventory_config)?;
     check_roots(&libvirt, &catalog, &inventory)?;
     devices::address_book(flags, &inventory.machines, &mut libvirt)?;
+    devices::check_secure_boot(&libvirt, &catalog, &inventory.machines)?;
     if backend == Backend::Libvirt {
         check_dedicated(&libvirt, &catalog, &inventory)?;
     }

@@ -46,6 +46,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
                         placement: shape.map(|s| s.placement).unwrap_or_default(),
                         devices: shape.map(|s| s.devices.clone()).unwrap_or_default(),
                         tpm: shape.is_some_and(|s| s.tpm),
+                        secure_boot: shape.is_some_and(|s| s.secure_boot),
                         instance_type,
                     }
                 })

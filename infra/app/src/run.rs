@@ -170,6 +170,7 @@ fn libvirt_config(plan: &mut Plan) -> anyhow::Result<LibvirtConfig> {
         &plan.libvirt.image,
     );
     config.options = plan.libvirt.clone();
+    config.agent = (config.agent).fit_to(&plan.provider.policy.timeouts);
     config.user_data = user_data;
     config.seed = plan.fake.seed;
     Ok(config)

@@ -142,6 +142,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                 },
                 user_data: Arc::from(&b"#cloud-config\n{}\n"[..]),
                 tpm: false,
+                secure_boot: false,
                 name,
             };
             let paths = VolumePaths {

@@ -125,6 +125,7 @@ impl Bare {
             },
             user_data: Arc::from(&b""[..]),
             tpm: false,
+            secure_boot: false,
         }
     }
 

@@ -1,8 +1,10 @@
 //! A guest with a virtual TPM (an instance type's `tpm`): libvirt runs swtpm for it (the
 //! tier's chroot has Debian's `swtpm` and `swtpm-tools`), QEMU gets a `tpm-crb` device backed
 //! by it, the TPM's state lives under the zone's `/var/lib/libvirt/swtpm/<uuid>/`, and Delete
-//! leaves neither the state nor a volume behind. Checked from the host's side: the domain's
-//! definition, QEMU's command line and the state directory.
+//! leaves neither the state nor a volume behind. Checked from the host's side (the domain's
+//! definition, QEMU's command line and the state directory) and from the guest's: through its
+//! agent, the guest's kernel (Debian's cloud kernel has the TPM and CRB drivers built in) has
+//! `/dev/tpm0` and `/dev/tpmrm0`, and the chip is a TPM 2.0.
 
 use std::path::Path;
 use std::time::Instant;
@@ -11,6 +13,8 @@ use bigfleet_libvirt_proto::v1alpha1::MachineState as S;
 
 use super::{BOOT, Libvirt, Tier, domain_name};
 use crate::harness::*;
+use crate::qemu_image::guest;
+use crate::qemu_zones::until_explained;
 
 /// QEMU's command line for domain `name` (its arguments joined by spaces), from the pid file
 /// libvirt keeps under the zone's root.
@@ -21,7 +25,9 @@ fn qemu_command_line(root: &Path, name: &str) -> String {
     String::from_utf8_lossy(&raw).replace('\0', " ")
 }
 
-#[tokio::test]
+// The guest reads (`guest::`) block their worker: on a runtime of its own threads the gRPC
+// connection keeps answering the provider's keepalive pings meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
 async fn a_guest_with_a_virtual_tpm_and_no_tpm_state_after_delete() {
     let tier = Tier::from_env();
@@ -52,6 +58,19 @@ async fn a_guest_with_a_virtual_tpm_and_no_tpm_state_after_delete() {
         command.contains("tpm-crb"),
         "QEMU has the TPM device: {command}"
     );
+    until_explained(&format!("{name}'s guest agent answering"), BOOT, || {
+        guest::agent(&domain, &serde_json::json!({"execute": "guest-ping"})).map(|_| ())
+    })
+    .await;
+    let seen = guest::run(
+        &domain,
+        "test -c /dev/tpm0 && test -c /dev/tpmrm0 && cat /sys/class/tpm/tpm0/tpm_version_major",
+    );
+    println!(
+        "tpm: the guest has /dev/tpm0 and /dev/tpmrm0, TPM version {}",
+        seen.trim()
+    );
+    assert_eq!(seen.trim(), "2", "the guest sees a TPM 2.0");
     let uuid = domain.uuid_string().expect("the domain's UUID");
     let state = tier.root.join(format!("var/lib/libvirt/swtpm/{uuid}"));
     assert!(

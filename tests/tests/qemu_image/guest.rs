@@ -164,3 +164,51 @@ pub fn assert_drained(domain: &Domain, grace: u64) {
     assert_eq!(drained["grace_seconds"], grace, "{drained}");
     assert_eq!(drained["join_unit"], "inactive", "{drained}");
 }
+
+/// Secure Boot and the virtual TPM, as the guest sees them: the firmware's `SecureBoot`
+/// variable (through efivarfs: four bytes of attributes, then the value) is 1, the kernel
+/// runs in lockdown as Secure Boot makes it, and the TPM is at `/dev/tpm0` and
+/// `/dev/tpmrm0`. Returns the host's files that must go with the domain: its NVRAM and its
+/// TPM state (both there now, as the zone at `root` holds them).
+pub fn assert_secure(
+    domain: &Domain,
+    root: &std::path::Path,
+    name: &str,
+) -> Vec<std::path::PathBuf> {
+    const VARIABLE: &str =
+        "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c";
+    let value = run(domain, &format!("od -An -tu1 {VARIABLE}"));
+    let bytes: Vec<&str> = value.split_whitespace().collect();
+    println!("cloud_image: {name}: SecureBoot variable {bytes:?}");
+    assert_eq!(
+        bytes.last(),
+        Some(&"1"),
+        "Secure Boot is on in {name}: {value}"
+    );
+    let lockdown = run(
+        domain,
+        "cat /sys/kernel/security/lockdown 2>/dev/null || true",
+    );
+    println!("cloud_image: {name}: kernel lockdown {}", lockdown.trim());
+    let tpm = run(
+        domain,
+        "test -c /dev/tpmrm0 && cat /sys/class/tpm/tpm0/tpm_version_major",
+    );
+    assert_eq!(tpm.trim(), "2", "{name} sees its TPM 2.0");
+    let xml = domain.xml_desc(0).expect("the domain's XML");
+    let nvram = xml
+        .split("<nvram")
+        .nth(1)
+        .and_then(|rest| rest.split('>').nth(1))
+        .and_then(|rest| rest.split('<').next())
+        .unwrap_or_else(|| panic!("{name} has an NVRAM file: {xml}"));
+    let uuid = domain.uuid_string().expect("the domain's UUID");
+    let files = vec![
+        root.join(nvram.trim_start_matches('/')),
+        root.join(format!("var/lib/libvirt/swtpm/{uuid}")),
+    ];
+    for file in &files {
+        assert!(file.exists(), "{name} has {}", file.display());
+    }
+    files
+}

@@ -16,6 +16,30 @@ use bigfleet_libvirt_libvirt::{
 
 use super::{Flags, LaunchError, flag};
 
+/// Refuses a Secure Boot type among `slots` when the domains boot a kernel directly
+/// (`--guest-kernel`): the firmware then never checks a signed boot loader, so Secure Boot
+/// would be claimed and not kept.
+pub(super) fn check_secure_boot(
+    libvirt: &DomainConfig,
+    catalog: &InstanceCatalog,
+    slots: &[Machine],
+) -> Result<(), LaunchError> {
+    if libvirt.platform.kernel.is_none() {
+        return Ok(());
+    }
+    let secure = (slots.iter())
+        .map(|m| m.instance_type.as_str())
+        .find(|name| catalog.get(name).is_some_and(|t| t.secure_boot));
+    match secure {
+        Some(name) => Err(flag(format!(
+            "instance type {name:?} asks for secure_boot, and --guest-kernel boots a kernel \
+             directly, past the firmware's signature check; boot the image's own signed boot \
+             loader (drop --guest-kernel) or drop secure_boot from the type"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Books `--address-pools` (when given) against `slots`, into `libvirt`'s address book.
 pub(super) fn address_book(
     flags: &Flags,

@@ -451,48 +451,83 @@ pub(super) fn domains(zone: &str, domains: &Probe<Domains>) -> Check {
 /// `vtpm`: when a type served on this host asks for a TPM, whether libvirt can emulate one;
 /// no line when none does.
 pub(super) fn tpm(zone: &str, caps: &Probe<DomainCaps>, slots: &[Slots]) -> Option<Check> {
-    let asking: Vec<&str> = (slots.iter())
-        .filter(|s| s.tpm)
-        .map(|s| s.instance_type.as_str())
-        .collect();
+    let wanted = Wanted {
+        line: "vtpm",
+        ok: "an emulated TPM 2.0",
+        asked: "a TPM",
+        cannot: "libvirt cannot emulate one on this host",
+        unknown: "this libvirt does not say whether it can emulate one",
+        fix: "install swtpm and swtpm-tools on the host and restart libvirtd; `virsh \
+              domcapabilities` then lists `emulator` among <tpm>'s backendModel values",
+    };
+    let asking = slots.iter().filter(|s| s.tpm);
+    capability(zone, caps, asking, &wanted, |c| c.tpm_emulator)
+}
+
+/// `secure boot`: when a type served on this host asks for Secure Boot, whether libvirt has
+/// a UEFI firmware build that enforces it; no line when none does.
+pub(super) fn secure_boot(zone: &str, caps: &Probe<DomainCaps>, slots: &[Slots]) -> Option<Check> {
+    let wanted = Wanted {
+        line: "secure boot",
+        ok: "UEFI Secure Boot firmware",
+        asked: "Secure Boot",
+        cannot: "libvirt finds no Secure Boot firmware on this host",
+        unknown: "this libvirt does not say whether it has Secure Boot firmware",
+        fix: "install the UEFI firmware with its Secure Boot builds and their descriptors \
+              (Debian: ovmf, which ships OVMF_CODE_4M.ms.fd and its descriptor) and restart \
+              libvirtd; `virsh domcapabilities` then lists `yes` among the loader's `secure` \
+              values",
+    };
+    let asking = slots.iter().filter(|s| s.secure_boot);
+    capability(zone, caps, asking, &wanted, |c| c.secure_boot)
+}
+
+/// The words of a capability line ([`capability`]).
+struct Wanted {
+    line: &'static str,
+    ok: &'static str,
+    asked: &'static str,
+    cannot: &'static str,
+    unknown: &'static str,
+    fix: &'static str,
+}
+
+/// A line on a capability the domain capabilities state (`has`), for the types `asking`:
+/// none when no type asks, Ok when the host has it, Block when it has not, Warn when this
+/// libvirt does not say, Skip when the capabilities could not be read.
+fn capability<'a>(
+    zone: &str,
+    caps: &Probe<DomainCaps>,
+    asking: impl Iterator<Item = &'a Slots>,
+    wanted: &Wanted,
+    has: impl Fn(&DomainCaps) -> Option<bool>,
+) -> Option<Check> {
+    let asking: Vec<&str> = asking.map(|s| s.instance_type.as_str()).collect();
     if asking.is_empty() {
         return None;
     }
-    let types = asking.join(", ");
-    let fix = "install swtpm and swtpm-tools on the host and restart libvirtd; `virsh \
-               domcapabilities` then lists `emulator` among <tpm>'s backendModel values";
+    let (line, types) = (wanted.line, asking.join(", "));
     let found = match caps {
-        Probe::Found(c) => c.tpm_emulator,
+        Probe::Found(c) => has(c),
         Probe::Failed(e) | Probe::Unsupported(e) => {
             let detail = format!("not checked: {e}");
-            return Some(check(zone, "vtpm", Status::Skip, detail, ""));
+            return Some(check(zone, line, Status::Skip, detail, ""));
         }
         Probe::Missing => {
             let detail = "not checked: no domain capabilities".to_owned();
-            return Some(check(zone, "vtpm", Status::Skip, detail, ""));
+            return Some(check(zone, line, Status::Skip, detail, ""));
         }
     };
-    Some(match found {
-        Some(true) => check(
-            zone,
-            "vtpm",
-            Status::Ok,
-            format!("an emulated TPM 2.0 for {types}"),
-            "",
-        ),
-        Some(false) => check(
-            zone,
-            "vtpm",
-            Status::Block,
-            format!("a TPM for {types}, and libvirt cannot emulate one on this host"),
-            fix,
-        ),
-        None => check(
-            zone,
-            "vtpm",
-            Status::Warn,
-            format!("a TPM for {types}; this libvirt does not say whether it can emulate one"),
-            fix,
-        ),
-    })
+    let (status, detail, fix) = match found {
+        Some(true) => (Status::Ok, format!("{} for {types}", wanted.ok), ""),
+        Some(false) => {
+            let detail = format!("{} for {types}, and {}", wanted.asked, wanted.cannot);
+            (Status::Block, detail, wanted.fix)
+        }
+        None => {
+            let detail = format!("{} for {types}; {}", wanted.asked, wanted.unknown);
+            (Status::Warn, detail, wanted.fix)
+        }
+    };
+    Some(check(zone, line, status, detail, fix))
 }

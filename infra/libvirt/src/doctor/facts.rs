@@ -52,6 +52,9 @@ pub struct DomainCaps {
     /// `emulator`, as it does once swtpm is installed); `None` when this libvirt does not
     /// list TPM support.
     pub tpm_emulator: Option<bool>,
+    /// Whether libvirt has a UEFI firmware build that enforces Secure Boot (the `<os>`
+    /// loader's `secure` values list `yes`); `None` when this libvirt does not list them.
+    pub secure_boot: Option<bool>,
 }
 
 /// A storage pool.
@@ -171,6 +174,8 @@ pub struct Slots {
     pub devices: BTreeMap<String, u32>,
     /// Whether the type has a virtual TPM.
     pub tpm: bool,
+    /// Whether the type boots with UEFI Secure Boot.
+    pub secure_boot: bool,
 }
 
 /// What the flags would run.

@@ -231,11 +231,21 @@ fn parse_domain_caps(xml: &str) -> Option<DomainCaps> {
                         .any(|v| v.has_tag_name("value") && v.text() == Some("emulator"))
                 })
         });
+    let secure_boot = child(root, "os")
+        .and_then(|os| child(os, "loader"))
+        .and_then(|loader| {
+            (loader.children())
+                .find(|n| n.has_tag_name("enum") && n.attribute("name") == Some("secure"))
+        })
+        .map(|secure| {
+            (secure.children()).any(|v| v.has_tag_name("value") && v.text() == Some("yes"))
+        });
     Some(DomainCaps {
         machine,
         os_supported,
         unix_channel,
         tpm_emulator,
+        secure_boot,
     })
 }
 
@@ -337,6 +347,25 @@ mod tests {
         assert!(!caps.os_supported);
         assert_eq!(caps.unix_channel, None, "channel types not listed");
         assert_eq!(caps.tpm_emulator, None, "TPM support not listed");
+        assert_eq!(caps.secure_boot, None, "loaders not listed");
+    }
+
+    #[test]
+    fn domain_capabilities_say_whether_secure_boot_firmware_exists() {
+        let with = |secure: &str| {
+            format!(
+                "<domainCapabilities><machine>pc-q35-7.2</machine><os supported='yes'>\
+                 <enum name='firmware'><value>bios</value><value>efi</value></enum>\
+                 <loader supported='yes'><value>/usr/share/OVMF/OVMF_CODE_4M.fd</value>\
+                 <enum name='type'><value>pflash</value></enum>\
+                 <enum name='secure'>{secure}</enum></loader></os><devices/>\
+                 </domainCapabilities>"
+            )
+        };
+        let ovmf = with("<value>no</value><value>yes</value>");
+        assert_eq!(parse_domain_caps(&ovmf).unwrap().secure_boot, Some(true));
+        let plain = with("<value>no</value>");
+        assert_eq!(parse_domain_caps(&plain).unwrap().secure_boot, Some(false));
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub(super) fn want() -> Expectations {
                 placement: bigfleet_libvirt_domain::catalog::Placement::default(),
                 devices: std::collections::BTreeMap::new(),
                 tpm: false,
+                secure_boot: false,
             }],
         )],
         classes: bigfleet_libvirt_domain::catalog::DeviceClasses::default(),
@@ -50,6 +51,7 @@ pub(super) fn good() -> HostFacts {
             os_supported: true,
             unix_channel: Some(true),
             tpm_emulator: Some(false),
+            secure_boot: None,
         }),
         seed_pool: None,
         pool: Probe::Found(Pool {
@@ -163,6 +165,7 @@ fn guests_that_cannot_boot_or_talk_to_the_agent_block() {
         os_supported: false,
         unix_channel: Some(true),
         tpm_emulator: None,
+        secure_boot: None,
     });
     assert_eq!(
         status(&judge(&want(), &[host.clone()]), "a", "domain type").0,
@@ -173,6 +176,7 @@ fn guests_that_cannot_boot_or_talk_to_the_agent_block() {
         os_supported: true,
         unix_channel: Some(false),
         tpm_emulator: None,
+        secure_boot: None,
     });
     let (s, detail, _) = status(&judge(&want(), &[host]), "a", "domain type");
     assert_eq!(s, Status::Block);
@@ -474,4 +478,30 @@ fn a_type_with_a_tpm_needs_swtpm_on_its_hosts() {
         caps.tpm_emulator = None;
     }
     assert_eq!(vtpm(&with_swtpm, &asks).unwrap().0, Status::Warn);
+}
+
+#[test]
+fn a_secure_boot_type_needs_secure_boot_firmware_on_its_hosts() {
+    let line = |host: &HostFacts, want: &Expectations| {
+        let report = judge(want, std::slice::from_ref(host));
+        let found = report.checks.iter().find(|c| c.check == "secure boot");
+        found.map(|c| (c.status, c.detail.clone(), c.fix.clone()))
+    };
+    let mut host = good();
+    assert_eq!(line(&host, &want()), None, "no type asks: no line");
+    let mut asks = want();
+    asks.slots[0].1[0].secure_boot = true;
+    let (s, detail, fix) = line(&host, &asks).unwrap();
+    assert_eq!(s, Status::Warn, "the good host's libvirt does not say");
+    assert!(
+        detail.starts_with("Secure Boot for kvm.small; "),
+        "{detail}"
+    );
+    assert!(fix.contains("ovmf"), "{fix}");
+    for (has, wanted) in [(Some(true), Status::Ok), (Some(false), Status::Block)] {
+        if let Probe::Found(caps) = &mut host.domain_caps {
+            caps.secure_boot = has;
+        }
+        assert_eq!(line(&host, &asks).unwrap().0, wanted, "{has:?}");
+    }
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use bigfleet_libvirt_domain::Timestamp;
 use bigfleet_libvirt_ports::Clock;
 use serde_json::{Value, json};
 
@@ -125,15 +126,17 @@ pub(crate) async fn call<A: GuestAgent>(
     returned(&reply).map_err(|e| format!("{name}: {e}"))
 }
 
-/// Pings until the agent answers. Gives up at once on [`AgentError::Unsupported`];
-/// otherwise it retries until the caller drops the future at its deadline.
+/// Pings until the agent answers, or until `until` on `clock` (a ping in flight then is
+/// the last). Gives up at once on [`AgentError::Unsupported`].
 ///
 /// # Errors
-/// Why agent commands cannot work for this domain.
+/// Why agent commands cannot work for this domain, or that the agent stayed silent until
+/// `until` (with the last ping's answer).
 pub async fn wait_ready<A: GuestAgent, C: Clock>(
     agent: &A,
     clock: &C,
     policy: &AgentPolicy,
+    until: Timestamp,
 ) -> Result<(), String> {
     let ping = request("guest-ping", None);
     let mut backoff = Backoff::new(
@@ -141,15 +144,26 @@ pub async fn wait_ready<A: GuestAgent, C: Clock>(
         policy.ping_retry,
         0,
     );
+    let started = clock.now();
     loop {
-        match agent.command(ping.clone(), policy.ping_timeout_secs).await {
+        let last = match agent.command(ping.clone(), policy.ping_timeout_secs).await {
             Ok(reply) if returned(&reply).is_ok() => return Ok(()),
             Err(AgentError::Unsupported(why)) => {
                 return Err(format!("the qemu guest agent cannot be reached: {why}"));
             }
-            Ok(_) | Err(_) => {}
+            Ok(reply) => format!("it answered {}", bound(reply.as_bytes(), 200)),
+            Err(e) => format!("the last ping: {}", bound(e.message().as_bytes(), 200)),
+        };
+        let now = clock.now();
+        if now >= until {
+            let waited = Duration::from_secs(now.saturating_since(started).as_secs());
+            return Err(format!(
+                "the qemu guest agent did not answer for {waited:?} ({last}); the guest may \
+                 not have booted, or its image runs no qemu-guest-agent on the \
+                 org.qemu.guest_agent.0 port"
+            ));
         }
-        let next = clock.now().saturating_add(backoff.next_wait());
+        let next = now.saturating_add(backoff.next_wait()).min(until);
         clock.sleep_until(next).await;
     }
 }

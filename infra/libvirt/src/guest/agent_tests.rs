@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::guest::bootstrap as guest;
+use bigfleet_libvirt_domain::Timeouts;
 use bigfleet_libvirt_system::SystemClock;
 
 /// How a fake process ends.
@@ -267,19 +268,84 @@ fn output_is_bounded_to_its_tail_on_a_char_boundary() {
     assert_eq!(bound(&[0xff, b'a'], 10), "\u{fffd}a");
 }
 
+/// A minute from now on `SystemClock`.
+fn a_minute() -> Timestamp {
+    SystemClock.now().saturating_add(Duration::from_secs(60))
+}
+
+/// The provider's clock on tokio's (paused) clock, zero when made: `SystemClock` reads the
+/// real monotonic clock, which a paused test does not move.
+#[derive(Clone)]
+struct PausedClock(tokio::time::Instant);
+
+impl Clock for PausedClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    // A test clock: the one place this test may wait on tokio's timer.
+    #[allow(clippy::disallowed_methods)]
+    fn sleep_until(&self, deadline: Timestamp) -> impl Future<Output = ()> + Send + 'static {
+        tokio::time::sleep_until(self.0 + Duration::from_nanos(deadline.0))
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn readiness_retries_until_the_agent_answers() {
     let agent = FakeAgent::new(|_, _| exit(0));
     agent.state.lock().unwrap().failing_pings = 3;
-    wait_ready(&agent, &SystemClock, &policy()).await.unwrap();
+    wait_ready(&agent, &SystemClock, &policy(), a_minute())
+        .await
+        .unwrap();
     assert_eq!(agent.commands(), ["guest-ping"; 4]);
+}
+
+/// An agent that never answers ends the wait at `until` with the reason, in time for the
+/// caller to report it before its deadline (here a minute: ~60 pings a second apart).
+#[tokio::test(start_paused = true)]
+async fn readiness_gives_up_at_its_time_with_the_reason() {
+    let agent = FakeAgent::new(|_, _| exit(0));
+    agent.state.lock().unwrap().failing_pings = u32::MAX;
+    let started = tokio::time::Instant::now();
+    let clock = PausedClock(started);
+    let until = Timestamp(0).saturating_add(Duration::from_secs(60));
+    let error = wait_ready(&agent, &clock, &policy(), until)
+        .await
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(60) && waited < Duration::from_secs(62),
+        "{waited:?}"
+    );
+    assert!(
+        error.starts_with("the qemu guest agent did not answer for 60s (the last ping: "),
+        "{error}"
+    );
+    assert!(error.contains("runs no qemu-guest-agent"), "{error}");
+    let pings = agent.commands().len();
+    assert!(
+        (40..=120).contains(&pings),
+        "about one ping a second: {pings}"
+    );
+}
+
+#[test]
+fn the_agent_waits_end_before_the_deadlines() {
+    let fitted = AgentPolicy::default().fit_to(&Timeouts::uniform(Duration::from_secs(20)));
+    assert_eq!(fitted.configure_wait, Duration::from_secs(18));
+    assert_eq!(fitted.drain_wait, Duration::from_secs(18));
+    let defaults = AgentPolicy::default();
+    assert_eq!(defaults.configure_wait, Duration::from_secs(8 * 60 - 48));
+    assert_eq!(defaults.drain_wait, Duration::from_secs(14 * 60));
+    let tiny = AgentPolicy::default().fit_to(&Timeouts::uniform(Duration::from_secs(2)));
+    assert_eq!(tiny.configure_wait, Duration::from_secs(1));
 }
 
 #[tokio::test(start_paused = true)]
 async fn readiness_gives_up_when_agents_are_unsupported() {
     let mut agent = FakeAgent::new(|_, _| exit(0));
     agent.unsupported = true;
-    let error = wait_ready(&agent, &SystemClock, &policy())
+    let error = wait_ready(&agent, &SystemClock, &policy(), a_minute())
         .await
         .unwrap_err();
     assert!(error.contains("cannot be reached"), "{error}");

@@ -59,7 +59,8 @@ pub async fn bootstrap<A: GuestAgent, C: Clock>(
     cluster_id: &str,
     blob: &[u8],
 ) -> Result<(), String> {
-    agent::wait_ready(agent, clock, policy).await?;
+    let until = clock.now().saturating_add(policy.configure_wait);
+    agent::wait_ready(agent, clock, policy, until).await?;
     probe::require(agent, policy, &probe::BOOTSTRAP, "Configure's bootstrap").await?;
     let prepared = agent::exec(agent, clock, policy, "/bin/sh", &["-c", PREPARE]).await?;
     agent::judge("preparing /opt/bigfleet", &prepared, policy.output_limit)?;
@@ -86,7 +87,8 @@ pub async fn drain<A: GuestAgent, C: Clock>(
     policy: &AgentPolicy,
     grace_seconds: i64,
 ) -> Result<(), String> {
-    agent::wait_ready(agent, clock, policy).await?;
+    let until = clock.now().saturating_add(policy.drain_wait);
+    agent::wait_ready(agent, clock, policy, until).await?;
     probe::require(agent, policy, &probe::DRAIN, "Drain").await?;
     let grace = grace_seconds.max(1).to_string();
     let args = ["-c", DRAIN, "bigfleet-drain", grace.as_str()];

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use bigfleet_libvirt_domain::Timeouts;
+
 use super::CpuSet;
 
 pub use bigfleet_libvirt_ports::lanes::Budget;
@@ -56,9 +58,17 @@ pub struct AgentPolicy {
     pub chunk_bytes: usize,
     /// Bytes of each captured stream quoted in an error.
     pub output_limit: usize,
+    /// How long a Configure may wait for the agent, from the start of its call, before it
+    /// fails with the guest's console quoted: a little less than Configure's deadline
+    /// ([`AgentPolicy::fit_to`]), so the failure and its reason land before the deadline
+    /// drops the call.
+    pub configure_wait: Duration,
+    /// The same for a Drain.
+    pub drain_wait: Duration,
 }
 
 impl Default for AgentPolicy {
+    /// Fitted to the default deadlines.
     fn default() -> Self {
         Self {
             ping_timeout_secs: 2,
@@ -67,6 +77,26 @@ impl Default for AgentPolicy {
             poll_interval: Duration::from_secs(2),
             chunk_bytes: 48 * 1024,
             output_limit: 1024,
+            configure_wait: Duration::ZERO,
+            drain_wait: Duration::ZERO,
+        }
+        .fit_to(&Timeouts::default())
+    }
+}
+
+impl AgentPolicy {
+    /// The agent waits fitted to the transitions' `timeouts`: each deadline less a tenth of
+    /// it (at least 2 s, at most a minute), the time left to read the console and report.
+    #[must_use]
+    pub fn fit_to(self, timeouts: &Timeouts) -> Self {
+        let within = |deadline: Duration| {
+            let margin = (deadline / 10).clamp(Duration::from_secs(2), Duration::from_secs(60));
+            deadline.saturating_sub(margin).max(Duration::from_secs(1))
+        };
+        Self {
+            configure_wait: within(timeouts.configure),
+            drain_wait: within(timeouts.drain),
+            ..self
         }
     }
 }

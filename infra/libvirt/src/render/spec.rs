@@ -60,6 +60,9 @@ pub struct DomainSpec {
     pub user_data: Arc<[u8]>,
     /// A virtual TPM 2.0 (the instance type's `tpm`), emulated on the host by swtpm.
     pub tpm: bool,
+    /// UEFI Secure Boot with enrolled keys (the instance type's `secure_boot`), whatever
+    /// the platform's firmware choice.
+    pub secure_boot: bool,
 }
 
 /// A domain's volumes.
@@ -148,6 +151,8 @@ pub struct Slot<'a> {
     pub disks: &'a DiskShape,
     /// Whether the instance type has a virtual TPM.
     pub tpm: bool,
+    /// Whether the instance type boots with UEFI Secure Boot.
+    pub secure_boot: bool,
 }
 
 impl DomainSpec {
@@ -191,6 +196,7 @@ impl DomainSpec {
             },
             user_data: Arc::clone(choices.user_data),
             tpm: slot.tpm,
+            secure_boot: slot.secure_boot,
             name,
         }
     }

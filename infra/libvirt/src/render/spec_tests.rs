@@ -56,6 +56,7 @@ fn spec_of(machine: &str, options: &DomainConfig, disks: &DiskShape, base: Base)
         memory_mib: 4096,
         disks,
         tpm: false,
+        secure_boot: false,
     };
     DomainSpec::new(&choices, &slot, base)
 }
@@ -311,6 +312,18 @@ fn a_virtual_tpm_on_efi() {
         ..spec_with(&options)
     };
     insta::assert_snapshot!("tpm_efi", documents(&spec));
+}
+
+/// A Secure Boot type on a host whose `--firmware` is BIOS: the type's domains still boot
+/// UEFI, with Secure Boot on, the enrolled keys, and SMM.
+#[test]
+fn secure_boot_with_a_tpm() {
+    let spec = DomainSpec {
+        tpm: true,
+        secure_boot: true,
+        ..spec_with(&options(|_| {}))
+    };
+    insta::assert_snapshot!("secure_boot_tpm", documents(&spec));
 }
 
 #[test]

@@ -119,6 +119,22 @@ pub(crate) fn firmware_elements(firmware: Firmware) -> (&'static str, &'static s
     }
 }
 
+/// The same for an instance type with `secure_boot`, whatever `--firmware` says: UEFI with
+/// Secure Boot on and the firmware's usual keys enrolled (Debian's `ovmf` has such a build,
+/// `OVMF_CODE_4M.ms.fd` with `OVMF_VARS_4M.ms.fd`), which needs SMM
+/// ([`SECURE_BOOT_FEATURES`]).
+const SECURE_BOOT_FIRMWARE: (&str, &str) = (
+    " firmware='efi'",
+    "\n    <firmware>
+      <feature enabled='yes' name='enrolled-keys'/>
+      <feature enabled='yes' name='secure-boot'/>
+    </firmware>",
+);
+
+/// The `<features>` of a Secure Boot domain: SMM keeps the firmware's variables out of the
+/// guest's reach, and libvirt's Secure Boot firmware requires it.
+const SECURE_BOOT_FEATURES: &str = "<acpi/><apic/><smm state='on'/>";
+
 /// The `<os>` children after `<type>`: the boot device or the direct-boot kernel.
 fn boot_elements(platform: &Platform) -> String {
     let Some(direct) = &platform.kernel else {
@@ -174,7 +190,11 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     let tag = spec.tag.to_domain_xml();
     let kind = spec.platform.domain_type.as_str();
     let boot = boot_elements(&spec.platform);
-    let (firmware, firmware_choice) = firmware_elements(spec.platform.firmware);
+    let ((firmware, firmware_choice), features) = if spec.secure_boot {
+        (SECURE_BOOT_FIRMWARE, SECURE_BOOT_FEATURES)
+    } else {
+        (firmware_elements(spec.platform.firmware), "<acpi/><apic/>")
+    };
     let cpu = cpu_element(spec.cpu.as_ref(), spec.platform.domain_type);
     let nic: String = spec.nics.iter().map(Nic::to_xml).collect();
     let (cpuset, placement) = (spec.placed.vcpu_cpuset(), spec.placed.elements());
@@ -193,7 +213,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     {boot}
     <smbios mode='sysinfo'/>
   </os>
-  <features><acpi/><apic/></features>{cpu}
+  <features>{features}</features>{cpu}
   <clock offset='utc'/>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>

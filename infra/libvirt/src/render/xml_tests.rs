@@ -49,6 +49,7 @@ fn spec(tag: &Tag, nics: &[Nic]) -> DomainSpec {
         },
         user_data: std::sync::Arc::from(&b""[..]),
         tpm: false,
+        secure_boot: false,
     }
 }
 

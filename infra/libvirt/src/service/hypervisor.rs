@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bigfleet_libvirt_domain::catalog::{DeviceClasses, parse_machine_id};
-use bigfleet_libvirt_domain::{Machine, MachineState};
+use bigfleet_libvirt_domain::{Machine, MachineState, Timestamp};
 use bigfleet_libvirt_ports::{
     Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DomainRef, DrainRequest,
     Hypervisor, HypervisorError,
@@ -74,19 +74,21 @@ impl<C: Clock> LibvirtHypervisor<C> {
         }
     }
 
-    /// Waits for the guest agent and records how long it took (the `agent_ready` phase). An
-    /// agent that cannot be reached (the guest stopped, or agent calls cannot work) fails with
-    /// the last lines of the guest's console after the reason; a wait cut by the call's
-    /// deadline ends without it.
+    /// Waits for the guest agent until `until` and records how long it took (the
+    /// `agent_ready` phase). An agent that cannot be reached (the guest stopped, or agent
+    /// calls cannot work) or stays silent until `until` (set a little before the call's
+    /// deadline, `AgentPolicy::fit_to`) fails with the last lines of the guest's console after
+    /// the reason.
     async fn agent_ready(
         &self,
         what: &str,
         machine: &Machine,
         agent: &DomainAgent,
+        until: Timestamp,
     ) -> Result<(), HypervisorError> {
         let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
         let watch = Stopwatch::start();
-        if let Err(e) = agent::wait_ready(agent, clock, policy).await {
+        if let Err(e) = agent::wait_ready(agent, clock, policy, until).await {
             let mut message = format!("{what}: {e}");
             let (name, id) = (agent.name.clone(), machine.id.to_string());
             let timeline = self.inner.metrics.timeline.clone();
@@ -451,6 +453,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             placement: shape.placement,
             devices: shape.devices.clone(),
             tpm: shape.tpm,
+            secure_boot: shape.secure_boot,
         };
         let placed = DomainRef::new(machine.zone.clone(), spec.name.clone());
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
@@ -470,13 +473,15 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
     }
 
     async fn configure(&self, request: ConfigureRequest) -> Result<(), HypervisorError> {
+        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        let until = clock.now().saturating_add(policy.configure_wait);
         let machine = &request.machine;
         let host = self.power_on("configure", Lane::Create, machine).await?;
         let (_, name) = self.target(machine)?;
         let agent = DomainAgent { host, name };
         let blob = request.bootstrap_blob.expose();
-        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
-        self.agent_ready("configure", machine, &agent).await?;
+        self.agent_ready("configure", machine, &agent, until)
+            .await?;
         let watch = Stopwatch::start();
         guest::bootstrap(&agent, clock, policy, &request.cluster_id, blob)
             .await
@@ -493,12 +498,13 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
     }
 
     async fn drain(&self, request: DrainRequest) -> Result<(), HypervisorError> {
+        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
+        let until = clock.now().saturating_add(policy.drain_wait);
         let machine = &request.machine;
         let host = self.power_on("drain", Lane::Teardown, machine).await?;
         let (_, name) = self.target(machine)?;
         let agent = DomainAgent { host, name };
-        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
-        self.agent_ready("drain", machine, &agent).await?;
+        self.agent_ready("drain", machine, &agent, until).await?;
         let watch = Stopwatch::start();
         guest::drain(&agent, clock, policy, request.grace_period_seconds)
             .await

@@ -56,6 +56,8 @@ pub(crate) struct CreateSpec {
     pub(crate) devices: BTreeMap<String, u32>,
     /// Whether the instance type has a virtual TPM.
     pub(crate) tpm: bool,
+    /// Whether the instance type boots with UEFI Secure Boot.
+    pub(crate) secure_boot: bool,
 }
 
 /// Creates (or adopts) the domain and leaves it running. What it needs is read first (the
@@ -147,6 +149,7 @@ fn domain_spec(
         memory_mib: spec.memory_mib,
         disks: &spec.disks,
         tpm: spec.tpm,
+        secure_boot: spec.secure_boot,
     };
     let base = Base {
         path: base.path.clone(),

@@ -217,6 +217,44 @@ async fn a_higher_ratio_offers_thin_disks_past_the_pool() {
     assert_eq!(rig.hv.describe().await.unwrap().len(), 4);
 }
 
+/// `kvm.small` with Secure Boot.
+const WITH_SECURE_BOOT: &str =
+    r#"{"kvm.small": {"vcpu": 2, "memory_mib": 4096, "secure_boot": true}}"#;
+
+#[tokio::test]
+async fn a_secure_boot_type_is_defined_with_secure_boot_firmware_and_smm() {
+    let rig = rig_typed(WITH_SECURE_BOOT).await;
+    let machine = create(&rig.hv, &rig.slots[0]).await.unwrap();
+    let name = domain_name("libvirt", rig.slots[0].id.as_str());
+    let document = on_host(&rig.hv, ZONE, move |s| {
+        let d = s.conn.lookup_domain_by_name(&name).unwrap();
+        d.xml_desc(0).unwrap()
+    })
+    .await;
+    let parsed = roxmltree::Document::parse(&document).unwrap();
+    let os = (parsed.descendants())
+        .find(|n| n.has_tag_name("os"))
+        .unwrap();
+    assert_eq!(os.attribute("firmware"), Some("efi"), "{document}");
+    let enabled = |feature: &str| {
+        (os.descendants()).any(|n| {
+            n.has_tag_name("feature")
+                && n.attribute("name") == Some(feature)
+                && n.attribute("enabled") == Some("yes")
+        })
+    };
+    assert!(
+        enabled("secure-boot") && enabled("enrolled-keys"),
+        "{document}"
+    );
+    let smm = (parsed.descendants())
+        .find(|n| n.has_tag_name("smm"))
+        .unwrap();
+    assert_eq!(smm.attribute("state"), Some("on"), "{document}");
+    delete(&rig.hv, &machine).await.unwrap();
+    assert!(domains(&rig.hv, ZONE).await.is_empty(), "undefined");
+}
+
 /// `kvm.small` with a virtual TPM.
 const WITH_TPM: &str = r#"{"kvm.small": {"vcpu": 2, "memory_mib": 4096, "tpm": true}}"#;
 

@@ -77,6 +77,7 @@ pub(super) fn planted_domain(
         },
         user_data: Arc::from(&b""[..]),
         tpm: false,
+        secure_boot: false,
     };
     let (overlay, seed) = paths;
     xml::domain(
@@ -311,6 +312,7 @@ pub(super) async fn create_refused_at_define(
         placement: bigfleet_libvirt_domain::catalog::Placement::default(),
         devices: std::collections::BTreeMap::new(),
         tpm: false,
+        secure_boot: false,
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {

@@ -216,6 +216,7 @@ pub(super) async fn create_refused_at_define(
         placement,
         devices,
         tpm: false,
+        secure_boot: false,
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {
