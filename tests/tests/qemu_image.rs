@@ -183,6 +183,8 @@ pub struct DiskPlan {
     pub root_gib: Option<u64>,
     pub data: Vec<(&'static str, u64)>,
     pub secure: bool,
+    /// The type's `boot` (none: the default, `agent`).
+    pub boot: Option<&'static str>,
 }
 
 impl DiskPlan {
@@ -201,6 +203,9 @@ impl DiskPlan {
         if self.secure {
             shape["secure_boot"] = json!(true);
             shape["tpm"] = json!(true);
+        }
+        if let Some(boot) = self.boot {
+            shape["boot"] = json!(boot);
         }
         json!({ "img.small": shape }).to_string()
     }
@@ -262,6 +267,16 @@ impl Libvirt {
 
     pub fn domain(&self, name: &str) -> Option<Domain> {
         self.conn.lookup_domain_by_name(name).ok()
+    }
+
+    /// The bytes of domain `name`'s seed as the zone's host holds them.
+    pub fn seed_bytes(&self, name: &str) -> Vec<u8> {
+        let pool = (self.conn.lookup_storage_pool_by_name(&self.pool)).expect("the tier's pool");
+        pool.refresh(0).expect("refresh the pool");
+        let volume = (pool.lookup_storage_vol_by_name(&format!("{name}-cidata.iso")))
+            .expect("the domain's seed volume");
+        let path = volume.path().expect("the seed's path");
+        std::fs::read(self.root.join(path.trim_start_matches('/'))).expect("read the seed")
     }
 
     pub fn volumes(&self) -> Vec<String> {
@@ -537,7 +552,7 @@ async fn cloud_image() {
     let shaped = DiskPlan {
         root_gib: Some(20),
         data: vec![("data1", 2), ("scratch", 3)],
-        secure: false,
+        ..DiskPlan::default()
     };
     let bios = tier.provider(dir.path(), "img-bios", 1, &accel, &[], &shaped);
     let plain = DiskPlan {

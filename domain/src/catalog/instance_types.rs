@@ -4,7 +4,8 @@
 //! with a JSON object `name -> {"vcpu": N, "memory_mib": N}` (and optionally `disk_gib` and
 //! `data_disks`, see [`DiskShape`]; `hugepages` and `dedicated_cpus`, see [`Placement`];
 //! `devices`, a count per class of [`DeviceClasses`]; `tpm`, a virtual TPM 2.0;
-//! `secure_boot`, UEFI Secure Boot with the firmware's enrolled keys),
+//! `secure_boot`, UEFI Secure Boot with the firmware's enrolled keys; `boot`, how a machine
+//! gets its node configuration, [`BootMode`]),
 //! which the configuration loader
 //! decodes into [`RawInstanceType`] entries and hands to [`InstanceCatalog::from_raw`]. The
 //! catalog is the only source of a machine's `allocatable`, so a shape is refused unless both
@@ -41,6 +42,42 @@ pub struct InstanceType {
     /// UEFI Secure Boot (`secure_boot`): the domain boots on UEFI firmware that has the
     /// usual keys enrolled and refuses an unsigned boot loader.
     pub secure_boot: bool,
+    /// How a machine of the type gets its node configuration (`boot`).
+    pub boot: BootMode,
+}
+
+/// How a machine gets its node configuration (docs/libvirt.md §3.5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BootMode {
+    /// `agent`: the machine boots at Create; Configure runs the image's bootstrap hook with
+    /// the join blob through the guest agent.
+    #[default]
+    Agent,
+    /// `nocloud`: Create defines the machine without starting it; Configure writes the join
+    /// blob as the NoCloud seed's user-data and starts it, and the guest configures itself at
+    /// first boot (cloud-init, Talos).
+    NoCloud,
+}
+
+impl BootMode {
+    /// Reads the file's `boot` value (absent: `agent`).
+    fn parse(raw: Option<&str>) -> Result<Self, String> {
+        match raw {
+            None | Some("agent") => Ok(Self::Agent),
+            Some("nocloud") => Ok(Self::NoCloud),
+            Some(other) => Err(format!(
+                "is {other:?}; use \"agent\" (the default: Configure runs the bootstrap hook \
+                 through the guest agent) or \"nocloud\" (the join blob is the user-data the \
+                 guest reads at its first boot)"
+            )),
+        }
+    }
+
+    /// Whether the guest takes its configuration at first boot (Configure starts it).
+    #[must_use]
+    pub fn first_boot(self) -> bool {
+        self == Self::NoCloud
+    }
 }
 
 /// Instance types by name, in name order, and the device classes they may ask for.
@@ -76,6 +113,9 @@ pub struct RawInstanceType {
     /// Whether the type boots with UEFI Secure Boot.
     #[serde(default)]
     pub secure_boot: bool,
+    /// The boot mode as written (`agent`, `nocloud`).
+    #[serde(default)]
+    pub boot: Option<String>,
 }
 
 impl InstanceCatalog {
@@ -104,6 +144,7 @@ impl InstanceCatalog {
                     devices: BTreeMap::new(),
                     tpm: false,
                     secure_boot: false,
+                    boot: BootMode::Agent,
                 };
                 (name.to_owned(), shape)
             })
@@ -154,6 +195,14 @@ impl InstanceCatalog {
             let disks = DiskShape::from_raw(&shape.disks, source_name, &name)?;
             let placement = Placement::from_raw(&shape.placement, memory_mib, source_name, &name)?;
             let devices = device_counts(&shape.devices, source_name, &name)?;
+            let boot = BootMode::parse(shape.boot.as_deref()).map_err(|problem| {
+                CatalogError::InstanceTypeField {
+                    source_name: source_name.to_owned(),
+                    name: name.clone(),
+                    field: "boot".to_owned(),
+                    problem,
+                }
+            })?;
             let shape = InstanceType {
                 vcpu,
                 memory_mib,
@@ -162,6 +211,7 @@ impl InstanceCatalog {
                 devices,
                 tpm: shape.tpm,
                 secure_boot: shape.secure_boot,
+                boot,
             };
             types.insert(name, shape);
         }
@@ -281,6 +331,7 @@ mod tests {
             devices: BTreeMap::new(),
             tpm: false,
             secure_boot: false,
+            boot: BootMode::Agent,
         };
         assert_eq!(catalog.get("kvm.small"), Some(&shape(2, 4096, 40)));
         assert_eq!(catalog.get("kvm.medium"), Some(&shape(4, 8192, 80)));
@@ -337,29 +388,37 @@ mod tests {
     }
 
     #[test]
-    fn a_type_asks_for_a_tpm_with_tpm_true() {
+    fn a_type_asks_for_a_tpm_and_secure_boot_by_their_fields() {
         let text = r#"{"t.tpm": {"vcpu": 1, "memory_mib": 512, "tpm": true},
+                       "t.sb": {"vcpu": 1, "memory_mib": 512, "secure_boot": true},
                        "t.plain": {"vcpu": 1, "memory_mib": 512}}"#;
         let catalog = from_json(text, "t").unwrap();
-        assert!(catalog.get("t.tpm").unwrap().tpm);
-        assert!(!catalog.get("t.plain").unwrap().tpm, "off unless asked");
-        assert!(!InstanceCatalog::builtin().iter().any(|(_, t)| t.tpm));
+        let asks = |name: &str| {
+            let shape = catalog.get(name).unwrap();
+            (shape.tpm, shape.secure_boot)
+        };
+        assert_eq!(asks("t.tpm"), (true, false));
+        assert_eq!(asks("t.sb"), (false, true));
+        assert_eq!(asks("t.plain"), (false, false), "off unless asked");
+        let builtin = InstanceCatalog::builtin();
+        assert!(!builtin.iter().any(|(_, t)| t.tpm || t.secure_boot));
     }
 
     #[test]
-    fn a_type_asks_for_secure_boot_with_secure_boot_true() {
-        let text = r#"{"t.sb": {"vcpu": 1, "memory_mib": 512, "secure_boot": true},
+    fn a_type_boots_by_the_agent_unless_it_asks_for_nocloud() {
+        let text = r#"{"t.nc": {"vcpu": 1, "memory_mib": 512, "boot": "nocloud"},
+                       "t.agent": {"vcpu": 1, "memory_mib": 512, "boot": "agent"},
                        "t.plain": {"vcpu": 1, "memory_mib": 512}}"#;
         let catalog = from_json(text, "t").unwrap();
-        assert!(catalog.get("t.sb").unwrap().secure_boot);
+        assert_eq!(catalog.get("t.nc").unwrap().boot, BootMode::NoCloud);
+        assert!(catalog.get("t.nc").unwrap().boot.first_boot());
+        assert_eq!(catalog.get("t.agent").unwrap().boot, BootMode::Agent);
+        assert_eq!(catalog.get("t.plain").unwrap().boot, BootMode::Agent);
+        let bad = r#"{"t.x": {"vcpu": 1, "memory_mib": 512, "boot": "ignition"}}"#;
+        let error = from_json(bad, "types.json").unwrap_err().to_string();
         assert!(
-            !catalog.get("t.plain").unwrap().secure_boot,
-            "off unless asked"
-        );
-        assert!(
-            !InstanceCatalog::builtin()
-                .iter()
-                .any(|(_, t)| t.secure_boot)
+            error.contains("\"t.x\" boot is \"ignition\"; use \"agent\""),
+            "{error}"
         );
     }
 

@@ -33,7 +33,7 @@ pub use disks::{
     DataDisk, DiskShape, MAX_DATA_DISKS, MAX_DISK_GIB, MAX_DISK_NAME, RawDataDisk, RawDisks,
     gib_bytes,
 };
-pub use instance_types::{InstanceCatalog, InstanceType, RawInstanceType};
+pub use instance_types::{BootMode, InstanceCatalog, InstanceType, RawInstanceType};
 pub use inventory::{Inventory, InventoryConfig, MAX_SLOTS, RESERVED_LABEL_KEYS, build_inventory};
 pub use machine_id::{ParsedId, format_machine_id, parse_machine_id};
 pub use offerings::{

@@ -4,9 +4,10 @@
 //! same MAC after the slot is re-created, and the guest's own view (`ip -j addr`, through the
 //! agent) agreeing with the lease, and the provider's `configured` log line reporting that
 //! lease for that MAC, on its log line and on the machine's timeline.
-//! `static_address_on_a_bridge_without_dhcp` boots its own guest (its own `--nic` and
-//! `--address-pools`, on the zone's network without DHCP).
+//! `first_boot_with_a_static_address_on_a_bridge_without_dhcp` boots its own guest (its own
+//! `--nic`, `--address-pools` and a first-boot type, on the zone's network without DHCP).
 
+use base64::Engine as _;
 use serde_json::Value;
 use virt::domain::Domain;
 
@@ -196,25 +197,33 @@ async fn reported_address(server: &Server, skip: usize, name: &str, mac: &str) -
         .unwrap_or_else(|| panic!("the configured line names no IPv4 address for {mac}: {line}"))
 }
 
-/// A static address on a network without DHCP, on a NIC plugged into an existing host
-/// bridge: the image zone's isolated libvirt network `static` (scripts/qemu-tier/network.sh:
-/// bridge `virbr1`, 192.168.123.1/24 in the zone's namespace, no DHCP server) and
-/// `--address-pools` giving the type's slots 192.168.123.10 onwards. The domain's interface
-/// is of type `bridge` on `virbr1`; the guest's own view of the NIC with its MAC (through
-/// the agent) is exactly the slot's address, which no DHCP server could have given; and the
-/// guest answers a ping from the zone's namespace.
+/// A machine that configures at its first boot, with a static address on a network without
+/// DHCP, on a NIC plugged into an existing host bridge: one real-image guest for two
+/// independent claims.
+///
+/// - First boot (`"boot": "nocloud"`): Create leaves the domain defined and off; Configure
+///   writes the join blob (here a cloud-config that writes a file) as the seed's user-data
+///   and starts the domain; the guest's cloud-init ran it (the file, read through the agent,
+///   is byte for byte what the blob said); the seed on the host holds the blob while the
+///   machine is Configured, and after Drain the domain is off and the seed no longer does.
+/// - Static address: the image zone's isolated libvirt network `static`
+///   (scripts/qemu-tier/network.sh: bridge `virbr1`, 192.168.123.1/24 in the zone's
+///   namespace, no DHCP server) and `--address-pools` giving the type's slots 192.168.123.10
+///   onwards. The domain's interface is of type `bridge` on `virbr1`; the guest's own view of
+///   the NIC with its MAC (through the agent) is exactly the slot's address, which no DHCP
+///   server could have given; and the guest answers a ping from the zone's namespace.
 // The guest reads (`guest::`) call the agent synchronously and block their worker; on a
 // runtime of its own threads the gRPC connections' tasks keep answering the provider's HTTP/2
 // keepalive pings meanwhile (a ping unanswered for 10 s drops the connection, and with it a
 // call in flight: seen under load when two walks shared one thread).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
-async fn static_address_on_a_bridge_without_dhcp() {
-    let _wall = WallTime::start("static_address_on_a_bridge_without_dhcp");
+async fn first_boot_with_a_static_address_on_a_bridge_without_dhcp() {
+    let _wall = WallTime::start("first_boot_with_a_static_address_on_a_bridge_without_dhcp");
     let tier = ImageTier::from_env();
     let accel = tier.accel();
     println!(
-        "static_address_on_a_bridge_without_dhcp: {} on the host bridge virbr1",
+        "first_boot_with_a_static_address: {} on virbr1",
         accel.describe()
     );
     let dir = tempfile::tempdir().unwrap();
@@ -225,49 +234,117 @@ async fn static_address_on_a_bridge_without_dhcp() {
     std::fs::write(&pools, pool.to_string()).unwrap();
     let pools_flag = format!("--address-pools={}", pools.display());
     let virt = Libvirt::open(&tier);
-    let server = tier.provider(
-        dir.path(),
-        "img-static",
-        2,
-        &accel,
-        &["--nic=bridge=virbr1", &pools_flag],
-        &DiskPlan::default(),
-    );
+    let plan = DiskPlan {
+        boot: Some("nocloud"),
+        ..DiskPlan::default()
+    };
+    let flags = ["--nic=bridge=virbr1", pools_flag.as_str()];
+    let server = tier.provider(dir.path(), "img-static", 2, &accel, &flags, &plan);
     let mut c = server.client().await;
     let id = pick(&server, &mut c).await;
     let slot: u8 = id.rsplit('/').next().unwrap().parse().unwrap();
-    let address = format!("192.168.123.{}", 10 + slot);
-    let (idle, domain, _, boot) = create_and_boot(&mut c, &virt, &id).await;
+    let start = Instant::now();
+    let accepted = create(&mut c, &id, None).await;
+    let (idle, _) = settle(&mut c, &id, accepted, S::Idle, BOOT, start).await;
     let name = domain_name(&idle);
+    let domain = virt.domain(&name).expect("Create defined the domain");
+    assert!(
+        !domain.is_active().unwrap(),
+        "first boot: {name} rests off until Configure"
+    );
     let xml = domain.xml_desc(0).expect("the domain's XML");
     assert!(
         xml.contains("<interface type='bridge'>") && xml.contains("<source bridge='virbr1'/>"),
         "{name} has its NIC on the bridge: {xml}"
     );
-    let mac = mac_of(&domain);
+
+    let blob = configure_first_boot(&mut c, &id, &virt, &domain, &name).await;
+    static_address_held(&tier, &domain, &name, slot).await;
+
+    let mut c = server.client().await;
+    let accepted = drain(&mut c, &id, 30, None).await;
+    settle(&mut c, &id, accepted, S::Idle, BOOT, Instant::now()).await;
+    assert!(
+        !domain.is_active().unwrap(),
+        "Drain stopped the first-boot machine"
+    );
+    let seed = virt.seed_bytes(&name);
+    assert!(
+        !contains(&seed, &blob),
+        "after Drain the seed no longer holds the blob"
+    );
+    assert!(
+        !contains(&seed, "bigfleet-first-boot"),
+        "nor any part of it"
+    );
+    let accepted = delete(&mut c, &id, None).await;
+    settle(&mut c, &id, accepted, S::Speculative, BOOT, Instant::now()).await;
+}
+
+/// First boot: Configures `id` (domain `name`) with a blob that is a cloud-config writing a
+/// file, and checks that the seed on the host holds it while Configured and that the guest's
+/// cloud-init wrote the file byte for byte at its first boot. Returns the blob.
+async fn configure_first_boot(
+    c: &mut Client,
+    id: &str,
+    virt: &Libvirt,
+    domain: &Domain,
+    name: &str,
+) -> String {
+    let content = format!("first boot of {name}, from the join blob\n");
+    let blob = format!(
+        "#cloud-config\nwrite_files:\n- path: /run/bigfleet-first-boot\n  encoding: b64\n  \
+         content: {}\n",
+        STANDARD.encode(&content)
+    );
+    let start = Instant::now();
+    let md = std::collections::HashMap::new();
+    let accepted = configure_map(c, id, "first-boot", md, blob.clone().into_bytes(), None).await;
+    settle(c, id, accepted, S::Configured, BOOT, start).await;
+    let seed = virt.seed_bytes(name);
+    assert!(
+        contains(&seed, &blob),
+        "the seed holds the blob while Configured"
+    );
+    let written = until_explained(&format!("{name}'s user-data to run"), BOOT, || {
+        let exec = guest::sh(domain, "cat /run/bigfleet-first-boot")?;
+        if exec.code == 0 && exec.stdout == content {
+            Ok(())
+        } else {
+            Err(format!("not yet: {exec:?}"))
+        }
+    })
+    .await;
+    println!("  {name}: the blob's user-data ran at first boot ({written:.2?} after Configured)");
+    blob
+}
+
+/// Static address: the guest's NIC with the derived MAC holds exactly slot `slot`'s address
+/// and the guest answers a ping from the zone's namespace.
+async fn static_address_held(tier: &ImageTier, domain: &Domain, name: &str, slot: u8) {
+    let address = format!("192.168.123.{}", 10 + slot);
+    let mac = mac_of(domain);
     let settled = until_explained(
         &format!("{name}'s NIC ({mac}) to hold {address}"),
         BOOT,
-        || match guest_addresses(&domain, &mac)? {
+        || match guest_addresses(domain, &mac)? {
             seen if seen == std::slice::from_ref(&address) => Ok(()),
             seen => Err(format!("the guest sees {seen:?}")),
         },
     )
     .await;
-    println!(
-        "  {name}: slot {slot}, MAC {mac}, static {address} (held {settled:.2?} after the \
-         agent, {boot:.2?} boot)"
-    );
+    println!("  {name}: slot {slot}, MAC {mac}, static {address} (held {settled:.2?} later)");
     let answered = until_explained(
         &format!("{address} to answer a ping from the zone's namespace"),
         Duration::from_secs(60),
-        || ping_from_zone(&tier, &address),
+        || ping_from_zone(tier, &address),
     )
     .await;
     println!("  {name}: {address} answers a ping from the zone's namespace ({answered:.2?})");
-    let mut c = server.client().await;
-    let accepted = delete(&mut c, &id, None).await;
-    settle(&mut c, &id, accepted, S::Speculative, BOOT, Instant::now()).await;
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    (haystack.windows(needle.len())).any(|w| w == needle.as_bytes())
 }
 
 /// One ping of `address` from the image zone's network namespace (with the zone's own

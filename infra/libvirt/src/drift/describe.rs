@@ -348,12 +348,15 @@ pub struct Drift {
     pub stopped: Vec<String>,
 }
 
-/// Compares the machines the provider knows to run (id → zone) with the scans.
+/// Compares the machines the provider knows to run (id → zone) with the scans. A stopped
+/// domain of a first-boot machine (`first_boot` says which ids are) whose tag names no
+/// cluster is resting until its Configure, not drift.
 #[must_use]
 pub fn drift(
     provider: &str,
     known: &BTreeMap<String, String>,
     views: &BTreeMap<String, HostView<'_>>,
+    first_boot: impl Fn(&str) -> bool,
 ) -> BTreeMap<String, Drift> {
     let mut found: BTreeMap<String, Drift> = BTreeMap::new();
     for (machine_id, zone) in known {
@@ -363,11 +366,18 @@ pub fn drift(
         let entry = found.entry(zone.clone()).or_default();
         match view.scan.domains.get(&domain_name(provider, machine_id)) {
             None => entry.vanished.push(machine_id.clone()),
+            Some(d) if !d.running && resting(d, || first_boot(machine_id)) => {}
             Some(d) if !d.running => entry.stopped.push(machine_id.clone()),
             Some(_) => {}
         }
     }
     found
+}
+
+/// Whether a stopped domain rests as it should: its tag names no cluster and its machine
+/// configures at first boot.
+fn resting(domain: &ScannedDomain, first_boot: impl FnOnce() -> bool) -> bool {
+    domain.tag.as_ref().is_some_and(|t| t.cluster_id.is_empty()) && first_boot()
 }
 
 /// Tagged domains of this provider that no slot and no known machine explains, and volumes

@@ -103,10 +103,20 @@ fn drift_reports_vanished_and_stopped_known_machines() {
         ("elsewhere".to_owned(), "b".to_owned()),
     ]);
     let views = BTreeMap::from([("a".to_owned(), view(&scan, None))]);
-    let found = drift(P, &known, &views);
+    let found = drift(P, &known, &views, |_| false);
     assert_eq!(found.len(), 1, "unscanned zone b is not judged");
     assert_eq!(found["a"].stopped, [id(1)]);
     assert_eq!(found["a"].vanished, [id(2)]);
+    // A first-boot machine's stopped, unbound domain rests until its Configure; once a
+    // Configure bound it to a cluster, stopped is drift again.
+    let found = drift(P, &known, &views, |machine| machine == id(1));
+    assert!(found["a"].stopped.is_empty(), "{found:?}");
+    let mut bound = tagged(&id(1), false);
+    bound.tag.as_mut().unwrap().cluster_id = "c1".to_owned();
+    scan.domains.insert(domain_name(P, &id(1)), bound);
+    let views = BTreeMap::from([("a".to_owned(), view(&scan, None))]);
+    let found = drift(P, &known, &views, |machine| machine == id(1));
+    assert_eq!(found["a"].stopped, [id(1)]);
 }
 
 #[test]

@@ -33,12 +33,13 @@ use tracing::{info, warn};
 use crate::drift::timeline::{self, Found};
 use crate::drift::tracked::Tracked;
 use crate::host::connection::Host;
-use crate::host::domains::is_active;
+use crate::host::domains::{is_active, read_tag};
 use crate::host::error::{context, nothing_done};
 use crate::host::lanes::Lane;
 use crate::host::session::Session;
 use crate::metrics::{DriftLabels, LibvirtMetrics};
 use bigfleet_libvirt_config::naming::domain_name;
+use bigfleet_libvirt_domain::catalog::parse_machine_id;
 
 /// What one poll saw of the domains it asked about.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -49,11 +50,19 @@ pub(crate) struct Seen {
     pub(crate) stopped: BTreeSet<String>,
     /// Names listed whose state could not be read (neither reported nor cleared).
     pub(crate) unreadable: BTreeSet<String>,
+    /// Names shut off as they should be: a first-boot machine's domain that no Configure
+    /// has started (its tag names no cluster).
+    pub(crate) resting: BTreeSet<String>,
 }
 
 /// Fails when the connection is closed (so the host is marked lost), else reads the state
-/// of every listed domain named in `names`.
-fn poll(session: &Session, names: &BTreeSet<String>) -> Result<Seen, HypervisorError> {
+/// of every listed domain named in `names`; a stopped one among `first_boot` (first-boot
+/// machines) whose tag names no cluster is resting, not stopped.
+fn poll(
+    session: &Session,
+    names: &BTreeSet<String>,
+    first_boot: &BTreeSet<String>,
+) -> Result<Seen, HypervisorError> {
     if !session.conn.is_alive().unwrap_or(false) {
         return Err(nothing_done("the libvirt connection is closed"));
     }
@@ -74,6 +83,9 @@ fn poll(session: &Session, names: &BTreeSet<String>) -> Result<Seen, HypervisorE
             Ok(details) if details.state.known().is_some_and(is_active) => {
                 seen.running.insert(name);
             }
+            Ok(_) if first_boot.contains(&name) && unbound(&domain) => {
+                seen.resting.insert(name);
+            }
             Ok(_) => {
                 seen.stopped.insert(name);
             }
@@ -85,12 +97,21 @@ fn poll(session: &Session, names: &BTreeSet<String>) -> Result<Seen, HypervisorE
     Ok(seen)
 }
 
+/// Whether `domain`'s ownership tag names no cluster: no Configure has bound it (or a Drain
+/// unbound it).
+fn unbound(domain: &virt::domain::Domain) -> bool {
+    read_tag(domain).is_some_and(|tag| tag.cluster_id.is_empty())
+}
+
 /// Which of `ids` (machine ids) are missing or stopped according to `seen`.
 pub(crate) fn classify(provider: &str, ids: &BTreeSet<String>, seen: &Seen) -> Found {
     let mut found = Found::default();
     for id in ids {
         let name = domain_name(provider, id);
-        if seen.running.contains(&name) || seen.unreadable.contains(&name) {
+        if seen.running.contains(&name)
+            || seen.unreadable.contains(&name)
+            || seen.resting.contains(&name)
+        {
             continue;
         }
         if seen.stopped.contains(&name) {
@@ -156,6 +177,9 @@ pub(crate) struct Watched {
     pub(crate) tracked: Weak<Tracked>,
     /// The drift gauges and the machines' timeline.
     pub(crate) metrics: LibvirtMetrics,
+    /// The instance types whose machines configure at first boot (their domains rest shut
+    /// off until Configure starts them).
+    pub(crate) first_boot_types: BTreeSet<String>,
 }
 
 /// Polls one zone's host every `interval` until the adapter is dropped.
@@ -167,6 +191,7 @@ pub(crate) async fn run<C: Clock>(watch: Watched, clock: C) {
         host,
         tracked,
         metrics,
+        first_boot_types,
     } = watch;
     let mut reported = Found::default();
     loop {
@@ -184,7 +209,14 @@ pub(crate) async fn run<C: Clock>(watch: Watched, clock: C) {
             continue;
         }
         let names: BTreeSet<String> = ids.iter().map(|id| domain_name(&provider, id)).collect();
-        let Ok(seen) = host.call(Lane::Read, move |s| poll(s, &names)).await else {
+        let first_boot: BTreeSet<String> = (ids.iter())
+            .filter(|id| {
+                parse_machine_id(id).is_some_and(|p| first_boot_types.contains(&p.instance_type))
+            })
+            .map(|id| domain_name(&provider, id))
+            .collect();
+        let polled = host.call(Lane::Read, move |s| poll(s, &names, &first_boot));
+        let Ok(seen) = polled.await else {
             // The call marked a dead connection lost; anything else is retried next tick.
             continue;
         };
@@ -215,7 +247,7 @@ mod tests {
 
     #[test]
     fn running_stopped_missing_and_unreadable_are_told_apart() {
-        let ids: BTreeSet<String> = ["a", "b", "c", "d"]
+        let ids: BTreeSet<String> = ["a", "b", "c", "d", "e"]
             .iter()
             .map(|s| (*s).to_owned())
             .collect();
@@ -223,6 +255,7 @@ mod tests {
             running: names(&["a"]),
             stopped: names(&["b"]),
             unreadable: names(&["d"]),
+            resting: names(&["e"]),
         };
         let found = classify("p", &ids, &seen);
         assert_eq!(found.stopped, BTreeSet::from(["b".to_owned()]));

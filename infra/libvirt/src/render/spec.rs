@@ -163,19 +163,7 @@ impl DomainSpec {
         let name = domain_name(choices.provider, slot.machine_id);
         let options = choices.options;
         let address = options.addresses.get(slot.machine_id).cloned();
-        let nics = (options
-            .nic_sources(slot.instance_type)
-            .into_iter()
-            .enumerate())
-        .map(|(index, source)| Nic {
-            source,
-            mac: choices.macs.mac(slot.machine_id, index),
-            vlan: address
-                .as_ref()
-                .filter(|_| index == 0)
-                .and_then(|a| a.subnet.vlan),
-        })
-        .collect();
+        let nics = nics(options, choices.macs, slot.machine_id, slot.instance_type);
         Self {
             tag: Tag::new(choices.provider, slot.machine_id),
             instance_type: slot.instance_type.to_owned(),
@@ -200,6 +188,25 @@ impl DomainSpec {
             name,
         }
     }
+}
+
+/// The NICs of `machine_id` (of `instance_type`) as `options` and `macs` make them: each
+/// source with its derived MAC, the first tagged with its address pool's VLAN.
+#[must_use]
+pub fn nics(
+    options: &DomainConfig,
+    macs: &MacBook,
+    machine_id: &str,
+    instance_type: &str,
+) -> Vec<Nic> {
+    let vlan = (options.addresses.get(machine_id)).and_then(|a| a.subnet.vlan);
+    (options.nic_sources(instance_type).into_iter().enumerate())
+        .map(|(index, source)| Nic {
+            source,
+            mac: macs.mac(machine_id, index),
+            vlan: vlan.filter(|_| index == 0),
+        })
+        .collect()
 }
 
 /// The data volumes of domain `name` for `disks` (`rbd`: in an rbd pool).

@@ -41,7 +41,7 @@ use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_observe::timeline::{self, What};
 use bigfleet_libvirt_system::Stopwatch;
 
-fn prefixed(what: &str, error: HypervisorError) -> HypervisorError {
+pub(super) fn prefixed(what: &str, error: HypervisorError) -> HypervisorError {
     HypervisorError {
         message: format!("{what}: {}", error.message),
         ..error
@@ -59,7 +59,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
     }
 
     /// The host and domain name a machine lives at.
-    fn target(&self, machine: &Machine) -> Result<(Arc<Host>, String), HypervisorError> {
+    pub(super) fn target(&self, machine: &Machine) -> Result<(Arc<Host>, String), HypervisorError> {
         let placed = machine
             .host
             .as_ref()
@@ -196,7 +196,13 @@ impl<C: Clock> LibvirtHypervisor<C> {
 
     fn report_drift(&self, views: &BTreeMap<String, HostView<'_>>, orphans: &[Orphan]) {
         let known = self.inner.known().clone();
-        let drift = describe::drift(&self.inner.config.provider, &known, views);
+        let catalog = &self.inner.config.catalog;
+        let first_boot = |id: &str| {
+            (parse_machine_id(id)).is_some_and(|p| {
+                (catalog.get(&p.instance_type)).is_some_and(|t| t.boot.first_boot())
+            })
+        };
+        let drift = describe::drift(&self.inner.config.provider, &known, views, first_boot);
         for zone in views.keys() {
             let found = drift.get(zone).cloned().unwrap_or_default();
             for id in &found.vanished {
@@ -454,6 +460,7 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             devices: shape.devices.clone(),
             tpm: shape.tpm,
             secure_boot: shape.secure_boot,
+            first_boot: shape.boot.first_boot(),
         };
         let placed = DomainRef::new(machine.zone.clone(), spec.name.clone());
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
@@ -476,19 +483,33 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
         let until = clock.now().saturating_add(policy.configure_wait);
         let machine = &request.machine;
-        let host = self.power_on("configure", Lane::Create, machine).await?;
+        let (first_boot, blob) = (self.boots_first(machine), request.bootstrap_blob.expose());
+        let host = if first_boot {
+            let operation = &request.operation_id;
+            (self.first_boot(
+                "configure",
+                Lane::Create,
+                machine,
+                operation,
+                Some(blob.to_vec()),
+            ))
+            .await?
+        } else {
+            self.power_on("configure", Lane::Create, machine).await?
+        };
         let (_, name) = self.target(machine)?;
         let agent = DomainAgent { host, name };
-        let blob = request.bootstrap_blob.expose();
         self.agent_ready("configure", machine, &agent, until)
             .await?;
-        let watch = Stopwatch::start();
-        guest::bootstrap(&agent, clock, policy, &request.cluster_id, blob)
-            .await
-            .map_err(|e| maybe_done(format!("configure: {e}")))?;
-        self.inner
-            .metrics
-            .observe_phase("bootstrap", watch.seconds());
+        if !first_boot {
+            let watch = Stopwatch::start();
+            guest::bootstrap(&agent, clock, policy, &request.cluster_id, blob)
+                .await
+                .map_err(|e| maybe_done(format!("configure: {e}")))?;
+            self.inner
+                .metrics
+                .observe_phase("bootstrap", watch.seconds());
+        }
         // Only a successful bootstrap binds the domain to the cluster.
         self.retag("configure", Lane::Create, machine, &request.cluster_id)
             .await?;
@@ -510,6 +531,10 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             .await
             .map_err(|e| maybe_done(format!("drain: {e}")))?;
         self.inner.metrics.observe_phase("drain", watch.seconds());
+        if self.boots_first(machine) {
+            let operation = &request.operation_id;
+            (self.first_boot("drain", Lane::Teardown, machine, operation, None)).await?;
+        }
         self.retag("drain", Lane::Teardown, machine, "").await
     }
 

@@ -58,11 +58,15 @@ pub(crate) struct CreateSpec {
     pub(crate) tpm: bool,
     /// Whether the instance type boots with UEFI Secure Boot.
     pub(crate) secure_boot: bool,
+    /// Whether the guest takes its configuration at first boot (`boot: nocloud`): the domain
+    /// is defined and left off, and Configure starts it ([`first_boot`]).
+    pub(crate) first_boot: bool,
 }
 
-/// Creates (or adopts) the domain and leaves it running. What it needs is read first (the
-/// pool, the base image, the seed image; nothing is made), then its vCPUs, memory and disks
-/// are reserved on the host, then its steps run.
+/// Creates (or adopts) the domain and leaves it running (a first-boot type's: defined and
+/// off, for Configure to start). What it needs is read first (the pool, the base image, the
+/// seed image; nothing is made), then its vCPUs, memory and disks are reserved on the host,
+/// then its steps run.
 pub(crate) fn create(
     session: &Session,
     host: &Host,
@@ -71,9 +75,15 @@ pub(crate) fn create(
 ) -> Result<(), HypervisorError> {
     let _alone = host.exclusive(&spec.name);
     if let Some((domain, _)) = owned(session, &spec.name, &settings.provider, &spec.machine_id)? {
+        if spec.first_boot {
+            return Ok(());
+        }
         return power_on_explained(session, settings, &domain, &spec.name, &spec.machine_id);
     }
-    let (mut on_host, plan) = prepare(session, settings, spec)?;
+    let (mut on_host, mut plan) = prepare(session, settings, spec)?;
+    if spec.first_boot {
+        plan.retain(|step| *step != steps::Step::Start);
+    }
     let disks = &on_host.spec.disks;
     let disk_bytes = (disks.data.iter()).fold(disks.base.overlay_bytes, |sum, d| {
         sum.saturating_add(d.bytes)

@@ -7,6 +7,7 @@
 mod addresses;
 mod contract;
 mod disks;
+mod first_boot;
 mod hosts;
 mod isolation;
 mod lanes;
@@ -313,6 +314,7 @@ pub(super) async fn create_refused_at_define(
         devices: std::collections::BTreeMap::new(),
         tpm: false,
         secure_boot: false,
+        first_boot: false,
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {

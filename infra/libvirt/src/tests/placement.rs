@@ -217,6 +217,7 @@ pub(super) async fn create_refused_at_define(
         devices,
         tpm: false,
         secure_boot: false,
+        first_boot: false,
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {

@@ -1,0 +1,143 @@
+//! Machines that configure at first boot (`"boot": "nocloud"`) on libvirt's test driver:
+//! Create defines the domain and leaves it off; the drift watch does not report that resting
+//! domain as stopped (while it still reports a destroyed one); Configure replaces the seed at
+//! the size of the one holding the join blob and starts the domain (the test driver has no
+//! guest agent, so the Configure then fails at once, as every Configure there does). The
+//! seed's bytes and the guest reading them are walked in the real-QEMU tier.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_libvirt_config::instance_types_from_json;
+use bigfleet_libvirt_domain::OperationId;
+use bigfleet_libvirt_ports::{BootstrapBlob, Clock, ConfigureRequest, Hypervisor};
+
+use super::*;
+use crate::metrics::DriftLabels;
+use crate::storage::volumes::seed_name;
+use bigfleet_libvirt_config::naming::domain_name;
+
+/// A first-boot `kvm.small` and an agent-booted `kvm.medium`, one slot each, watched every
+/// 100 ms.
+async fn first_boot_rig() -> Rig {
+    let catalog = instance_types_from_json(
+        r#"{"kvm.small": {"vcpu": 2, "memory_mib": 4096, "boot": "nocloud"},
+            "kvm.medium": {"vcpu": 2, "memory_mib": 4096}}"#,
+        "types.json",
+    )
+    .unwrap();
+    let mut all = slots("libvirt", ZONE, "kvm.small", 1);
+    all.extend(slots("libvirt", ZONE, "kvm.medium", 1));
+    rig_with(&Fixture::default(), all, |config| {
+        config.catalog = catalog;
+        config.hosts.watch_interval = Duration::from_millis(100);
+    })
+    .await
+}
+
+/// (active, autostart) of domain `name`.
+async fn power(rig: &Rig, name: &str) -> (bool, bool) {
+    let name = name.to_owned();
+    on_host(&rig.hv, ZONE, move |s| {
+        let domain = s.conn.lookup_domain_by_name(&name).unwrap();
+        (domain.is_active().unwrap(), domain.autostart().unwrap())
+    })
+    .await
+}
+
+async fn pause(ms: u64) {
+    let clock = SystemClock;
+    clock
+        .sleep_until(clock.now().saturating_add(Duration::from_millis(ms)))
+        .await;
+}
+
+fn stopped_drift(metrics: &LibvirtMetrics) -> i64 {
+    let labels = DriftLabels {
+        zone: ZONE.to_owned(),
+        kind: "stopped".to_owned(),
+    };
+    metrics.drift.get_or_create(&labels).get()
+}
+
+/// The watch reports the agent machine's domain `other` once it is destroyed, and never the
+/// resting first-boot domain beside it.
+async fn destroyed_is_reported_resting_is_not(rig: &Rig, other: &str) {
+    let target = other.to_owned();
+    on_host(&rig.hv, ZONE, move |s| {
+        s.conn
+            .lookup_domain_by_name(&target)
+            .unwrap()
+            .destroy()
+            .unwrap();
+    })
+    .await;
+    let start = bigfleet_libvirt_system::Stopwatch::start();
+    while stopped_drift(&rig.metrics) != 1 {
+        assert!(
+            start.seconds() < 30.0,
+            "the destroyed domain is never reported"
+        );
+        pause(20).await;
+    }
+    pause(400).await;
+    assert_eq!(
+        stopped_drift(&rig.metrics),
+        1,
+        "the resting domain is not drift"
+    );
+}
+
+#[tokio::test]
+async fn a_first_boot_machine_rests_off_until_its_configure_starts_it() {
+    let rig = first_boot_rig().await;
+    let (first, other) = (rig.slots[0].clone(), rig.slots[1].clone());
+    let machine = Arc::new(create(&rig.hv, &first).await.unwrap());
+    create(&rig.hv, &other).await.unwrap();
+    let name = domain_name("libvirt", first.id.as_str());
+    assert_eq!(
+        power(&rig, &name).await,
+        (false, false),
+        "defined, off, not autostarted"
+    );
+    let other_name = domain_name("libvirt", other.id.as_str());
+    assert_eq!(
+        power(&rig, &other_name).await,
+        (true, true),
+        "the agent type runs"
+    );
+
+    destroyed_is_reported_resting_is_not(&rig, &other_name).await;
+
+    let seed_bytes = |all: Vec<(String, u64)>| {
+        let seed = seed_name(&name);
+        (all.into_iter())
+            .find(|(n, _)| *n == seed)
+            .map(|(_, bytes)| bytes)
+            .unwrap()
+    };
+    let before = seed_bytes(sized(&rig, "default").await);
+    let request = ConfigureRequest {
+        machine: Arc::clone(&machine),
+        cluster_id: "c1".to_owned(),
+        bootstrap_blob: BootstrapBlob::new(vec![b'x'; 64 * 1024]),
+        operation_id: OperationId::from_stored("op-9".to_owned()),
+    };
+    let error = rig.hv.configure(request).await.unwrap_err();
+    assert!(error.message.contains("guest agent"), "{}", error.message);
+    assert!(
+        !error.message.contains("xxxx"),
+        "the blob is never in a message"
+    );
+    assert_eq!(
+        power(&rig, &name).await,
+        (true, true),
+        "Configure started it"
+    );
+    let after = seed_bytes(sized(&rig, "default").await);
+    // The 64 KiB blob takes the place of the base user-data's one sector.
+    assert!(
+        after >= before + 64 * 1024 - 2048,
+        "the seed was replaced at the size of the one with the blob: {before} -> {after}"
+    );
+}
