@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use bigfleet_libvirt_config::instance_types_from_json;
 use bigfleet_libvirt_domain::OperationId;
-use bigfleet_libvirt_ports::{BootstrapBlob, Clock, ConfigureRequest, Hypervisor};
+use bigfleet_libvirt_ports::{BootstrapBlob, ConfigureRequest, Hypervisor};
 
+use super::watch::{destroy_behind, drift, pause, until};
 use super::*;
-use crate::metrics::DriftLabels;
 use crate::storage::volumes::seed_name;
 use bigfleet_libvirt_config::naming::domain_name;
 
@@ -45,44 +45,14 @@ async fn power(rig: &Rig, name: &str) -> (bool, bool) {
     .await
 }
 
-async fn pause(ms: u64) {
-    let clock = SystemClock;
-    clock
-        .sleep_until(clock.now().saturating_add(Duration::from_millis(ms)))
-        .await;
-}
-
-fn stopped_drift(metrics: &LibvirtMetrics) -> i64 {
-    let labels = DriftLabels {
-        zone: ZONE.to_owned(),
-        kind: "stopped".to_owned(),
-    };
-    metrics.drift.get_or_create(&labels).get()
-}
-
 /// The watch reports the agent machine's domain `other` once it is destroyed, and never the
 /// resting first-boot domain beside it.
 async fn destroyed_is_reported_resting_is_not(rig: &Rig, other: &str) {
-    let target = other.to_owned();
-    on_host(&rig.hv, ZONE, move |s| {
-        s.conn
-            .lookup_domain_by_name(&target)
-            .unwrap()
-            .destroy()
-            .unwrap();
-    })
-    .await;
-    let start = bigfleet_libvirt_system::Stopwatch::start();
-    while stopped_drift(&rig.metrics) != 1 {
-        assert!(
-            start.seconds() < 30.0,
-            "the destroyed domain is never reported"
-        );
-        pause(20).await;
-    }
+    destroy_behind(rig, other).await;
+    until(&rig.metrics, "stopped", 1).await;
     pause(400).await;
     assert_eq!(
-        stopped_drift(&rig.metrics),
+        drift(&rig.metrics, "stopped"),
         1,
         "the resting domain is not drift"
     );

@@ -11,14 +11,14 @@ use crate::metrics::DriftLabels;
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_system::Stopwatch;
 
-async fn pause(ms: u64) {
+pub(super) async fn pause(ms: u64) {
     let clock = SystemClock;
     clock
         .sleep_until(clock.now().saturating_add(Duration::from_millis(ms)))
         .await;
 }
 
-fn drift(metrics: &LibvirtMetrics, kind: &str) -> i64 {
+pub(super) fn drift(metrics: &LibvirtMetrics, kind: &str) -> i64 {
     let labels = DriftLabels {
         zone: ZONE.to_owned(),
         kind: kind.to_owned(),
@@ -27,12 +27,22 @@ fn drift(metrics: &LibvirtMetrics, kind: &str) -> i64 {
 }
 
 /// Waits (real time, generously) until the gauge of `kind` reads `want`.
-async fn until(metrics: &LibvirtMetrics, kind: &str, want: i64) {
+pub(super) async fn until(metrics: &LibvirtMetrics, kind: &str, want: i64) {
     let start = Stopwatch::start();
     while drift(metrics, kind) != want {
         assert!(start.seconds() < 30.0, "drift {kind} never became {want}");
         pause(20).await;
     }
+}
+
+/// Destroys domain `name` behind the provider's back.
+pub(super) async fn destroy_behind(rig: &Rig, name: &str) {
+    let target = name.to_owned();
+    on_host(&rig.hv, ZONE, move |s| {
+        let domain = s.conn.lookup_domain_by_name(&target).unwrap();
+        domain.destroy().unwrap();
+    })
+    .await;
 }
 
 async fn watched_rig() -> Rig {
@@ -58,15 +68,7 @@ async fn destroyed_and_undefined_domains_are_reported_without_a_reconcile() {
     assert_eq!(drift(&rig.metrics, "vanished"), 0);
 
     let name = domain_name("libvirt", machine.id.as_str());
-    let target = name.clone();
-    on_host(&rig.hv, ZONE, move |s| {
-        s.conn
-            .lookup_domain_by_name(&target)
-            .unwrap()
-            .destroy()
-            .unwrap();
-    })
-    .await;
+    destroy_behind(&rig, &name).await;
     until(&rig.metrics, "stopped", 1).await;
     assert_eq!(drift(&rig.metrics, "vanished"), 0);
 
