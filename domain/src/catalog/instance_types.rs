@@ -252,6 +252,13 @@ impl InstanceCatalog {
         self.types.values().any(|shape| !shape.devices.is_empty())
     }
 
+    /// Whether machines of type `name` take their configuration at first boot (an unknown
+    /// type does not).
+    #[must_use]
+    pub fn boots_first(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|t| t.boot.first_boot())
+    }
+
     /// The shape called `name`.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<&InstanceType> {

@@ -39,7 +39,7 @@ use crate::host::lanes::Lane;
 use crate::host::session::Session;
 use crate::metrics::{DriftLabels, LibvirtMetrics};
 use bigfleet_libvirt_config::naming::domain_name;
-use bigfleet_libvirt_domain::catalog::parse_machine_id;
+use bigfleet_libvirt_domain::catalog::{InstanceCatalog, parse_machine_id};
 
 /// What one poll saw of the domains it asked about.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -177,9 +177,9 @@ pub(crate) struct Watched {
     pub(crate) tracked: Weak<Tracked>,
     /// The drift gauges and the machines' timeline.
     pub(crate) metrics: LibvirtMetrics,
-    /// The instance types whose machines configure at first boot (their domains rest shut
+    /// The instance types: whose machines configure at first boot (their domains rest shut
     /// off until Configure starts them).
-    pub(crate) first_boot_types: BTreeSet<String>,
+    pub(crate) catalog: InstanceCatalog,
 }
 
 /// Polls one zone's host every `interval` until the adapter is dropped.
@@ -191,7 +191,7 @@ pub(crate) async fn run<C: Clock>(watch: Watched, clock: C) {
         host,
         tracked,
         metrics,
-        first_boot_types,
+        catalog,
     } = watch;
     let mut reported = Found::default();
     loop {
@@ -211,7 +211,7 @@ pub(crate) async fn run<C: Clock>(watch: Watched, clock: C) {
         let names: BTreeSet<String> = ids.iter().map(|id| domain_name(&provider, id)).collect();
         let first_boot: BTreeSet<String> = (ids.iter())
             .filter(|id| {
-                parse_machine_id(id).is_some_and(|p| first_boot_types.contains(&p.instance_type))
+                parse_machine_id(id).is_some_and(|p| catalog.boots_first(&p.instance_type))
             })
             .map(|id| domain_name(&provider, id))
             .collect();

@@ -112,10 +112,7 @@ fn watched<C>(inner: &Arc<Inner<C>>, zone: &str, host: &Arc<Host>) -> Watched {
         host: Arc::downgrade(host),
         tracked: Arc::downgrade(&inner.tracked),
         metrics: inner.metrics.clone(),
-        first_boot_types: (inner.config.catalog.iter())
-            .filter(|(_, shape)| shape.boot.first_boot())
-            .map(|(name, _)| name.to_owned())
-            .collect(),
+        catalog: inner.config.catalog.clone(),
     }
 }
 

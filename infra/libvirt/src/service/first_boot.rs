@@ -31,8 +31,10 @@ use crate::storage::{console, volumes};
 impl<C: Clock> LibvirtHypervisor<C> {
     /// Whether `machine`'s type takes its configuration at first boot (`boot: nocloud`).
     pub(super) fn boots_first(&self, machine: &Machine) -> bool {
-        let catalog = &self.inner.config.catalog;
-        (catalog.get(&machine.instance_type)).is_some_and(|t| t.boot.first_boot())
+        self.inner
+            .config
+            .catalog
+            .boots_first(&machine.instance_type)
     }
 
     /// A first-boot machine's host step ([`first_boot`]): Configure's (`blob`: write it as

@@ -197,11 +197,8 @@ impl<C: Clock> LibvirtHypervisor<C> {
     fn report_drift(&self, views: &BTreeMap<String, HostView<'_>>, orphans: &[Orphan]) {
         let known = self.inner.known().clone();
         let catalog = &self.inner.config.catalog;
-        let first_boot = |id: &str| {
-            (parse_machine_id(id)).is_some_and(|p| {
-                (catalog.get(&p.instance_type)).is_some_and(|t| t.boot.first_boot())
-            })
-        };
+        let first_boot =
+            |id: &str| parse_machine_id(id).is_some_and(|p| catalog.boots_first(&p.instance_type));
         let drift = describe::drift(&self.inner.config.provider, &known, views, first_boot);
         for zone in views.keys() {
             let found = drift.get(zone).cloned().unwrap_or_default();
