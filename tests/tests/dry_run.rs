@@ -672,4 +672,5 @@ fn a_subcommand_flag_variable_sets_the_flag() {
 
 mod addresses;
 mod firmware;
+mod ignition;
 mod placement;

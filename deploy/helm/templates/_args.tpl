@@ -60,6 +60,12 @@ and the doctor hook Job checks exactly them.
 {{- if .Values.addressPools.content }}
 - --address-pools=/etc/bigfleet/address-pools/address-pools.json
 {{- end }}
+{{- if .Values.ignition.template }}
+- --ignition-template=/etc/bigfleet/ignition/template.ign
+{{- end }}
+{{- if .Values.ignition.delivery }}
+- --ignition-delivery={{ .Values.ignition.delivery }}
+{{- end }}
 {{- if .Values.offerings.content }}
 - --offerings=/etc/bigfleet/offerings/offerings.json
 {{- end }}

@@ -57,6 +57,10 @@ pub enum BootMode {
     /// blob as the NoCloud seed's user-data and starts it, and the guest configures itself at
     /// first boot (cloud-init, Talos).
     NoCloud,
+    /// `ignition`: like `nocloud`, but Configure writes an Ignition config (the operator's
+    /// template with the join blob merged in) that the guest's Ignition reads at first boot
+    /// (Flatcar, Fedora CoreOS).
+    Ignition,
 }
 
 impl BootMode {
@@ -65,10 +69,12 @@ impl BootMode {
         match raw {
             None | Some("agent") => Ok(Self::Agent),
             Some("nocloud") => Ok(Self::NoCloud),
+            Some("ignition") => Ok(Self::Ignition),
             Some(other) => Err(format!(
                 "is {other:?}; use \"agent\" (the default: Configure runs the bootstrap hook \
-                 through the guest agent) or \"nocloud\" (the join blob is the user-data the \
-                 guest reads at its first boot)"
+                 through the guest agent), \"nocloud\" (the join blob is the user-data the \
+                 guest reads at its first boot) or \"ignition\" (the join blob is merged into \
+                 the --ignition-template config the guest reads at its first boot)"
             )),
         }
     }
@@ -76,7 +82,7 @@ impl BootMode {
     /// Whether the guest takes its configuration at first boot (Configure starts it).
     #[must_use]
     pub fn first_boot(self) -> bool {
-        self == Self::NoCloud
+        self != Self::Agent
     }
 }
 
@@ -259,6 +265,15 @@ impl InstanceCatalog {
         self.get(name).is_some_and(|t| t.boot.first_boot())
     }
 
+    /// The names of the types that boot by `mode`, in name order.
+    #[must_use]
+    pub fn booting(&self, mode: BootMode) -> Vec<&str> {
+        (self.types.iter())
+            .filter(|(_, shape)| shape.boot == mode)
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+
     /// The shape called `name`.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<&InstanceType> {
@@ -412,8 +427,9 @@ mod tests {
     }
 
     #[test]
-    fn a_type_boots_by_the_agent_unless_it_asks_for_nocloud() {
+    fn a_type_boots_by_the_agent_unless_it_asks_for_a_first_boot() {
         let text = r#"{"t.nc": {"vcpu": 1, "memory_mib": 512, "boot": "nocloud"},
+                       "t.ign": {"vcpu": 1, "memory_mib": 512, "boot": "ignition"},
                        "t.agent": {"vcpu": 1, "memory_mib": 512, "boot": "agent"},
                        "t.plain": {"vcpu": 1, "memory_mib": 512}}"#;
         let catalog = from_json(text, "t").unwrap();
@@ -421,10 +437,15 @@ mod tests {
         assert!(catalog.get("t.nc").unwrap().boot.first_boot());
         assert_eq!(catalog.get("t.agent").unwrap().boot, BootMode::Agent);
         assert_eq!(catalog.get("t.plain").unwrap().boot, BootMode::Agent);
-        let bad = r#"{"t.x": {"vcpu": 1, "memory_mib": 512, "boot": "ignition"}}"#;
+        assert_eq!(catalog.get("t.ign").unwrap().boot, BootMode::Ignition);
+        assert!(catalog.boots_first("t.ign") && !catalog.boots_first("t.plain"));
+        assert_eq!(catalog.booting(BootMode::Ignition), ["t.ign"]);
+        assert_eq!(catalog.booting(BootMode::Agent), ["t.agent", "t.plain"]);
+        let bad = r#"{"t.x": {"vcpu": 1, "memory_mib": 512, "boot": "talos"}}"#;
         let error = from_json(bad, "types.json").unwrap_err().to_string();
         assert!(
-            error.contains("\"t.x\" boot is \"ignition\"; use \"agent\""),
+            error.contains("\"t.x\" boot is \"talos\"; use \"agent\"")
+                && error.contains("\"ignition\""),
             "{error}"
         );
     }

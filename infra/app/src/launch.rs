@@ -27,6 +27,7 @@ use bigfleet_libvirt_domain::catalog::{
 };
 
 mod flags;
+mod ignition;
 mod limits;
 pub use flags::{Flags, optional_path, parse_duration};
 pub use limits::{LimitFlags, net_limits};
@@ -154,6 +155,7 @@ pub fn resolve(flags: &Flags) -> Result<Plan, LaunchError> {
     let inventory = catalog::build_inventory(&offerings, &inventory_config)?;
     check_roots(&libvirt, &catalog, &inventory)?;
     devices::address_book(flags, &inventory.machines, &mut libvirt)?;
+    ignition::setup(flags, &catalog, &inventory.machines, &mut libvirt)?;
     devices::check_secure_boot(&libvirt, &catalog, &inventory.machines)?;
     if backend == Backend::Libvirt {
         check_dedicated(&libvirt, &catalog, &inventory)?;
@@ -348,6 +350,7 @@ fn domain_config(flags: &Flags) -> Result<DomainConfig, LaunchError> {
         nics: Vec::new(),
         instance_nics: std::collections::BTreeMap::new(),
         addresses: AddressBook::default(),
+        ignition: None,
         cpu: None,
         instance_cpu: std::collections::BTreeMap::new(),
         platform: devices::platform(flags)?,

@@ -139,6 +139,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                         rbd: None,
                     },
                     data: Vec::new(),
+                    ignition: None,
                 },
                 user_data: Arc::from(&b"#cloud-config\n{}\n"[..]),
                 tpm: false,
@@ -150,6 +151,7 @@ fn documents(slots: &[Machine]) -> Vec<String> {
                 seed: &seed_path,
                 console: None,
                 data: &[],
+                ignition: None,
             };
             xml::domain(&spec, paths)
         })

@@ -44,10 +44,11 @@ pub use host::lanes::Lane;
 pub use host::{fixture, lanes};
 pub use metrics::lanes::LaneMetrics;
 pub use options::addresses as address_pools;
+pub use options::ignition;
 pub use options::{
     AddressBook, AddressPools, AgentPolicy, Budget, CapacityPolicy, CpuChoice, CpuMode, CpuSet,
-    DirectKernel, DomainConfig, DomainType, Firmware, GcPolicy, HostPolicy, LibvirtConfig,
-    NicSource, Platform, SeedBus, fit_connections,
+    DirectKernel, DomainConfig, DomainType, Firmware, GcPolicy, HostPolicy, IgnitionDelivery,
+    IgnitionSetup, LibvirtConfig, NicSource, Platform, SeedBus, fit_connections,
 };
 pub use render::ownership::{NAMESPACE, Tag};
 pub use render::{devices, xml};

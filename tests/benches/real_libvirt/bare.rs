@@ -122,6 +122,7 @@ impl Bare {
                     rbd: None,
                 },
                 data: Vec::new(),
+                ignition: None,
             },
             user_data: Arc::from(&b""[..]),
             tpm: false,
@@ -167,6 +168,7 @@ impl Bare {
             seed: &seed_path,
             console: None,
             data: &[],
+            ignition: None,
         };
         let document = xml::domain(&spec, paths);
         let domain = self

@@ -374,6 +374,61 @@ fn address_pools_via_set_file() {
     assert_eq!(tools.render(&[]).arg("--address-pools"), None);
 }
 
+/// `--set-file ignition.template=…` with a delivery: a ConfigMap, mounted, passed as
+/// --ignition-template and --ignition-delivery (to the provider and to doctor's job), with a
+/// checksum; the real binary accepts the example template for a type that boots by Ignition.
+#[test]
+fn an_ignition_template_via_set_file() {
+    let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {
+        return;
+    };
+    let template_file = "deploy/examples/node.ign";
+    let (_types_dir, types) = temp_file(
+        "types.json",
+        r#"{"flatcar.small": {"vcpu": 2, "memory_mib": 4096, "boot": "ignition"}}"#,
+    );
+    let (_offerings_dir, offerings) = temp_file(
+        "offerings.json",
+        r#"[{"instance_type": "flatcar.small", "zone": "rack1", "count": 2}]"#,
+    );
+    let m = tools.render(&[
+        "--set-file",
+        &format!("ignition.template={template_file}"),
+        "--set",
+        "ignition.delivery=config-drive",
+        "--set-file",
+        &format!("instanceTypes.content={types}"),
+        "--set-file",
+        &format!("offerings.content={offerings}"),
+    ]);
+    let template_cm = m.get("ConfigMap", &format!("{RELEASE}-ignition"));
+    let template = template_cm["data"]["template.ign"].as_str().unwrap();
+    let wanted = std::fs::read_to_string(repo_root().join(template_file)).unwrap();
+    assert_eq!(template.trim(), wanted.trim());
+    let in_pod = "/etc/bigfleet/ignition/template.ign";
+    assert_eq!(m.arg("--ignition-template").as_deref(), Some(in_pod));
+    assert_eq!(
+        m.arg("--ignition-delivery").as_deref(),
+        Some("config-drive")
+    );
+    assert_eq!(m.mount("ignition").unwrap()["readOnly"], true);
+    let annotations = &m.deployment()["spec"]["template"]["metadata"]["annotations"];
+    assert!(annotations["checksum/ignition"].is_string());
+    let (_dir, template_local) = temp_file("template.ign", template);
+    let mut args = m.args();
+    args.push("--use-fake-backend".to_owned());
+    let files = [
+        (in_pod, template_local.as_str()),
+        ("/etc/bigfleet/offerings/offerings.json", &offerings),
+        ("/etc/bigfleet/instance-types/instance-types.json", &types),
+    ];
+    let (ok, stderr) = binary_with_chart_args(&args, &files);
+    assert!(ok, "{stderr}");
+    let plain = tools.render(&[]);
+    assert_eq!(plain.arg("--ignition-template"), None);
+    assert_eq!(plain.arg("--ignition-delivery"), None);
+}
+
 #[test]
 fn tls_and_mtls_mount_the_secret_and_wire_the_flags() {
     let Some(tools) = skip::needs(skip::DEPLOY_TOOLS, tools()) else {

@@ -50,29 +50,38 @@ pub(super) fn address_book(
         return Ok(());
     };
     let source = path.display().to_string();
-    let mut text = Vec::new();
-    let read = std::fs::File::open(path).and_then(|file| {
-        file.take(address_pools::MAX_FILE_BYTES + 1)
-            .read_to_end(&mut text)
-    });
-    read.map_err(|e| {
-        flag(format!(
-            "{} {source}: cannot read the file: {e}",
-            address_pools::FLAG
-        ))
-    })?;
-    if text.len() as u64 > address_pools::MAX_FILE_BYTES {
-        return Err(flag(format!(
-            "{} {source} is larger than {} bytes; a pools file holds a few lines per offering",
-            address_pools::FLAG,
-            address_pools::MAX_FILE_BYTES
-        )));
-    }
+    let text = read_limited(
+        address_pools::FLAG,
+        path,
+        address_pools::MAX_FILE_BYTES,
+        "a pools file holds a few lines per offering",
+    )?;
     let pools = AddressPools::parse(&text, &source).map_err(flag)?;
     libvirt.addresses = pools
         .book(slots, |instance_type| libvirt.nic_sources(instance_type))
         .map_err(flag)?;
     Ok(())
+}
+
+/// The bytes of the file `path` that flag `name` gives, refused above `max` bytes (`why`
+/// says what the file should hold) without reading past it.
+pub(super) fn read_limited(
+    name: &str,
+    path: &std::path::Path,
+    max: u64,
+    why: &str,
+) -> Result<Vec<u8>, LaunchError> {
+    let source = path.display();
+    let mut bytes = Vec::new();
+    let read =
+        std::fs::File::open(path).and_then(|file| file.take(max + 1).read_to_end(&mut bytes));
+    read.map_err(|e| flag(format!("{name} {source}: cannot read the file: {e}")))?;
+    if bytes.len() as u64 > max {
+        return Err(flag(format!(
+            "{name} {source} is larger than {max} bytes; {why}"
+        )));
+    }
+    Ok(bytes)
 }
 
 /// Fills `libvirt`'s NIC and CPU choices from `flags`.

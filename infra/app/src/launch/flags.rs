@@ -235,6 +235,26 @@ pub struct Flags {
         value_parser = optional_path
     )]
     pub address_pools: ::std::option::Option<PathBuf>,
+    /// Ignition config (JSON, spec 3.x) that machines of the types with "boot": "ignition"
+    /// get at first boot, with the join blob merged in as /etc/bigfleet/join (libvirt
+    /// backend; docs/libvirt.md §5.14).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_IGNITION_TEMPLATE",
+        default_value = "",
+        value_parser = optional_path
+    )]
+    pub ignition_template: ::std::option::Option<PathBuf>,
+    /// How the Ignition config reaches the guest: fw-cfg (QEMU's firmware configuration
+    /// entry opt/com.coreos/config; the default) or config-drive (an OpenStack config drive).
+    #[arg(
+        long,
+        global = true,
+        env = "BIGFLEET_LIBVIRT_IGNITION_DELIVERY",
+        default_value = ""
+    )]
+    pub ignition_delivery: String,
     /// Explicit USD/hour prices, type=usd,...
     #[arg(
         long,

@@ -13,6 +13,7 @@ use bigfleet_libvirt_domain::catalog::InstanceCatalog;
 use super::addresses::AddressBook;
 use super::devices::{CpuChoice, NicSource};
 use super::golden::GoldenImage;
+use super::ignition::IgnitionSetup;
 use super::platform::Platform;
 use super::policies::{AgentPolicy, Budget, CapacityPolicy, GcPolicy, HostPolicy};
 use bigfleet_libvirt_ports::lanes::LIBVIRTD_DEFAULT_MAX_CLIENT_REQUESTS;
@@ -51,6 +52,9 @@ pub struct DomainConfig {
     /// `--base-user-data`: the file the composition root reads at start-up into
     /// [`LibvirtConfig::user_data`].
     pub base_user_data: Option<PathBuf>,
+    /// `--ignition-template` and `--ignition-delivery`, for the types that boot by
+    /// Ignition (`None`: no type does).
+    pub ignition: Option<IgnitionSetup>,
     /// Host capacity accounting (`--host-reserve-*`, `--*-allocation-ratio`).
     pub capacity: CapacityPolicy,
     /// Orphan collection (`--gc-orphans`, `--orphan-grace`).
@@ -83,6 +87,7 @@ impl Default for DomainConfig {
             instance_cpu: BTreeMap::new(),
             platform: Platform::default(),
             base_user_data: None,
+            ignition: None,
             capacity: CapacityPolicy::default(),
             gc: GcPolicy::default(),
             budget: Budget::default(),

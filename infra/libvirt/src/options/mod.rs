@@ -6,6 +6,7 @@ pub mod addresses;
 mod config;
 pub(crate) mod devices;
 mod golden;
+pub mod ignition;
 pub(crate) mod platform;
 mod policies;
 
@@ -14,6 +15,7 @@ pub use bigfleet_libvirt_ports::claims::CpuSet;
 pub use config::{DomainConfig, LibvirtConfig};
 pub use devices::{CpuChoice, CpuMode, NicSource};
 pub use golden::GoldenImage;
+pub use ignition::{IgnitionDelivery, IgnitionSetup};
 pub use platform::{DirectKernel, DomainType, Firmware, Platform, SeedBus};
 pub use policies::{
     AgentPolicy, Budget, CapacityPolicy, GcPolicy, HostPolicy, REQUESTS_PER_CALL, fit_connections,

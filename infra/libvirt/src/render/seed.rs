@@ -1,5 +1,6 @@
 //! The cloud-init NoCloud seed: an ISO 9660 image labelled `cidata` holding `user-data` and
-//! `meta-data`, built in memory and uploaded into the seed volume.
+//! `meta-data`, built in memory and uploaded into the seed volume; and the config drive an
+//! Ignition config may travel on ([`config_drive`]).
 //!
 //! The image is written by `hadris-iso` (pure Rust, no external `genisoimage`), with Rock
 //! Ridge and Joliet names like `cloud-localds` produces, so the Linux isofs driver and
@@ -28,7 +29,7 @@ use hadris_iso::write::options::{BaseIsoLevel, CreationFeatures, IsoFormatOption
 use hadris_iso::write::{File as IsoFile, InputFiles, IsoImageWriter};
 use serde_json::{Map, Value, json};
 
-use crate::options::StaticAddress;
+use crate::options::{DomainConfig, IgnitionDelivery, StaticAddress};
 use crate::render::devices::Nic;
 
 /// The user-data used when no `--base-user-data` file is given.
@@ -107,12 +108,49 @@ pub fn build(
         name: Arc::new("network-config".to_owned()),
         contents: text.as_bytes().to_vec(),
     }));
+    iso(LABEL, files, "the cloud-init seed")
+}
+
+/// The label Ignition's `openstack` platform (and cloud-init's ConfigDrive) looks for.
+pub const CONFIG_DRIVE_LABEL: &str = "config-2";
+
+/// An OpenStack config drive for `domain_name` holding `user_data` (an Ignition config) as
+/// `openstack/latest/user_data`, with the `meta_data.json` beside it that names the machine.
+///
+/// # Errors
+/// The writer's error, as text.
+pub fn config_drive(domain_name: &str, user_data: &[u8]) -> Result<Vec<u8>, String> {
+    let file = |name: &str, contents: Vec<u8>| IsoFile::File {
+        name: Arc::new(name.to_owned()),
+        contents,
+    };
+    let meta = json!({"uuid": domain_name, "name": domain_name, "hostname": domain_name});
+    let latest = IsoFile::Directory {
+        name: Arc::new("latest".to_owned()),
+        children: vec![
+            file("meta_data.json", meta.to_string().into_bytes()),
+            file("user_data", user_data.to_vec()),
+        ],
+    };
+    let openstack = IsoFile::Directory {
+        name: Arc::new("openstack".to_owned()),
+        children: vec![latest],
+    };
+    iso(
+        CONFIG_DRIVE_LABEL,
+        vec![openstack],
+        "the Ignition config drive",
+    )
+}
+
+/// An ISO 9660 image labelled `label` holding `files`, with Rock Ridge and Joliet names.
+fn iso(label: &str, files: Vec<IsoFile>, what: &str) -> Result<Vec<u8>, String> {
     let files = InputFiles {
         path_separator: PathSeparator::ForwardSlash,
         files,
     };
     let options = IsoFormatOptions {
-        volume_name: LABEL.to_owned(),
+        volume_name: label.to_owned(),
         system_id: None,
         volume_set_id: None,
         publisher_id: None,
@@ -134,8 +172,49 @@ pub fn build(
         strict_charset: false,
     };
     let image = IsoImageWriter::create(Cursor::new(Vec::new()), files, options)
-        .map_err(|e| format!("build the cloud-init seed ISO: {e}"))?;
+        .map_err(|e| format!("build {what} ISO: {e}"))?;
     Ok(image.into_inner())
+}
+
+/// What domain `domain_name` gets as its Ignition config at Create (nothing unless it
+/// `boots_by_ignition`): the template without a join blob, as a file or a config drive.
+///
+/// # Errors
+/// As [`ignition_bytes`].
+pub(crate) fn ignition_image(
+    options: &DomainConfig,
+    domain_name: &str,
+    boots_by_ignition: bool,
+) -> Result<Vec<u8>, String> {
+    if boots_by_ignition {
+        ignition_bytes(options, domain_name, None)
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+/// The bytes of a domain's Ignition config volume: the config of `options`' template with
+/// `blob` (`None`: without one), as a file (firmware configuration delivery) or inside a
+/// config drive.
+///
+/// # Errors
+/// No `--ignition-template` was given, or the config drive could not be built.
+pub(crate) fn ignition_bytes(
+    options: &DomainConfig,
+    domain_name: &str,
+    blob: Option<&[u8]>,
+) -> Result<Vec<u8>, String> {
+    let setup = options.ignition.as_ref().ok_or_else(|| {
+        format!(
+            "domain {domain_name} boots by Ignition and the provider has no \
+             --ignition-template; give one and restart"
+        )
+    })?;
+    let config = setup.config(blob);
+    match setup.delivery {
+        IgnitionDelivery::FwCfg => Ok(config),
+        IgnitionDelivery::ConfigDrive => config_drive(domain_name, &config),
+    }
 }
 
 #[cfg(test)]
@@ -167,11 +246,10 @@ mod tests {
         None
     }
 
-    /// (Rock Ridge name, contents) of every file in the root directory.
-    fn root_files(image: &[u8]) -> Vec<(String, Vec<u8>)> {
-        let pvd = &image[16 * SECTOR..17 * SECTOR];
-        let root = &pvd[156..190];
-        let (extent, size) = (u32_le(root, 2) * SECTOR, u32_le(root, 10));
+    /// (Rock Ridge name, contents) of every file under the directory whose record is
+    /// `directory`, at any depth (names joined by `/`), in name order.
+    fn files_under(image: &[u8], directory: &[u8], prefix: &str) -> Vec<(String, Vec<u8>)> {
+        let (extent, size) = (u32_le(directory, 2) * SECTOR, u32_le(directory, 10));
         let mut files = Vec::new();
         let mut at = extent;
         while at < extent + size {
@@ -184,14 +262,54 @@ mod tests {
             let name_len = record[32] as usize;
             let is_dir = record[25] & 2 != 0;
             let su_start = 33 + name_len + (1 - name_len % 2);
-            if let (false, Some(name)) = (is_dir, rock_ridge_name(&record[su_start..])) {
-                let (data, data_len) = (u32_le(record, 2) * SECTOR, u32_le(record, 10));
-                files.push((name, image[data..data + data_len].to_vec()));
+            match (is_dir, rock_ridge_name(&record[su_start..])) {
+                (false, Some(name)) => {
+                    let (data, data_len) = (u32_le(record, 2) * SECTOR, u32_le(record, 10));
+                    files.push((
+                        format!("{prefix}{name}"),
+                        image[data..data + data_len].to_vec(),
+                    ));
+                }
+                (true, Some(name)) if name_len > 1 => {
+                    files.extend(files_under(image, record, &format!("{prefix}{name}/")));
+                }
+                _ => {}
             }
             at += len;
         }
         files.sort();
         files
+    }
+
+    /// Every file of the image, by path.
+    fn root_files(image: &[u8]) -> Vec<(String, Vec<u8>)> {
+        let pvd = &image[16 * SECTOR..17 * SECTOR];
+        files_under(image, &pvd[156..190], "")
+    }
+
+    /// The volume label.
+    fn label(image: &[u8]) -> String {
+        let label = String::from_utf8_lossy(&image[16 * SECTOR + 40..16 * SECTOR + 72]);
+        label.trim_end().to_owned()
+    }
+
+    #[test]
+    fn a_config_drive_holds_the_config_where_openstack_images_read_it() {
+        let config = br#"{"ignition": {"version": "3.3.0"}}"#;
+        let image = config_drive("bigfleet-d", config).unwrap();
+        assert_eq!(label(&image), CONFIG_DRIVE_LABEL);
+        let files = root_files(&image);
+        let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "openstack/latest/meta_data.json",
+                "openstack/latest/user_data"
+            ]
+        );
+        assert_eq!(files[1].1, config);
+        let meta: serde_json::Value = serde_json::from_slice(&files[0].1).unwrap();
+        assert_eq!(meta["hostname"], "bigfleet-d");
     }
 
     #[test]
@@ -201,8 +319,7 @@ mod tests {
         let image = build(name, &instance_id(name, "op-17"), user_data, None).unwrap();
         assert_eq!(image.len() % SECTOR, 0);
         assert_eq!(&image[16 * SECTOR + 1..16 * SECTOR + 6], b"CD001");
-        let label = String::from_utf8_lossy(&image[16 * SECTOR + 40..16 * SECTOR + 72]);
-        assert_eq!(label.trim_end(), LABEL);
+        assert_eq!(label(&image), LABEL);
         let files = root_files(&image);
         let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["meta-data", "user-data"]);

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bigfleet_libvirt_config::naming::domain_name;
 use bigfleet_libvirt_domain::catalog::{DiskShape, gib_bytes};
 
-use crate::options::{CpuChoice, DomainConfig, Platform, StaticAddress};
+use crate::options::{CpuChoice, DomainConfig, IgnitionDelivery, Platform, StaticAddress};
 use crate::render::devices::{MacBook, Nic};
 use crate::render::ownership::Tag;
 use crate::render::placement::Placed;
@@ -80,6 +80,19 @@ pub struct Disks {
     pub base: Base,
     /// The data disks, in the order the guest gets them.
     pub data: Vec<DataVolume>,
+    /// The Ignition config's volume, beside the seed, for a type that boots by Ignition.
+    pub ignition: Option<IgnitionDisk>,
+}
+
+/// A domain's Ignition config: a volume in the seed pool ([`ignition_name`]) and how the
+/// guest gets it (the file as a firmware configuration entry, or the volume as a config
+/// drive).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IgnitionDisk {
+    /// The volume's name.
+    pub volume: String,
+    /// How the guest reads it.
+    pub delivery: IgnitionDelivery,
 }
 
 /// One data disk: a thin volume of its own (qcow2 on a local pool, a raw image on an rbd
@@ -119,6 +132,8 @@ pub struct VolumePaths<'a> {
     pub console: Option<&'a str>,
     /// The data disks' paths, in the spec's order.
     pub data: &'a [String],
+    /// The Ignition config's path on the host (a type that boots by Ignition).
+    pub ignition: Option<&'a str>,
 }
 
 /// The operator's side of every domain.
@@ -153,6 +168,8 @@ pub struct Slot<'a> {
     pub tpm: bool,
     /// Whether the instance type boots with UEFI Secure Boot.
     pub secure_boot: bool,
+    /// Whether the instance type boots by Ignition (its config goes with the domain).
+    pub ignition: bool,
 }
 
 impl DomainSpec {
@@ -180,6 +197,12 @@ impl DomainSpec {
                 seed: seed_name(&name),
                 console: console_name(&name),
                 data: data_volumes(&name, slot.disks, base.rbd.is_some()),
+                ignition: (options.ignition.as_ref())
+                    .filter(|_| slot.ignition)
+                    .map(|setup| IgnitionDisk {
+                        volume: ignition_name(&name),
+                        delivery: setup.delivery,
+                    }),
                 base,
             },
             user_data: Arc::clone(choices.user_data),
@@ -259,6 +282,12 @@ pub fn seed_name(domain: &str) -> String {
     format!("{domain}-cidata.iso")
 }
 
+/// The Ignition config's volume name for a domain (a JSON file, or a config drive ISO).
+#[must_use]
+pub fn ignition_name(domain: &str) -> String {
+    format!("{domain}-ignition")
+}
+
 /// The console log's volume name for a domain. virtlogd keeps at most its configured
 /// number of older files beside it (`-console.log.0`, `.1`, …), which [`owner_of`] knows
 /// too.
@@ -294,6 +323,7 @@ pub fn owner_of(volume: &str) -> Option<&str> {
     volume
         .strip_suffix("-overlay.qcow2")
         .or_else(|| volume.strip_suffix("-cidata.iso"))
+        .or_else(|| volume.strip_suffix("-ignition"))
         .or_else(console_owner)
         .or_else(|| volume.strip_suffix("-root"))
         .or_else(data_owner)

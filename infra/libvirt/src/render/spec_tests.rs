@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
-use crate::options::{CpuChoice, DirectKernel, DomainType, Firmware, NicSource, SeedBus};
+use crate::options::{
+    CpuChoice, DirectKernel, DomainType, Firmware, IgnitionDelivery, IgnitionSetup, NicSource,
+    SeedBus,
+};
 use crate::render::xml;
 use bigfleet_libvirt_domain::catalog::DataDisk;
 
@@ -57,6 +60,7 @@ fn spec_of(machine: &str, options: &DomainConfig, disks: &DiskShape, base: Base)
         disks,
         tpm: false,
         secure_boot: false,
+        ignition: options.ignition.is_some(),
     };
     DomainSpec::new(&choices, &slot, base)
 }
@@ -79,11 +83,14 @@ fn documents(spec: &DomainSpec) -> String {
     let data_paths: Vec<String> = (spec.disks.data.iter())
         .map(|disk| format!("/var/lib/libvirt/images/{}", disk.volume))
         .collect();
+    let ignition_path = (spec.disks.ignition.as_ref())
+        .map(|disk| format!("/var/lib/libvirt/images/{}", disk.volume));
     let paths = VolumePaths {
         overlay: &overlay_path,
         seed: &seed_path,
         console: Some(&console_path),
         data: &data_paths,
+        ignition: ignition_path.as_deref(),
     };
     let network_config = (spec.address.as_ref()).map(|a| seed::network_config(&spec.nics, a));
     let image = seed::build(
@@ -324,6 +331,29 @@ fn secure_boot_with_a_tpm() {
         ..spec_with(&options(|_| {}))
     };
     insta::assert_snapshot!("secure_boot_tpm", documents(&spec));
+}
+
+/// A type that boots by Ignition: with the firmware configuration delivery the domain names
+/// the config's file as QEMU's `opt/com.coreos/config`; with a config drive it gets a
+/// read-only disk on the seed's bus after the data disks instead. The config's volume is
+/// the domain's by its name (Delete and orphan collection find it).
+#[test]
+fn ignition_by_fw_cfg_and_by_config_drive() {
+    let setup = |delivery| {
+        let template = br#"{"ignition": {"version": "3.3.0"}}"#;
+        IgnitionSetup::parse(template, "t.ign", delivery).unwrap()
+    };
+    let fw_cfg = options(|o| o.ignition = Some(setup(IgnitionDelivery::FwCfg)));
+    let spec = spec_with(&fw_cfg);
+    let disk = spec.disks.ignition.as_ref().unwrap();
+    assert_eq!(disk.volume, ignition_name(&spec.name));
+    assert_eq!(owner_of(&disk.volume), Some(spec.name.as_str()));
+    insta::assert_snapshot!("ignition_fw_cfg", documents(&spec));
+    let drive = options(|o| {
+        o.ignition = Some(setup(IgnitionDelivery::ConfigDrive));
+        o.platform.seed_bus = SeedBus::Sata;
+    });
+    insta::assert_snapshot!("ignition_config_drive_sata", documents(&spec_with(&drive)));
 }
 
 #[test]

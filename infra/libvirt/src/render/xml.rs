@@ -17,10 +17,16 @@
 //! On an rbd pool the root and the data disks are `<disk type='network'>` on the pool's
 //! cluster (`render::rbd`); the seed stays a file in `--seed-pool`.
 //!
+//! A type that boots by Ignition gets its config as QEMU's firmware configuration entry
+//! `opt/com.coreos/config` (a `<sysinfo type='fwcfg'>` naming the config's file) or as a
+//! config drive (a read-only disk after the data disks).
+//!
 //! Beyond the reference, a [`Platform`] can ask for software emulation (`--domain-type
 //! qemu`, for hosts without usable KVM: no host CPU model then), direct kernel boot
 //! (`--guest-kernel`, for images without a boot loader) and no NIC (`--network ''`).
 
+use crate::options::IgnitionDelivery;
+use crate::options::ignition::FW_CFG_ENTRY;
 use crate::render::devices::{CpuChoice, Nic};
 use crate::render::ownership::escape;
 use crate::render::placement::PlacedXml;
@@ -28,7 +34,7 @@ use crate::render::rbd::{self, RbdSource};
 
 pub use crate::options::platform::{DirectKernel, DomainType, Firmware, Platform, SeedBus};
 pub use crate::render::placement::Placed;
-pub use crate::render::spec::{Base, DataVolume, Disks, DomainSpec, VolumePaths};
+pub use crate::render::spec::{Base, DataVolume, Disks, DomainSpec, IgnitionDisk, VolumePaths};
 
 /// The guest-agent channel name qemu-ga listens on.
 pub const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
@@ -48,6 +54,46 @@ fn seed_disk(bus: SeedBus, path: &str) -> String {
       <readonly/>
     </disk>"
     )
+}
+
+/// The Ignition config's elements for `disk` at `path` (already escaped): a firmware
+/// configuration entry (a `<sysinfo>` of the domain) or a config drive (a read-only disk
+/// beside the seed, after the data disks); `(sysinfo, disk)`.
+fn ignition_elements(
+    disk: Option<&IgnitionDisk>,
+    path: Option<&str>,
+    bus: SeedBus,
+) -> (String, String) {
+    let (Some(disk), Some(path)) = (disk, path) else {
+        return (String::new(), String::new());
+    };
+    match disk.delivery {
+        IgnitionDelivery::FwCfg => (
+            format!(
+                "
+  <sysinfo type='fwcfg'>
+    <entry name='{FW_CFG_ENTRY}' file='{path}'/>
+  </sysinfo>"
+            ),
+            String::new(),
+        ),
+        IgnitionDelivery::ConfigDrive => {
+            let (device, target, bus) = match bus {
+                SeedBus::Virtio => ("disk", "vdz", "virtio"),
+                SeedBus::Sata => ("cdrom", "sdb", "sata"),
+            };
+            let disk = format!(
+                "
+    <disk type='file' device='{device}'>
+      <driver name='qemu' type='raw'/>
+      <source file='{path}'/>
+      <target dev='{target}' bus='{bus}'/>
+      <readonly/>
+    </disk>"
+            );
+            (String::new(), disk)
+        }
+    }
 }
 
 /// The data disks' `<disk>` elements, from `vdc` on, each with its serial; `paths` are
@@ -186,6 +232,12 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
     let root = root_disk(&spec.disks, paths.overlay);
     let seed = seed_disk(spec.platform.seed_bus, &escape(paths.seed));
     let data = data_disks(&spec.disks.data, paths.data, spec.disks.base.rbd.as_ref());
+    let ignition_path = paths.ignition.map(escape);
+    let (fw_cfg, drive) = ignition_elements(
+        spec.disks.ignition.as_ref(),
+        ignition_path.as_deref(),
+        spec.platform.seed_bus,
+    );
     let (vcpu, memory) = (spec.vcpu, spec.memory_mib);
     let tag = spec.tag.to_domain_xml();
     let kind = spec.platform.domain_type.as_str();
@@ -207,7 +259,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
   <metadata>{tag}</metadata>
   <memory unit='MiB'>{memory}</memory>
   <currentMemory unit='MiB'>{memory}</currentMemory>
-  <vcpu placement='static'{cpuset}>{vcpu}</vcpu>{placement}{SYSINFO}
+  <vcpu placement='static'{cpuset}>{vcpu}</vcpu>{placement}{SYSINFO}{fw_cfg}
   <os{firmware}>
     <type arch='x86_64' machine='q35'>hvm</type>{firmware_choice}
     {boot}
@@ -218,7 +270,7 @@ pub fn domain(spec: &DomainSpec, paths: VolumePaths<'_>) -> String {
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
   <on_crash>restart</on_crash>
-  <devices>{root}{seed}{data}{nic}{passthrough}{tpm}
+  <devices>{root}{seed}{data}{drive}{nic}{passthrough}{tpm}
     <channel type='unix'>
       <source mode='bind'/>
       <target type='virtio' name='{AGENT_CHANNEL}'/>
@@ -333,6 +385,7 @@ pub fn owned_volumes(domain_xml: &str, domain: &str) -> Vec<String> {
             *volume != crate::render::spec::overlay_name(domain)
                 && *volume != crate::render::spec::rbd_root_name(domain)
                 && *volume != crate::render::spec::seed_name(domain)
+                && *volume != crate::render::spec::ignition_name(domain)
         })
         .collect()
 }

@@ -46,6 +46,7 @@ fn spec(tag: &Tag, nics: &[Nic]) -> DomainSpec {
                 rbd: None,
             },
             data: Vec::new(),
+            ignition: None,
         },
         user_data: std::sync::Arc::from(&b""[..]),
         tpm: false,
@@ -59,6 +60,7 @@ const PATHS: VolumePaths<'static> = VolumePaths {
     seed: "/var/lib/libvirt/images/s.iso",
     console: Some("/var/lib/libvirt/images/c.log"),
     data: &[],
+    ignition: None,
 };
 
 #[test]

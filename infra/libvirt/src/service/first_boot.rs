@@ -1,9 +1,15 @@
 //! Machines whose guest takes its node configuration at first boot (an instance type's
-//! `"boot": "nocloud"`, docs/libvirt.md §5.14): Create defines the domain and leaves it off
-//! (`lifecycle::create`); Configure writes the join blob as the NoCloud seed's user-data and
-//! starts the domain ([`configure`]); Drain, after the guest's drain hook, stops the domain
-//! and writes the seed back without the blob ([`rest`]); Delete removes the seed with the
-//! other volumes.
+//! `"boot": "nocloud"` or `"ignition"`, docs/libvirt.md §5.14): Create defines the domain
+//! and leaves it off (`lifecycle::create`); Configure writes the join blob into the guest's
+//! configuration (the NoCloud seed's user-data, or the Ignition config the template and the
+//! blob make) and starts the domain ([`configure`]); Drain, after the guest's drain hook,
+//! stops the domain and writes the configuration back without the blob ([`rest`]); Delete
+//! removes it with the other volumes.
+//!
+//! An Ignition config delivered as QEMU's firmware configuration entry is read by QEMU when
+//! the domain starts, so Configure writes the blob out of the file again right after the
+//! start (and a replayed Configure that finds the domain running does it too, in case the
+//! first attempt stopped in between): the blob is on the host only while QEMU starts.
 //!
 //! The seed is written only while the domain is off: a replayed Configure that finds its
 //! domain running leaves it alone (the guest has read its configuration already), and one
@@ -13,17 +19,20 @@
 
 use std::sync::Arc;
 
+use bigfleet_libvirt_domain::catalog::BootMode;
 use bigfleet_libvirt_domain::{Machine, OperationId};
 use bigfleet_libvirt_ports::{Clock, HypervisorError};
 use virt::domain::Domain;
 
 use super::hypervisor::prefixed;
+use super::lifecycle::{self, CreateSpec};
 use super::{LibvirtHypervisor, SequenceContext};
 use crate::host::connection::Host;
 use crate::host::domains::{self, ensure_running, owned};
 use crate::host::error::{maybe_done, nothing_done, text};
 use crate::host::lanes::Lane;
 use crate::host::session::Session;
+use crate::options::IgnitionDelivery;
 use crate::render::ownership::Tag;
 use crate::render::{seed, spec, xml};
 use crate::storage::{console, volumes};
@@ -50,6 +59,11 @@ impl<C: Clock> LibvirtHypervisor<C> {
     ) -> Result<Arc<Host>, HypervisorError> {
         let (host, name) = self.target(machine)?;
         let settings = Arc::clone(&self.inner.settings);
+        let catalog = &self.inner.config.catalog;
+        let boot = (catalog.get(&machine.instance_type)).map_or(BootMode::Agent, |t| t.boot);
+        let renew = (blob.is_none() && boot == BootMode::Ignition)
+            .then(|| self.create_spec(machine, operation_id.as_str()))
+            .transpose()?;
         let (id, kind) = (machine.id.to_string(), machine.instance_type.clone());
         let operation = operation_id.to_string();
         host.call(lane, move |s| {
@@ -58,10 +72,11 @@ impl<C: Clock> LibvirtHypervisor<C> {
                 machine_id: &id,
                 instance_type: &kind,
                 operation_id: &operation,
+                boot,
             };
             match &blob {
                 Some(blob) => configure(s, &settings, &target, blob),
-                None => rest(s, &settings, &target),
+                None => rest(s, &settings, &target, renew.as_ref()),
             }
         })
         .await
@@ -80,6 +95,8 @@ pub(crate) struct Target<'a> {
     pub(crate) instance_type: &'a str,
     /// The operation writing the seed (its instance-id).
     pub(crate) operation_id: &'a str,
+    /// How its type boots (`nocloud` or `ignition`).
+    pub(crate) boot: BootMode,
 }
 
 /// Configure's part on the host: unless the domain already runs, writes the seed with
@@ -97,9 +114,9 @@ pub(crate) fn configure(
 ) -> Result<(), HypervisorError> {
     let (domain, _) = ours(session, settings, target)?;
     if domain.is_active().map_err(|e| maybe_done(text(&e)))? {
-        return Ok(());
+        return scrub_fw_cfg(session, settings, target);
     }
-    write_seed(session, settings, target, blob)?;
+    write_configuration(session, settings, target, Some(blob))?;
     ensure_running(&domain, target.name).map_err(|mut e| {
         let timeline = &settings.metrics.timeline;
         console::explain(
@@ -114,13 +131,30 @@ pub(crate) fn configure(
     if let Err(e) = domain.set_autostart(true) {
         tracing::warn!(domain = %target.name, error = %text(&e), "set domain autostart");
     }
+    scrub_fw_cfg(session, settings, target)
+}
+
+/// For an Ignition config QEMU read from a file at the domain's start: writes the file
+/// again without the join blob (nothing else needs it: QEMU keeps what it read).
+fn scrub_fw_cfg(
+    session: &Session,
+    settings: &SequenceContext,
+    target: &Target<'_>,
+) -> Result<(), HypervisorError> {
+    let fw_cfg = (settings.options.ignition.as_ref())
+        .is_some_and(|setup| setup.delivery == IgnitionDelivery::FwCfg);
+    if target.boot == BootMode::Ignition && fw_cfg {
+        write_configuration(session, settings, target, None)?;
+    }
     Ok(())
 }
 
 /// Drain's part on the host, after the guest's drain hook: unbinds the domain from its
 /// cluster (first, so that the drift watch sees a resting domain, not a stopped one), stops
-/// it and writes the seed back with the base user-data, so no copy of the join blob stays on
-/// the host and the next Configure starts the machine with its own.
+/// it and writes the configuration back without the blob, so no copy of the join blob stays
+/// on the host and the next Configure starts the machine with its own. An Ignition machine
+/// (`renew`: what its Create asked for) also gets a fresh root from the golden image, as
+/// Ignition runs only at a first boot.
 ///
 /// # Errors
 /// The domain is missing or not ours, would not stop, or the seed could not be written.
@@ -128,6 +162,7 @@ pub(crate) fn rest(
     session: &Session,
     settings: &SequenceContext,
     target: &Target<'_>,
+    renew: Option<&CreateSpec>,
 ) -> Result<(), HypervisorError> {
     let (domain, mut tag) = ours(session, settings, target)?;
     tag.cluster_id.clear();
@@ -140,7 +175,10 @@ pub(crate) fn rest(
             .destroy()
             .map_err(|e| maybe_done(format!("stop domain {}: {}", target.name, text(&e))))?;
     }
-    write_seed(session, settings, target, &settings.user_data)
+    if let Some(spec) = renew {
+        lifecycle::renew_root(session, settings, spec)?;
+    }
+    write_configuration(session, settings, target, None)
 }
 
 /// The domain of `target`, proven ours, and its ownership tag.
@@ -157,6 +195,28 @@ fn ours(
             target.name
         ))
     })
+}
+
+/// Writes the guest's configuration with the join `blob` (`None`: without one): the
+/// Ignition config of an Ignition type, the seed's user-data (the base user-data without a
+/// blob) of a NoCloud type.
+fn write_configuration(
+    session: &Session,
+    settings: &SequenceContext,
+    target: &Target<'_>,
+    blob: Option<&[u8]>,
+) -> Result<(), HypervisorError> {
+    if target.boot != BootMode::Ignition {
+        return write_seed(
+            session,
+            settings,
+            target,
+            blob.unwrap_or(&settings.user_data),
+        );
+    }
+    let bytes = seed::ignition_bytes(&settings.options, target.name, blob).map_err(nothing_done)?;
+    let name = spec::ignition_name(target.name);
+    replace_volume(session, settings, &name, &bytes, "the Ignition config")
 }
 
 /// Replaces the domain's seed volume (the domain is off) with a seed whose user-data is
@@ -176,15 +236,27 @@ fn write_seed(
     });
     let image = seed::build(target.name, &instance_id, user_data, network.as_deref())
         .map_err(nothing_done)?;
-    let pool = volumes::pool(session, options.seed_pool()).map_err(nothing_done)?;
     let name = spec::seed_name(target.name);
-    if let Ok(old) = pool.lookup_storage_vol_by_name(&name) {
+    replace_volume(session, settings, &name, &image, "the seed")
+}
+
+/// Replaces volume `name` of the seed pool with one holding `bytes` (`what` names it in
+/// errors).
+fn replace_volume(
+    session: &Session,
+    settings: &SequenceContext,
+    name: &str,
+    bytes: &[u8],
+    what: &str,
+) -> Result<(), HypervisorError> {
+    let pool = volumes::pool(session, settings.options.seed_pool()).map_err(nothing_done)?;
+    if let Ok(old) = pool.lookup_storage_vol_by_name(name) {
         old.delete(0)
-            .map_err(|e| maybe_done(format!("replace the seed {name}: {}", text(&e))))?;
+            .map_err(|e| maybe_done(format!("replace {what} {name}: {}", text(&e))))?;
     }
-    let bytes = u64::try_from(image.len()).unwrap_or(u64::MAX);
-    let (volume, _) = volumes::create_or_adopt(&pool, &name, &xml::seed_volume(&name, bytes))
-        .map_err(maybe_done)?;
-    volumes::upload(session, &volume, &image)
-        .map_err(|e| maybe_done(format!("write the seed {name}: {e}")))
+    let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    let (volume, _) =
+        volumes::create_or_adopt(&pool, name, &xml::seed_volume(name, size)).map_err(maybe_done)?;
+    volumes::upload(session, &volume, bytes)
+        .map_err(|e| maybe_done(format!("write {what} {name}: {e}")))
 }

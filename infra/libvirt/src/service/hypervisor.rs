@@ -438,27 +438,8 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
     async fn create(&self, request: CreateRequest) -> Result<Created, HypervisorError> {
         let machine = &request.machine;
         let config = &self.inner.config;
-        let shape = config.catalog.get(&machine.instance_type).ok_or_else(|| {
-            refused(format!(
-                "create: unknown instance_type {:?}",
-                machine.instance_type
-            ))
-        })?;
+        let spec = self.create_spec(machine, request.operation_id.as_str())?;
         let host = self.host(&machine.zone)?;
-        let spec = CreateSpec {
-            name: domain_name(&config.provider, machine.id.as_str()),
-            machine_id: machine.id.to_string(),
-            instance_type: machine.instance_type.clone(),
-            operation_id: request.operation_id.to_string(),
-            vcpu: shape.vcpu,
-            memory_mib: shape.memory_mib,
-            disks: shape.disks.clone(),
-            placement: shape.placement,
-            devices: shape.devices.clone(),
-            tpm: shape.tpm,
-            secure_boot: shape.secure_boot,
-            first_boot: shape.boot.first_boot(),
-        };
         let placed = DomainRef::new(machine.zone.clone(), spec.name.clone());
         let (settings, owner) = (Arc::clone(&self.inner.settings), Arc::clone(&host));
         host.call(Lane::Create, move |s| {
@@ -573,5 +554,37 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
                 known.insert(machine.id.to_string(), machine.zone.clone());
             }
         }
+    }
+}
+
+impl<C: Clock> LibvirtHypervisor<C> {
+    /// What a Create of `machine` (by operation `operation_id`) asks of its host, from its
+    /// instance type.
+    pub(super) fn create_spec(
+        &self,
+        machine: &Machine,
+        operation_id: &str,
+    ) -> Result<CreateSpec, HypervisorError> {
+        let config = &self.inner.config;
+        let shape = config.catalog.get(&machine.instance_type).ok_or_else(|| {
+            refused(format!(
+                "create: unknown instance_type {:?}",
+                machine.instance_type
+            ))
+        })?;
+        Ok(CreateSpec {
+            name: domain_name(&config.provider, machine.id.as_str()),
+            machine_id: machine.id.to_string(),
+            instance_type: machine.instance_type.clone(),
+            operation_id: operation_id.to_owned(),
+            vcpu: shape.vcpu,
+            memory_mib: shape.memory_mib,
+            disks: shape.disks.clone(),
+            placement: shape.placement,
+            devices: shape.devices.clone(),
+            tpm: shape.tpm,
+            secure_boot: shape.secure_boot,
+            boot: shape.boot,
+        })
     }
 }

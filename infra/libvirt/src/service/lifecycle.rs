@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use bigfleet_libvirt_domain::catalog::{DiskShape, Placement};
+use bigfleet_libvirt_domain::catalog::{BootMode, DiskShape, Placement};
 use bigfleet_libvirt_ports::HypervisorError;
 use bigfleet_libvirt_ports::steps;
 use tracing::warn;
@@ -58,9 +58,10 @@ pub(crate) struct CreateSpec {
     pub(crate) tpm: bool,
     /// Whether the instance type boots with UEFI Secure Boot.
     pub(crate) secure_boot: bool,
-    /// Whether the guest takes its configuration at first boot (`boot: nocloud`): the domain
-    /// is defined and left off, and Configure starts it ([`first_boot`]).
-    pub(crate) first_boot: bool,
+    /// How the guest gets its node configuration: at first boot (`boot: nocloud` or
+    /// `ignition`) the domain is defined and left off, and Configure starts it
+    /// ([`first_boot`]); an Ignition type's config volume is made with the domain.
+    pub(crate) boot: BootMode,
 }
 
 /// Creates (or adopts) the domain and leaves it running (a first-boot type's: defined and
@@ -75,13 +76,13 @@ pub(crate) fn create(
 ) -> Result<(), HypervisorError> {
     let _alone = host.exclusive(&spec.name);
     if let Some((domain, _)) = owned(session, &spec.name, &settings.provider, &spec.machine_id)? {
-        if spec.first_boot {
+        if spec.boot.first_boot() {
             return Ok(());
         }
         return power_on_explained(session, settings, &domain, &spec.name, &spec.machine_id);
     }
     let (mut on_host, mut plan) = prepare(session, settings, spec)?;
-    if spec.first_boot {
+    if spec.boot.first_boot() {
         plan.retain(|step| *step != steps::Step::Start);
     }
     let disks = &on_host.spec.disks;
@@ -160,6 +161,7 @@ fn domain_spec(
         disks: &spec.disks,
         tpm: spec.tpm,
         secure_boot: spec.secure_boot,
+        ignition: spec.boot == BootMode::Ignition,
     };
     let base = Base {
         path: base.path.clone(),
@@ -194,12 +196,20 @@ fn prepare<'a>(
         network_config.as_deref(),
     )
     .map_err(nothing_done)?;
+    let has_ignition = domain_spec.disks.ignition.is_some();
+    let ignition_image = seed::ignition_image(&settings.options, &domain_spec.name, has_ignition)
+        .map_err(nothing_done)?;
     let disks = &domain_spec.disks;
     let mut made = vec![disks.overlay.clone()];
     made.extend(disks.data.iter().map(|d| d.volume.clone()));
     made.push(disks.seed.clone());
     made.push(disks.console.clone());
-    let plan = steps::create_steps(&made, std::slice::from_ref(&disks.seed));
+    let mut filled = vec![disks.seed.clone()];
+    if let Some(ignition) = &disks.ignition {
+        made.push(ignition.volume.clone());
+        filled.push(ignition.volume.clone());
+    }
+    let plan = steps::create_steps(&made, &filled);
     let on_host = OnHost {
         session,
         settings,
@@ -207,6 +217,7 @@ fn prepare<'a>(
         seed_pool,
         spec: domain_spec,
         seed_image,
+        ignition_image,
         volumes: BTreeMap::new(),
         domain: None,
         claim: None,
@@ -273,6 +284,8 @@ struct OnHost<'a> {
     seed_pool: StoragePool,
     spec: DomainSpec,
     seed_image: Vec<u8>,
+    /// The Ignition config volume's bytes (an Ignition type's).
+    ignition_image: Vec<u8>,
     volumes: BTreeMap<String, StorageVol>,
     domain: Option<Domain>,
     /// What the Create claims on the host, and whose it is (`None`: nothing to claim).
@@ -289,6 +302,11 @@ struct Claiming<'a> {
 }
 
 impl OnHost<'_> {
+    /// Whether `name` is the domain's Ignition config volume.
+    fn is_ignition(&self, name: &str) -> bool {
+        (self.spec.disks.ignition.as_ref()).is_some_and(|i| i.volume == name)
+    }
+
     /// The path libvirt gave volume `name` (made by an earlier step).
     fn path(&self, name: &str) -> Result<String, HypervisorError> {
         let volume = (self.volumes.get(name))
@@ -388,6 +406,10 @@ impl steps::Substrate for OnHost<'_> {
         } else if name == disks.console {
             volumes::create_or_adopt(&self.seed_pool, name, &xml::console(&self.spec))
                 .map_err(maybe_done)?
+        } else if self.is_ignition(name) {
+            let bytes = u64::try_from(self.ignition_image.len()).unwrap_or(u64::MAX);
+            volumes::create_or_adopt(&self.seed_pool, name, &xml::seed_volume(name, bytes))
+                .map_err(maybe_done)?
         } else {
             let disk = (disks.data.iter().find(|d| d.volume == name))
                 .ok_or_else(|| nothing_done(format!("no volume {name} in the spec")))?;
@@ -401,8 +423,13 @@ impl steps::Substrate for OnHost<'_> {
     fn fill(&mut self, name: &str) -> Result<(), HypervisorError> {
         let volume = (self.volumes.get(name))
             .ok_or_else(|| nothing_done(format!("volume {name} was not made")))?;
-        volumes::upload(self.session, volume, &self.seed_image)
-            .map_err(|e| maybe_done(format!("upload the cloud-init seed: {e}")))
+        let (bytes, what) = if self.is_ignition(name) {
+            (&self.ignition_image, "the Ignition config")
+        } else {
+            (&self.seed_image, "the cloud-init seed")
+        };
+        volumes::upload(self.session, volume, bytes)
+            .map_err(|e| maybe_done(format!("upload {what}: {e}")))
     }
 
     fn define(&mut self) -> Result<(), HypervisorError> {
@@ -413,11 +440,15 @@ impl steps::Substrate for OnHost<'_> {
         let data = (disks.data.iter())
             .map(|d| self.path(&d.volume))
             .collect::<Result<Vec<_>, _>>()?;
+        let ignition = (disks.ignition.as_ref())
+            .map(|i| self.path(&i.volume))
+            .transpose()?;
         let paths = VolumePaths {
             overlay: &overlay,
             seed: &seed,
             console: Some(&console),
             data: &data,
+            ignition: ignition.as_deref(),
         };
         let document = xml::domain(&self.spec, paths);
         let watch = Stopwatch::start();
@@ -468,13 +499,27 @@ impl steps::Substrate for OnHost<'_> {
     fn delete_volume(&mut self, name: &str) -> Result<(), HypervisorError> {
         self.volumes.remove(name);
         let disks = &self.spec.disks;
-        let pool = if name == disks.seed || name == disks.console {
+        let pool = if name == disks.seed || name == disks.console || self.is_ignition(name) {
             &self.seed_pool
         } else {
             &self.pool
         };
         volumes::delete(pool, name).map(|_| ()).map_err(partly_done)
     }
+}
+
+/// Replaces the root of `spec`'s stopped domain with a fresh one made from the golden image
+/// (an Ignition machine's Drain: its next start is a first boot again). Repeatable: a
+/// missing root is made.
+pub(crate) fn renew_root(
+    session: &Session,
+    settings: &SequenceContext,
+    spec: &CreateSpec,
+) -> Result<(), HypervisorError> {
+    let (mut on_host, _) = prepare(session, settings, spec)?;
+    let root = on_host.spec.disks.overlay.clone();
+    steps::Substrate::delete_volume(&mut on_host, &root)?;
+    steps::Substrate::volume(&mut on_host, &root).map(|_| ())
 }
 
 /// Destroys and undefines the domain if it is ours, then deletes its volumes: the overlay,

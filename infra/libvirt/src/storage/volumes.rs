@@ -19,7 +19,9 @@ use crate::host::session::{BaseImage, Session};
 use crate::render::rbd::{self, PoolKind};
 use crate::render::xml;
 
-pub use crate::render::spec::{console_name, overlay_name, owner_of, rbd_root_name, seed_name};
+pub use crate::render::spec::{
+    console_name, ignition_name, overlay_name, owner_of, rbd_root_name, seed_name,
+};
 
 /// Upload chunk size for the seed ISO.
 const UPLOAD_CHUNK: usize = 256 * 1024;
@@ -203,7 +205,7 @@ pub(crate) fn delete(pool: &StoragePool, name: &str) -> Result<bool, String> {
 }
 
 /// Deletes a domain's root (overlay or RBD clone) and the data volumes `data` from
-/// `pools.storage`, and its seed and console log from `pools.seed` (whichever exist; older
+/// `pools.storage`, and its seed, console log and Ignition config from `pools.seed` (whichever exist; older
 /// console files virtlogd rotated out are left to orphan collection, which re-reads the
 /// pool). Every volume is
 /// attempted; the errors are joined.
@@ -225,7 +227,11 @@ pub(crate) fn delete_domain_volumes(
     } else {
         pool(session, pools.seed)
     };
-    let beside_seed = [seed_name(domain), console_name(domain)];
+    let beside_seed = [
+        seed_name(domain),
+        console_name(domain),
+        ignition_name(domain),
+    ];
     match seed {
         Ok(seed) => errors.extend(
             beside_seed

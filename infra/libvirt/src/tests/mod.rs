@@ -75,6 +75,7 @@ pub(super) fn planted_domain(
                 rbd: None,
             },
             data: Vec::new(),
+            ignition: None,
         },
         user_data: Arc::from(&b""[..]),
         tpm: false,
@@ -88,6 +89,7 @@ pub(super) fn planted_domain(
             seed,
             console: None,
             data: &[],
+            ignition: None,
         },
     )
 }
@@ -314,7 +316,7 @@ pub(super) async fn create_refused_at_define(
         devices: std::collections::BTreeMap::new(),
         tpm: false,
         secure_boot: false,
-        first_boot: false,
+        boot: bigfleet_libvirt_domain::catalog::BootMode::Agent,
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {

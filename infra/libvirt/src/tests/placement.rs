@@ -217,7 +217,7 @@ pub(super) async fn create_refused_at_define(
         devices,
         tpm: false,
         secure_boot: false,
-        first_boot: false,
+        boot: bigfleet_libvirt_domain::catalog::BootMode::Agent,
     };
     let owner = Arc::clone(&host);
     host.call(Lane::Create, move |s| {
