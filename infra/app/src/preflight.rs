@@ -74,6 +74,7 @@ pub fn expectations(plan: &Plan) -> Expectations {
         connections: settings.connections,
         max_client_requests: settings.max_client_requests,
         classes: plan.catalog.device_classes().clone(),
+        ignition: settings.ignition.as_ref().map(|setup| setup.delivery),
     }
 }
 

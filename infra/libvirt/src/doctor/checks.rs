@@ -7,6 +7,7 @@ use super::facts::{
 use super::golden;
 use super::report::{Check, Status, check, gib};
 use crate::host::capacity::{Carved, Node, allocatable};
+use crate::options::IgnitionDelivery;
 
 pub(super) fn version(v: u32) -> String {
     format!("{}.{}.{}", v / 1_000_000, (v / 1000) % 1000, v % 1000)
@@ -480,6 +481,44 @@ pub(super) fn secure_boot(zone: &str, caps: &Probe<DomainCaps>, slots: &[Slots])
     };
     let asking = slots.iter().filter(|s| s.secure_boot);
     capability(zone, caps, asking, &wanted, |c| c.secure_boot)
+}
+
+/// The first libvirt with `<sysinfo type='fwcfg'>`.
+const FW_CFG_SINCE: u32 = 6_005_000;
+
+/// `ignition`: when a type boots by Ignition (`delivery`), whether this host's libvirt can
+/// hand the config to QEMU as a firmware configuration entry; no line otherwise.
+pub(super) fn ignition(
+    zone: &str,
+    delivery: Option<IgnitionDelivery>,
+    libvirt_version: u32,
+) -> Option<Check> {
+    let line = |status, detail: String, fix| check(zone, "ignition", status, detail, fix);
+    Some(match delivery? {
+        IgnitionDelivery::ConfigDrive => line(
+            Status::Ok,
+            "configs go on a config drive (config-2), which every libvirt attaches".to_owned(),
+            "",
+        ),
+        IgnitionDelivery::FwCfg if libvirt_version >= FW_CFG_SINCE => line(
+            Status::Ok,
+            format!(
+                "libvirt {} hands configs to QEMU as opt/com.coreos/config",
+                version(libvirt_version)
+            ),
+            "",
+        ),
+        IgnitionDelivery::FwCfg => line(
+            Status::Block,
+            format!(
+                "libvirt {} predates <sysinfo type='fwcfg'> (6.5.0), so Ignition configs \
+                 cannot reach QEMU's firmware configuration here",
+                version(libvirt_version)
+            ),
+            "upgrade libvirt on this host to 6.5.0 or later, or use --ignition-delivery \
+             config-drive with an image whose Ignition reads an OpenStack config drive",
+        ),
+    })
 }
 
 /// The words of a capability line ([`capability`]).

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use bigfleet_libvirt_domain::catalog::{DeviceClasses, DiskShape, Placement};
 use std::sync::Arc;
 
-use crate::options::{Budget, CapacityPolicy, GoldenImage};
+use crate::options::{Budget, CapacityPolicy, GoldenImage, IgnitionDelivery};
 use crate::render::passthrough::DeviceKey;
 use crate::render::placement::Topology;
 
@@ -207,4 +207,7 @@ pub struct Expectations {
     pub max_client_requests: usize,
     /// `--device-classes`.
     pub classes: DeviceClasses,
+    /// How Ignition configs reach the guests (`--ignition-delivery`), when a type boots by
+    /// Ignition (`--ignition-template` given).
+    pub ignition: Option<IgnitionDelivery>,
 }

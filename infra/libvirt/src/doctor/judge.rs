@@ -119,6 +119,11 @@ fn judge_host(want: &Expectations, host: &HostFacts, slots: &[Slots], out: &mut 
     out.push(domain_type(want, zone, &host.domain_caps));
     out.extend(super::checks::tpm(zone, &host.domain_caps, slots));
     out.extend(super::checks::secure_boot(zone, &host.domain_caps, slots));
+    out.extend(super::checks::ignition(
+        zone,
+        want.ignition,
+        connection.libvirt_version,
+    ));
     out.extend(storage(want, host, slots));
     out.push(network(want, zone, host.network.as_ref()));
     out.push(capacity(want, zone, connection, slots));

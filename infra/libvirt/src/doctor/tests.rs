@@ -2,7 +2,7 @@
 //! or network, KVM missing, a host whose guests cannot boot, orphans, and the exit codes.
 
 use super::*;
-use crate::options::CapacityPolicy;
+use crate::options::{CapacityPolicy, IgnitionDelivery};
 
 pub(super) fn want() -> Expectations {
     Expectations {
@@ -32,6 +32,7 @@ pub(super) fn want() -> Expectations {
             }],
         )],
         classes: bigfleet_libvirt_domain::catalog::DeviceClasses::default(),
+        ignition: None,
     }
 }
 
@@ -504,4 +505,38 @@ fn a_secure_boot_type_needs_secure_boot_firmware_on_its_hosts() {
         }
         assert_eq!(line(&host, &asks).unwrap().0, wanted, "{has:?}");
     }
+}
+
+#[test]
+fn an_ignition_delivery_by_fw_cfg_needs_libvirt_6_5_on_its_hosts() {
+    let line = |host: &HostFacts, want: &Expectations| {
+        let report = judge(want, std::slice::from_ref(host));
+        let found = report.checks.iter().find(|c| c.check == "ignition");
+        found.map(|c| (c.status, c.detail.clone(), c.fix.clone()))
+    };
+    let mut host = good();
+    assert_eq!(
+        line(&host, &want()),
+        None,
+        "no type boots by Ignition: no line"
+    );
+    let mut fw_cfg = want();
+    fw_cfg.ignition = Some(IgnitionDelivery::FwCfg);
+    let (status, detail, _) = line(&host, &fw_cfg).unwrap();
+    assert_eq!(status, Status::Ok, "{detail}");
+    assert!(detail.contains("opt/com.coreos/config"), "{detail}");
+    if let Ok(connection) = &mut host.connection {
+        connection.libvirt_version = 6_004_000;
+    }
+    let (status, detail, fix) = line(&host, &fw_cfg).unwrap();
+    assert_eq!(status, Status::Block);
+    assert!(detail.starts_with("libvirt 6.4.0 predates"), "{detail}");
+    assert!(fix.contains("--ignition-delivery config-drive"), "{fix}");
+    let mut drive = want();
+    drive.ignition = Some(IgnitionDelivery::ConfigDrive);
+    assert_eq!(
+        line(&host, &drive).unwrap().0,
+        Status::Ok,
+        "any libvirt attaches a disk"
+    );
 }
