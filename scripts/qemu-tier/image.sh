@@ -15,6 +15,9 @@
 # cloud-guest-utils and fdisk let cloud-init grow the root partition to the overlay's size.
 image_packages=(linux-image-cloud-amd64 systemd systemd-sysv udev dbus cloud-init
     cloud-guest-utils fdisk e2fsprogs qemu-guest-agent iproute2)
+# The tier's additions, for its Ignition walk only (image/bigfleet-ignition.service): Debian's
+# Ignition engine, and setfiles, which that engine runs after writing files.
+image_tier_packages=(ignition policycoreutils)
 # The tier's own changes to the image, which the recipe for operators (docs/golden-image.md)
 # does not make: units a tier guest never needs, masked so that they do not take the one
 # vCPU while the guest boots under software emulation. e2scrub_reap removes stale e2scrub
@@ -56,7 +59,7 @@ image_marker=$R/guest/.bigfleet-image
 image_work=/image
 
 image_stamp() {
-    { base_stamp; printf '%s\n' "$image_recipe" "${image_packages[@]}" "${image_tier_masks[@]}" \
+    { base_stamp; printf '%s\n' "$image_recipe" "${image_packages[@]}" "${image_tier_packages[@]}" "${image_tier_masks[@]}" \
         "${image_tier_generators[@]}" "${image_initramfs_modules[@]}"; cat "$guest_src"/image/*; } \
         | sha256sum | cut -c1-16
 }
@@ -88,13 +91,17 @@ image_rootfs() {
     in_image_root mount_chroot
     in_image_root in_chroot apt-get update -q >"$tier_dir/image-apt.log" 2>&1 \
         || { tail -n 20 "$tier_dir/image-apt.log" >&2; die "apt-get update in the image failed"; }
-    in_image_root in_chroot apt-get install -y -q --no-install-recommends "${image_packages[@]}" \
+    in_image_root in_chroot apt-get install -y -q --no-install-recommends "${image_packages[@]}" "${image_tier_packages[@]}" \
         >>"$tier_dir/image-apt.log" 2>&1 \
         || { tail -n 20 "$tier_dir/image-apt.log" >&2; die "apt-get install in the image failed (log: $tier_dir/image-apt.log)"; }
     in_image_root in_chroot apt-get clean
     install -d "$root/opt/bigfleet"
-    install -m 0755 "$src/bootstrap" "$src/drain" "$src/join" "$root/opt/bigfleet/"
-    install -m 0644 "$src/bigfleet-join.service" "$root/etc/systemd/system/"
+    install -m 0755 "$src/bootstrap" "$src/drain" "$src/join" "$src/ignition" "$root/opt/bigfleet/"
+    install -m 0644 "$src/bigfleet-join.service" "$src/bigfleet-ignition.service" "$root/etc/systemd/system/"
+    in_image_root in_chroot systemctl enable bigfleet-ignition.service >/dev/null 2>&1
+    install -m 0644 "$src/selinux-config" "$root/etc/selinux/config"
+    install -d "$root/etc/selinux/bigfleet/contexts/files"
+    : >"$root/etc/selinux/bigfleet/contexts/files/file_contexts"
     install -m 0644 "$src/qemu-guest-agent.service" "$root/etc/systemd/system/"
     in_image_root in_chroot systemctl enable qemu-guest-agent.service >/dev/null 2>&1
     install -m 0644 "$src/90-bigfleet.cfg" "$root/etc/cloud/cloud.cfg.d/"

@@ -25,6 +25,7 @@ use crate::qemu_zones::{domain_name, until_explained};
 
 pub mod guest;
 mod identity;
+mod ignition;
 mod kvm;
 mod network;
 
@@ -271,12 +272,26 @@ impl Libvirt {
 
     /// The bytes of domain `name`'s seed as the zone's host holds them.
     pub fn seed_bytes(&self, name: &str) -> Vec<u8> {
+        (self.volume_bytes(&format!("{name}-cidata.iso"))).expect("the domain's seed volume")
+    }
+
+    /// The bytes of volume `volume` of the pool as the zone's host holds them (`None`: no
+    /// such volume).
+    pub fn volume_bytes(&self, volume: &str) -> Option<Vec<u8>> {
         let pool = (self.conn.lookup_storage_pool_by_name(&self.pool)).expect("the tier's pool");
         pool.refresh(0).expect("refresh the pool");
-        let volume = (pool.lookup_storage_vol_by_name(&format!("{name}-cidata.iso")))
-            .expect("the domain's seed volume");
-        let path = volume.path().expect("the seed's path");
-        std::fs::read(self.root.join(path.trim_start_matches('/'))).expect("read the seed")
+        let volume = pool.lookup_storage_vol_by_name(volume).ok()?;
+        let path = volume.path().expect("the volume's path");
+        Some(std::fs::read(self.root.join(path.trim_start_matches('/'))).expect("read the volume"))
+    }
+
+    /// The bytes the host has allocated to volume `volume` of the pool (`None`: no such
+    /// volume).
+    pub fn volume_allocation(&self, volume: &str) -> Option<u64> {
+        let pool = (self.conn.lookup_storage_pool_by_name(&self.pool)).expect("the tier's pool");
+        pool.refresh(0).expect("refresh the pool");
+        let volume = pool.lookup_storage_vol_by_name(volume).ok()?;
+        Some(volume.info().expect("the volume's info").allocation)
     }
 
     pub fn volumes(&self) -> Vec<String> {
