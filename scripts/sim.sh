@@ -25,6 +25,7 @@ bugs=(
     bug-spread-busiest
     bug-rollback-leaks-a-volume
     bug-rollback-forgets-a-claim
+    bug-drain-skips-the-host
 )
 
 sim() { # [--features F] -- runner args

@@ -21,6 +21,10 @@ pub struct Domain {
     pub running: bool,
     /// The cluster it was bootstrapped into, if any.
     pub cluster: String,
+    /// Whether the host holds the guest's configuration with a join blob in it, as the
+    /// libvirt adapter's first-boot machines do (their seed's user-data or Ignition config):
+    /// written by Configure, written back without it by Drain, gone with the domain.
+    pub blob: bool,
     /// The dedicated CPUs and devices its definition names (`fakes::books`).
     pub held: Claim,
     /// Defined by a Create the host carried out after the process that sent it had died

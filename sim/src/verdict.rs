@@ -35,6 +35,8 @@ pub enum Invariant {
     /// After quiescence every volume belongs to a domain on its host (a failed Create rolls
     /// back every volume it made, and Delete removes them all).
     VolumeWithoutDomain,
+    /// No configuration holding a join blob outlives its machine's Configured → Idle.
+    BlobAfterIdle,
     /// No dedicated CPU or passthrough device is ever held by two machines, and no claim
     /// outlives the Create that made it unless its domain holds it.
     ClaimsHeldOnce,
@@ -65,6 +67,7 @@ impl Invariant {
             Self::HostsKeepServing => "hosts-keep-serving",
             Self::OrphanDomain => "no-orphan-domain",
             Self::VolumeWithoutDomain => "no-volume-without-domain",
+            Self::BlobAfterIdle => "no-blob-after-idle",
             Self::ClaimsHeldOnce => "claims-held-once",
             Self::TransitionDeadline => "transition-deadline",
             Self::SpansInCallTrace => "spans-in-call-trace",
@@ -95,6 +98,9 @@ impl Invariant {
             }
             Self::OrphanDomain => "after quiescence no domain exists that the state does not know",
             Self::VolumeWithoutDomain => "after quiescence every volume belongs to a domain",
+            Self::BlobAfterIdle => {
+                "no configuration holding a join blob outlives its machine's Configured -> Idle"
+            }
             Self::ClaimsHeldOnce => {
                 "no CPU or device is held by two machines, and a rolled-back claim is released"
             }

@@ -6,6 +6,8 @@
 //!   (no orphan), and every Idle/Configuring/Configured/Draining record has its domain.
 //! - Every volume on a host belongs to a domain on that host: a failed Create's rollback and
 //!   Delete leave none behind.
+//! - No domain's configuration holds a join blob while its machine is Idle (or has no
+//!   record): Drain took it out, whatever crashes and lost replies came between.
 //! - Each watcher's delta-maintained view, after one more delta, equals a full List.
 //! - The last acknowledged token of every (shard, machine) is still rejected, asked over
 //!   the same simulated network path the shards use.
@@ -91,6 +93,34 @@ fn volumes_without_domain(world: &World) -> Vec<String> {
     problems
 }
 
+/// Domains whose configuration still holds a join blob while their machine is Idle,
+/// Speculative or unknown.
+fn blobs_after_idle(world: &World, serving: &Serving) -> Vec<String> {
+    let Some(provider) = serving.get() else {
+        return vec!["the provider is not serving".to_owned()];
+    };
+    let page = provider.peek(&ListQuery::default());
+    let hosts = world.hosts();
+    let mut problems = Vec::new();
+    for (zone, domains) in hosts.domains.iter().enumerate() {
+        for (id, domain) in domains.iter().filter(|(_, d)| d.blob) {
+            let state = page.machines.iter().find(|m| &m.id == id).map(|m| m.state);
+            if matches!(
+                state,
+                None | Some(MachineState::Idle | MachineState::Speculative)
+            ) {
+                let state = state.map_or("unknown".to_owned(), |s| s.to_string());
+                problems.push(format!(
+                    "domain {} of machine {id} on zone-{zone} still holds a join blob, and the \
+                     machine is {state}",
+                    domain.name
+                ));
+            }
+        }
+    }
+    problems
+}
+
 fn transitional(serving: &Serving) -> Vec<String> {
     let Some(provider) = serving.get() else {
         return vec!["the provider is not serving".to_owned()];
@@ -124,6 +154,9 @@ pub async fn run(checkers: &Checkers, serving: &Serving, watchers: &Watchers) {
     }
     for problem in volumes_without_domain(world) {
         checkers.violation(Invariant::VolumeWithoutDomain, problem);
+    }
+    for problem in blobs_after_idle(world, serving) {
+        checkers.violation(Invariant::BlobAfterIdle, problem);
     }
     check_memory_equals_disk(checkers, serving);
     check_watchers(checkers, watchers).await;

@@ -471,11 +471,13 @@ impl SimHypervisor {
                 Op::Configure(cluster) => {
                     with_running(&mut hosts.domains[host], host, op, id, |d| {
                         d.cluster.clone_from(cluster);
+                        d.blob = true;
                     })
                 }
                 Op::Ready => with_running(&mut hosts.domains[host], host, op, id, |_| {}),
                 Op::Drain => with_running(&mut hosts.domains[host], host, op, id, |d| {
-                    d.cluster.clear()
+                    d.cluster.clear();
+                    d.blob = false;
                 }),
                 Op::Delete => {
                     // As the adapter: the domain goes, then every volume of its name, even

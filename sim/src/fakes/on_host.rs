@@ -27,6 +27,7 @@ pub struct OnHost<'a> {
     pub placed: Placed,
     /// The process that sent the Create has died since (`Domain::late`).
     pub late: bool,
+
     /// The step that fails, counting every step.
     pub fail_at: Option<usize>,
     /// Steps taken so far.
@@ -77,6 +78,7 @@ impl steps::Substrate for OnHost<'_> {
             name: self.name.to_owned(),
             running: false,
             cluster: String::new(),
+            blob: false,
             held: books::held(&self.placed),
             late: self.late,
         };
