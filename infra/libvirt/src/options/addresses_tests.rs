@@ -166,8 +166,9 @@ fn overlapping_ranges_are_refused_naming_both_pools() {
 
 proptest! {
     /// Whatever pools and offerings the book accepts, no address goes to two slots, every
-    /// address is a host address of its pool's network and not its gateway, and a slot keeps
-    /// its address when its offering grows.
+    /// address is a host address of its pool's network and not its gateway, a slot keeps
+    /// its address when its offering grows, and a restarted process that lists the slots in
+    /// another order books each the same address (nothing is stored for it).
     #[test]
     fn an_accepted_book_never_hands_one_address_to_two_slots(
         offers in prop::collection::vec((0usize..2, 0usize..2, 1i64..40), 1..4),
@@ -199,6 +200,12 @@ proptest! {
                 prop_assert!(seen.insert(address.address), "{} twice", address.address);
                 prop_assert!(net.hosts().any(|h| h == address.address));
                 prop_assert_ne!(Some(address.address), address.subnet.gateway);
+            }
+            let mut reordered = all.clone();
+            reordered.reverse();
+            let again = pools.book(&reordered, |_| network()).unwrap();
+            for slot in &all {
+                prop_assert_eq!(book.get(slot.id.as_str()), again.get(slot.id.as_str()));
             }
             let (t, z) = *offered.iter().next().unwrap();
             let mut grown = all.clone();
