@@ -101,24 +101,20 @@ fn blobs_after_idle(world: &World, serving: &Serving) -> Vec<String> {
     };
     let page = provider.peek(&ListQuery::default());
     let hosts = world.hosts();
-    let mut problems = Vec::new();
-    for (zone, domains) in hosts.domains.iter().enumerate() {
-        for (id, domain) in domains.iter().filter(|(_, d)| d.blob) {
-            let state = page.machines.iter().find(|m| &m.id == id).map(|m| m.state);
-            if matches!(
-                state,
-                None | Some(MachineState::Idle | MachineState::Speculative)
-            ) {
-                let state = state.map_or("unknown".to_owned(), |s| s.to_string());
-                problems.push(format!(
-                    "domain {} of machine {id} on zone-{zone} still holds a join blob, and the \
-                     machine is {state}",
-                    domain.name
-                ));
-            }
-        }
-    }
-    problems
+    let held = (hosts.domains.iter().enumerate())
+        .flat_map(|(zone, domains)| domains.iter().map(move |(id, d)| (zone, id, d)))
+        .filter(|(_, _, domain)| domain.blob);
+    let state_of = |id| page.machines.iter().find(|m| &m.id == id).map(|m| m.state);
+    held.filter_map(|(zone, id, domain)| match state_of(id) {
+        Some(MachineState::Idle | MachineState::Speculative) | None => Some(format!(
+            "domain {} of machine {id} on zone-{zone} still holds a join blob, and the \
+             machine is {}",
+            domain.name,
+            state_of(id).map_or("unknown".to_owned(), |s| s.to_string())
+        )),
+        Some(_) => None,
+    })
+    .collect()
 }
 
 fn transitional(serving: &Serving) -> Vec<String> {

@@ -41,9 +41,15 @@ pub const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
 
 /// The seed's `<disk>` element on `bus` for the volume at `path` (already escaped).
 fn seed_disk(bus: SeedBus, path: &str) -> String {
+    read_only_disk(bus, path, ("vdb", "sda"))
+}
+
+/// A read-only raw `<disk>` on `bus` (a virtio disk, or a SATA CD-ROM) for the file at
+/// `path` (already escaped), as target `virtio` or `sata` of `targets`.
+fn read_only_disk(bus: SeedBus, path: &str, (virtio, sata): (&str, &str)) -> String {
     let (device, target, bus) = match bus {
-        SeedBus::Virtio => ("disk", "vdb", "virtio"),
-        SeedBus::Sata => ("cdrom", "sda", "sata"),
+        SeedBus::Virtio => ("disk", virtio, "virtio"),
+        SeedBus::Sata => ("cdrom", sata, "sata"),
     };
     format!(
         "
@@ -77,22 +83,7 @@ fn ignition_elements(
             ),
             String::new(),
         ),
-        IgnitionDelivery::ConfigDrive => {
-            let (device, target, bus) = match bus {
-                SeedBus::Virtio => ("disk", "vdz", "virtio"),
-                SeedBus::Sata => ("cdrom", "sdb", "sata"),
-            };
-            let disk = format!(
-                "
-    <disk type='file' device='{device}'>
-      <driver name='qemu' type='raw'/>
-      <source file='{path}'/>
-      <target dev='{target}' bus='{bus}'/>
-      <readonly/>
-    </disk>"
-            );
-            (String::new(), disk)
-        }
+        IgnitionDelivery::ConfigDrive => (String::new(), read_only_disk(bus, path, ("vdz", "sdb"))),
     }
 }
 
