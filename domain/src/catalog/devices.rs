@@ -37,12 +37,14 @@ pub enum DeviceSource {
         /// The mdev type id.
         mdev_type: String,
     },
-    /// An SR-IOV virtual function with these ids.
+    /// An SR-IOV virtual function with these ids, given to the guest as a NIC.
     Vf {
         /// PCI vendor id.
         vendor: u16,
         /// PCI product (device) id of the VF.
         product: u16,
+        /// The 802.1Q tag the host's port sets on the VF's frames (`vf.vlan`), if any.
+        vlan: Option<u16>,
     },
 }
 
@@ -63,7 +65,16 @@ impl std::fmt::Display for DeviceSource {
         match self {
             Self::Pci { vendor, product } => write!(f, "pci {vendor:04x}:{product:04x}"),
             Self::Mdev { mdev_type } => write!(f, "mdev type {mdev_type}"),
-            Self::Vf { vendor, product } => write!(f, "vf {vendor:04x}:{product:04x}"),
+            Self::Vf {
+                vendor,
+                product,
+                vlan: None,
+            } => write!(f, "vf {vendor:04x}:{product:04x}"),
+            Self::Vf {
+                vendor,
+                product,
+                vlan: Some(tag),
+            } => write!(f, "vf {vendor:04x}:{product:04x} vlan {tag}"),
         }
     }
 }
@@ -119,7 +130,22 @@ pub struct RawDeviceClass {
     pub mdev: Option<RawMdev>,
     /// SR-IOV virtual functions.
     #[serde(default)]
-    pub vf: Option<RawPciIds>,
+    pub vf: Option<RawVf>,
+}
+
+/// A VF class's ids as written, and its VLAN tag.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVf {
+    /// Vendor id.
+    #[serde(default)]
+    pub vendor: String,
+    /// Product id.
+    #[serde(default)]
+    pub product: String,
+    /// The 802.1Q tag, 1 to 4094.
+    #[serde(default)]
+    pub vlan: Option<i64>,
 }
 
 impl DeviceClasses {
@@ -244,9 +270,26 @@ fn class(entry: &RawDeviceClass) -> Result<DeviceClass, String> {
                 mdev_type: mdev_type.to_owned(),
             }
         }
-        (None, None, Some(ids)) => {
-            let (vendor, product) = ids_of(ids, "vf")?;
-            DeviceSource::Vf { vendor, product }
+        (None, None, Some(vf)) => {
+            let ids = RawPciIds {
+                vendor: vf.vendor.clone(),
+                product: vf.product.clone(),
+            };
+            let (vendor, product) = ids_of(&ids, "vf")?;
+            let vlan = match vf.vlan {
+                None => None,
+                Some(tag) => Some(
+                    u16::try_from(tag)
+                        .ok()
+                        .filter(|t| (1..=4094).contains(t))
+                        .ok_or_else(|| format!("vf.vlan {tag} is not a VLAN id; use 1 to 4094"))?,
+                ),
+            };
+            DeviceSource::Vf {
+                vendor,
+                product,
+                vlan,
+            }
         }
         _ => {
             return Err(

@@ -41,6 +41,17 @@ fn the_three_kinds_are_read() {
         }
     );
     assert_eq!(source("cx6-vf").to_string(), "vf 15b3:101e");
+    let tagged = r#"{"vf100": {"resource": "mellanox.com/cx6_vf",
+                               "vf": {"vendor": "15b3", "product": "101e", "vlan": 100}}}"#;
+    let tagged = classes(tagged).unwrap();
+    assert_eq!(
+        tagged.get("vf100").unwrap().source,
+        DeviceSource::Vf {
+            vendor: 0x15b3,
+            product: 0x101e,
+            vlan: Some(100)
+        }
+    );
     assert_eq!(got.by_resource("nvidia.com/gpu").unwrap().0, "a100");
     assert_eq!(got.known(), "a100, a100-2g, cx6-vf");
 }
@@ -69,6 +80,10 @@ fn bad_classes_are_refused_with_the_fix() {
         (
             r#"{"g": {"resource": "nvidia.com/gpu", "pci": {"vendor": "nvidia", "product": "20b0"}}}"#,
             "pci.vendor \"nvidia\" is not a PCI id; write four hex digits as lspci -nn prints",
+        ),
+        (
+            r#"{"v": {"resource": "x.com/vf", "vf": {"vendor": "15b3", "product": "101e", "vlan": 4095}}}"#,
+            "class \"v\" vf.vlan 4095 is not a VLAN id; use 1 to 4094",
         ),
         (
             r#"{"g": {"resource": "nvidia.com/gpu", "mdev": {"type": "a b"}}}"#,

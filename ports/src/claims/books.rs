@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use bigfleet_libvirt_domain::catalog::DeviceClasses;
+use bigfleet_libvirt_domain::catalog::{DeviceClasses, DeviceSource};
 
 use super::{CpuSet, DeviceKey, Held, HostDevice, Pinning, Placed, PlacedDevice, Topology};
 
@@ -104,6 +104,8 @@ pub struct Claims {
     topology: Option<Topology>,
     /// The host's usable devices of each declared class (as of the last topology read).
     pool: BTreeMap<String, Vec<HostDevice>>,
+    /// The VLAN tag of each VF class that has one.
+    vlans: BTreeMap<String, u16>,
     /// Huge pages taken by anything but domains, by size, as of the last scan.
     outside: BTreeMap<u64, u64>,
     committed: BTreeMap<String, Claim>,
@@ -130,6 +132,14 @@ impl Claims {
                     .cloned()
                     .collect();
                 (name.to_owned(), devices)
+            })
+            .collect();
+        self.vlans = (classes.iter())
+            .filter_map(|(name, class)| match class.source {
+                DeviceSource::Vf {
+                    vlan: Some(tag), ..
+                } => Some((name.to_owned(), tag)),
+                _ => None,
             })
             .collect();
         self.topology = Some(topology);
@@ -363,6 +373,7 @@ impl Claims {
             .map(|d| PlacedDevice {
                 key: d.key.clone(),
                 vf: d.vf,
+                vlan: self.vlans.get(class).copied().filter(|_| d.vf),
             })
             .collect())
     }

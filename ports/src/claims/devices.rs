@@ -77,7 +77,9 @@ impl HostDevice {
             DeviceSource::Pci { vendor, product } => {
                 matches!(self.key, DeviceKey::Pci(_)) && !self.vf && self.ids == (*vendor, *product)
             }
-            DeviceSource::Vf { vendor, product } => self.vf && self.ids == (*vendor, *product),
+            DeviceSource::Vf {
+                vendor, product, ..
+            } => self.vf && self.ids == (*vendor, *product),
             DeviceSource::Mdev { mdev_type } => self.mdev_type.as_deref() == Some(mdev_type),
         }
     }
@@ -124,4 +126,6 @@ pub struct PlacedDevice {
     pub key: DeviceKey,
     /// A VF (given as a NIC).
     pub vf: bool,
+    /// A VF's 802.1Q tag (its class's `vf.vlan`).
+    pub vlan: Option<u16>,
 }

@@ -23,7 +23,7 @@ use bigfleet_libvirt_domain::catalog::parse_machine_id;
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 
-use super::devices::NicSource;
+use super::devices::{DirectMode, NicSource};
 
 /// The flag that names the file.
 pub const FLAG: &str = "--address-pools";
@@ -299,14 +299,25 @@ fn fit(pool: &AddressPool, served: &[(&str, u32)], nics: &[NicSource]) -> Result
             "its machines have no NIC; give the type one (--network, --nic or --instance-nic)"
                 .to_owned(),
         ),
-        (Some(source @ (NicSource::Bridge(_) | NicSource::Direct { .. })), Some(vlan)) => {
-            Err(format!(
-                "asks for VLAN {vlan} on the first NIC, {source}, which cannot carry a tag; \
-                 plug it into an Open vSwitch bridge (ovs=NAME) or a libvirt network that \
-                 tags (network=NAME), or drop \"vlan\" and tag on the host's side"
-            ))
-        }
+        (Some(source), Some(vlan)) if !carries_a_tag(source) => Err(format!(
+            "asks for VLAN {vlan} on the first NIC, {source}, which cannot carry a tag; \
+             plug it into an Open vSwitch bridge (ovs=NAME), an SR-IOV virtual function in \
+             macvtap passthrough mode (direct=DEV:passthrough) or a libvirt network that tags \
+             (network=NAME), or drop \"vlan\" and tag on the host's side"
+        )),
         _ => Ok(Ipv4Addr::from(last)),
+    }
+}
+
+/// Whether libvirt can tag the frames of a NIC on `source` without the guest knowing: an
+/// Open vSwitch port, an SR-IOV virtual function in macvtap passthrough mode, or a libvirt
+/// network (which tags when it is one over Open vSwitch or of VFs; libvirt refuses the
+/// definition otherwise). A Linux bridge and the other macvtap modes cannot.
+fn carries_a_tag(source: &NicSource) -> bool {
+    match source {
+        NicSource::Bridge(_) => false,
+        NicSource::Direct { mode, .. } => *mode == DirectMode::Passthrough,
+        _ => true,
     }
 }
 

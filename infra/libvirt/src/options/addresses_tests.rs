@@ -130,6 +130,8 @@ fn pools_that_do_not_fit_their_slots_are_refused_at_start() {
         (one(r#""first": "10.0.0.1""#), Vec::new(), "its machines have no NIC"),
         (one(r#""first": "10.0.0.1", "vlan": 7"#), vec![NicSource::Bridge("br0".to_owned())],
          "asks for VLAN 7 on the first NIC, bridge=br0, which cannot carry a tag; plug it into an Open vSwitch bridge (ovs=NAME)"),
+        (one(r#""first": "10.0.0.1", "vlan": 7"#), vec![NicSource::parse("direct=eth1:vepa").unwrap()],
+         "on the first NIC, direct=eth1:vepa, which cannot carry a tag"),
         (r#"[{"instance_type": "kvm.large", "zone": "a", "cidr": "10.0.0.0/24", "first": "10.0.0.1"}]"#.to_owned(),
          network(), "no offering has slots of that type in that zone"),
     ] {
@@ -137,9 +139,16 @@ fn pools_that_do_not_fit_their_slots_are_refused_at_start() {
         assert!(error.starts_with("--address-pools: pool 0 ("), "{error}");
         assert!(error.contains(says), "{json}: {error}");
     }
-    let ovs = vec![NicSource::Ovs("ovsbr0".to_owned())];
     let tagged = parse(&one(r#""first": "10.0.0.1", "vlan": 7"#)).unwrap();
-    assert_eq!(tagged.book(&all, |_| ovs.clone()).unwrap().len(), 10);
+    for carrier in [
+        "ovs=ovsbr0",
+        "direct=enp1s0f1v0:passthrough",
+        "network=tagged",
+    ] {
+        let nics = vec![NicSource::parse(carrier).unwrap()];
+        let booked = tagged.book(&all, |_| nics.clone());
+        assert_eq!(booked.map(|b| b.len()), Ok(10), "{carrier} carries a tag");
+    }
 }
 
 #[test]

@@ -171,10 +171,15 @@ pub trait DeviceElement {
 impl DeviceElement for PlacedDevice {
     fn to_xml(&self) -> String {
         match (&self.key, self.vf) {
-            (DeviceKey::Pci(address), true) => format!(
-                "\n    <interface type='hostdev' managed='yes'>\n      <source>{}</source>\n    </interface>",
-                address_xml(*address, true)
-            ),
+            (DeviceKey::Pci(address), true) => {
+                let vlan = (self.vlan)
+                    .map(|tag| format!("\n      <vlan>\n        <tag id='{tag}'/>\n      </vlan>"))
+                    .unwrap_or_default();
+                format!(
+                    "\n    <interface type='hostdev' managed='yes'>\n      <source>{}</source>{vlan}\n    </interface>",
+                    address_xml(*address, true)
+                )
+            }
             (DeviceKey::Pci(address), false) => format!(
                 "\n    <hostdev mode='subsystem' type='pci' managed='yes'>\n      <source>{}</source>\n    </hostdev>",
                 address_xml(*address, false)

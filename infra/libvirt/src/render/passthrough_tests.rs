@@ -115,6 +115,7 @@ fn a_device_is_of_a_class_by_kind_and_ids() {
     let cx6 = DeviceSource::Vf {
         vendor: 0x15b3,
         product: 0x101e,
+        vlan: None,
     };
     let gvt = DeviceSource::Mdev {
         mdev_type: "i915-GVTg_V5_4".into(),
@@ -136,14 +137,17 @@ fn rendered_devices_are_read_back_as_held() {
         PlacedDevice {
             key: DeviceKey::Pci(address(0x3b, 0)),
             vf: false,
+            vlan: None,
         },
         PlacedDevice {
             key: DeviceKey::Pci(address(0x5e, 2)),
             vf: true,
+            vlan: Some(120),
         },
         PlacedDevice {
             key: DeviceKey::Mdev("4b20d080-1b54-4048-85b3-a6a62d165c01".into()),
             vf: false,
+            vlan: None,
         },
     ];
     let elements: String = placed.iter().map(PlacedDevice::to_xml).collect();
@@ -157,6 +161,17 @@ fn rendered_devices_are_read_back_as_held() {
     let want: BTreeSet<DeviceKey> = placed.into_iter().map(|p| p.key).collect();
     assert_eq!(got, want);
     assert!(elements.contains("<interface type='hostdev' managed='yes'>"));
+    assert!(
+        elements.contains(
+            "</source>\n      <vlan>\n        <tag id='120'/>\n      </vlan>\n    </interface>"
+        ),
+        "the VF carries its class's tag: {elements}"
+    );
+    assert_eq!(
+        elements.matches("<vlan>").count(),
+        1,
+        "only the VF is tagged"
+    );
     assert!(elements.contains(
         "<source><address domain='0x0000' bus='0x3b' slot='0x00' function='0x0'/></source>"
     ));

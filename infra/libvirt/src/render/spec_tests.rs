@@ -267,14 +267,17 @@ fn passthrough_devices_a_gpu_a_vf_and_an_mdev() {
             PlacedDevice {
                 key: pci(0x3b, 0),
                 vf: false,
+                vlan: None,
             },
             PlacedDevice {
                 key: pci(0x17, 2),
                 vf: true,
+                vlan: None,
             },
             PlacedDevice {
                 key: DeviceKey::Mdev("4b20d080-1b54-4048-85b3-a6a62d165c01".to_owned()),
                 vf: false,
+                vlan: None,
             },
         ],
         ..Placed::default()

@@ -29,7 +29,7 @@ const TYPES: &str = r#"{
 
 const CLASSES: &str = r#"{
     "a100": {"resource": "nvidia.com/gpu", "pci": {"vendor": "10de", "product": "20b0"}},
-    "cx6-vf": {"resource": "mellanox.com/cx6_vf", "vf": {"vendor": "15b3", "product": "101e"}},
+    "cx6-vf": {"resource": "mellanox.com/cx6_vf", "vf": {"vendor": "15b3", "product": "101e", "vlan": 42}},
     "gvt": {"resource": "intel.com/gvt", "mdev": {"type": "i915-GVTg_V5_4"}}
 }"#;
 
@@ -113,6 +113,10 @@ async fn each_device_is_given_once_and_exhaustion_withholds_the_slot() {
     assert!(
         a_xml.contains("<interface type='hostdev' managed='yes'>"),
         "{a_xml}"
+    );
+    assert!(
+        a_xml.contains("<vlan>") && a_xml.contains("<tag id='42'/>"),
+        "the VF carries its class's tag: {a_xml}"
     );
     // The A100 outside any IOMMU group is never taken: no third GPU machine.
     let refused = create(&rig.hv, &s[2]).await.unwrap_err();
