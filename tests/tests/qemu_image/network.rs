@@ -205,7 +205,10 @@ async fn reported_address(server: &Server, skip: usize, name: &str, mac: &str) -
 ///   writes the join blob (here a cloud-config that writes a file) as the seed's user-data
 ///   and starts the domain; the guest's cloud-init ran it (the file, read through the agent,
 ///   is byte for byte what the blob said); the seed on the host holds the blob while the
-///   machine is Configured, and after Drain the domain is off and the seed no longer does.
+///   machine is Configured. Then the guest's agent is made to forbid `guest-exec`, as
+///   Talos's does: Drain cannot run the hook, asks the guest to shut down instead, and the
+///   guest powers itself off (the domain is shut off with reason `shutdown`, not
+///   `destroyed`); after Drain the seed no longer holds the blob.
 /// - Static address: the image zone's isolated libvirt network `static`
 ///   (scripts/qemu-tier/network.sh: bridge `virbr1`, 192.168.123.1/24 in the zone's
 ///   namespace, no DHCP server) and `--address-pools` giving the type's slots 192.168.123.10
@@ -260,14 +263,10 @@ async fn first_boot_with_a_static_address_on_a_bridge_without_dhcp() {
 
     let blob = configure_first_boot(&mut c, &id, &virt, &domain, &name).await;
     static_address_held(&tier, &domain, &name, slot).await;
+    forbid_guest_exec(&domain, &name).await;
 
     let mut c = server.client().await;
-    let accepted = drain(&mut c, &id, 30, None).await;
-    settle(&mut c, &id, accepted, S::Idle, BOOT, Instant::now()).await;
-    assert!(
-        !domain.is_active().unwrap(),
-        "Drain stopped the first-boot machine"
-    );
+    drained_by_a_shutdown(&mut c, &id, &domain, &name).await;
     let seed = virt.seed_bytes(&name);
     assert!(
         !contains(&seed, &blob),
@@ -317,6 +316,58 @@ async fn configure_first_boot(
     .await;
     println!("  {name}: the blob's user-data ran at first boot ({written:.2?} after Configured)");
     blob
+}
+
+/// Drains `id` (domain `name`), whose agent forbids `guest-exec`: the Drain asks the guest
+/// to shut down, and the guest powers itself off (shut off with reason `shutdown`).
+async fn drained_by_a_shutdown(c: &mut Client, id: &str, domain: &Domain, name: &str) {
+    let start = Instant::now();
+    let accepted = drain(c, id, 60, None).await;
+    settle(c, id, accepted, S::Idle, BOOT, start).await;
+    let (state, reason) = domain.state().unwrap();
+    let (state, reason) = (format!("{state:?}"), format!("{reason:?}"));
+    println!(
+        "  {name}: drained in {:.1?}: {state} {reason}",
+        start.elapsed()
+    );
+    assert!(
+        state.contains("Shutoff"),
+        "Drain stopped the machine: {state}"
+    );
+    assert!(
+        reason.contains("Shutdown") && !reason.contains("Destroyed"),
+        "with no guest-exec, Drain asked the guest to shut down and it powered off: {reason}"
+    );
+}
+
+/// Turns `guest-exec` off in the guest's agent, as Talos ships its agent: writes the agent's
+/// configuration file and has systemd restart the agent two seconds later (after this
+/// command's own status was read), then waits until the agent lists `guest-exec` disabled.
+async fn forbid_guest_exec(domain: &Domain, name: &str) {
+    guest::run(
+        domain,
+        "mkdir -p /etc/qemu && printf '[general]\\nblock-rpcs=guest-exec\\n' \
+         >/etc/qemu/qemu-ga.conf && systemd-run --on-active=2 \
+         systemctl restart qemu-guest-agent.service >/dev/null 2>&1",
+    );
+    let off = until_explained(
+        &format!("{name}'s agent to forbid guest-exec"),
+        Duration::from_secs(120),
+        || {
+            let info = guest::agent(domain, &json!({"execute": "guest-info"}))?;
+            let commands = info["supported_commands"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let exec = commands.iter().find(|c| c["name"] == "guest-exec");
+            match exec.map(|c| &c["enabled"]) {
+                Some(Value::Bool(false)) => Ok(()),
+                other => Err(format!("guest-exec enabled: {other:?}")),
+            }
+        },
+    )
+    .await;
+    println!("  {name}: its agent forbids guest-exec ({off:.2?})");
 }
 
 /// Static address: the guest's NIC with the derived MAC holds exactly slot `slot`'s address

@@ -549,3 +549,26 @@ async fn an_agent_that_cannot_list_its_commands_is_not_judged() {
     assert_eq!(&commands[..2], ["guest-ping", "guest-info"]);
     assert!(commands.contains(&"guest-exec".to_owned()), "{commands:?}");
 }
+
+/// A first-boot machine's Drain asks whether the hook can run at all (Talos's agent never
+/// allows `guest-exec`): no when the agent lists either drain command disabled, yes when it
+/// allows both or cannot list its commands; the question runs nothing in the guest.
+#[tokio::test(start_paused = true)]
+async fn the_drain_question_is_no_only_when_the_agent_lists_a_drain_command_off() {
+    use crate::guest::probe;
+    let allows = |agent: FakeAgent| async move {
+        let answer = probe::allows(&agent, &policy(), &probe::DRAIN).await;
+        assert_eq!(agent.commands(), ["guest-info"], "nothing ran");
+        answer
+    };
+    assert!(allows(FakeAgent::new(|_, _| exit(0))).await);
+    let talos = FakeAgent::new(|_, _| exit(0)).with_disabled(&["guest-exec"]);
+    assert!(!allows(talos).await);
+    let no_status = FakeAgent::new(|_, _| exit(0)).with_disabled(&["guest-exec-status"]);
+    assert!(!allows(no_status).await);
+    let files_off = FakeAgent::new(|_, _| exit(0)).with_disabled(&["guest-file-write"]);
+    assert!(allows(files_off).await, "Drain writes no file");
+    let mut silent = FakeAgent::new(|_, _| exit(0));
+    silent.no_info = true;
+    assert!(allows(silent).await);
+}

@@ -10,6 +10,9 @@
 //! An agent that cannot answer `guest-info` (none in use lacks it; it dates from qemu-ga's
 //! first release) or answers it without a command list is not judged: the commands
 //! themselves then say what is wrong.
+//!
+//! A first-boot machine's Drain asks the same question ([`allows`]) and, when the agent
+//! forbids `guest-exec` (Talos's does), shuts the guest down instead of running the hook.
 
 use serde_json::Value;
 
@@ -67,6 +70,16 @@ pub async fn require<A: GuestAgent>(
         missing.join(", "),
         needed.join(", ")
     ))
+}
+
+/// Whether the agent allows every command of `needed`: false only when its `guest-info`
+/// answer lists them and one is missing or disabled (an agent that does not answer it is
+/// given the benefit of the doubt, as by [`require`]).
+pub async fn allows<A: GuestAgent>(agent: &A, policy: &AgentPolicy, needed: &[&str]) -> bool {
+    match agent::call(agent, policy, "guest-info", None).await {
+        Ok(info) => missing(&info, needed).is_none_or(|missing| missing.is_empty()),
+        Err(_) => true,
+    }
 }
 
 /// The commands of `needed` a `guest-info` answer does not list as enabled; `None` when the

@@ -2,9 +2,10 @@
 //! `"boot": "nocloud"` or `"ignition"`, docs/libvirt.md §5.14): Create defines the domain
 //! and leaves it off (`lifecycle::create`); Configure writes the join blob into the guest's
 //! configuration (the NoCloud seed's user-data, or the Ignition config the template and the
-//! blob make) and starts the domain ([`configure`]); Drain, after the guest's drain hook,
-//! stops the domain and writes the configuration back without the blob ([`rest`]); Delete
-//! removes it with the other volumes.
+//! blob make) and starts the domain ([`configure`]); Drain, after the guest's drain hook (or,
+//! when the guest's agent forbids `guest-exec`, after asking the guest to shut down,
+//! [`LibvirtHypervisor::shut_down`]), stops the domain and writes the configuration back
+//! without the blob ([`rest`]); Delete removes it with the other volumes.
 //!
 //! An Ignition config delivered as QEMU's firmware configuration entry is read by QEMU when
 //! the domain starts, so Configure writes the blob out of the file again right after the
@@ -18,15 +19,17 @@
 //! drained and re-configured machine runs the new user-data.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bigfleet_libvirt_domain::catalog::BootMode;
-use bigfleet_libvirt_domain::{Machine, OperationId};
+use bigfleet_libvirt_domain::{Machine, OperationId, Timestamp};
 use bigfleet_libvirt_ports::{Clock, HypervisorError};
 use virt::domain::Domain;
 
 use super::hypervisor::prefixed;
 use super::lifecycle::{self, CreateSpec};
 use super::{LibvirtHypervisor, SequenceContext};
+use crate::guest::bootstrap::DomainAgent;
 use crate::host::connection::Host;
 use crate::host::domains::{self, ensure_running, owned};
 use crate::host::error::{maybe_done, nothing_done, text};
@@ -84,6 +87,56 @@ impl<C: Clock> LibvirtHypervisor<C> {
         Ok(host)
     }
 }
+
+impl<C: Clock> LibvirtHypervisor<C> {
+    /// A first-boot machine's Drain when its guest's agent forbids `guest-exec` (Talos):
+    /// asks the guest to shut down (the ACPI power button, which such node OSes answer by
+    /// leaving their cluster and powering off) and waits for it to stop, up to the Drain's
+    /// `grace_seconds` and `until`. A guest still running then is stopped by [`rest`].
+    ///
+    /// # Errors
+    /// The domain could not be asked (gone, not ours: the host's message).
+    pub(super) async fn shut_down(
+        &self,
+        agent: &DomainAgent,
+        grace_seconds: i64,
+        until: Timestamp,
+    ) -> Result<(), HypervisorError> {
+        let clock = &self.inner.clock;
+        let grace = Duration::from_secs(u64::try_from(grace_seconds.max(1)).unwrap_or(1));
+        let stop_by = clock.now().saturating_add(grace).min(until);
+        let name = agent.name.clone();
+        let active = move |s: &Session, shut: bool| {
+            let domain = (s.conn.lookup_domain_by_name(&name)).map_err(|e| maybe_done(text(&e)))?;
+            let active = domain.is_active().map_err(|e| maybe_done(text(&e)))?;
+            if active && shut {
+                domain
+                    .shutdown()
+                    .map_err(|e| maybe_done(format!("shut down domain {name}: {}", text(&e))))?;
+            }
+            Ok(active)
+        };
+        let ask = active.clone();
+        let mut running = (agent.host.call(Lane::Teardown, move |s| ask(s, true)).await)
+            .map_err(|e| prefixed("drain", e))?;
+        while running && clock.now() < stop_by {
+            let next = clock.now().saturating_add(SHUTDOWN_POLL).min(stop_by);
+            clock.sleep_until(next).await;
+            let poll = active.clone();
+            running = (agent.host.call(Lane::Read, move |s| poll(s, false)).await)
+                .map_err(|e| prefixed("drain", e))?;
+        }
+        tracing::info!(
+            domain = %agent.name,
+            stopped = !running,
+            "drain: the guest's agent runs no hook; asked the guest to shut down"
+        );
+        Ok(())
+    }
+}
+
+/// How often a shutting-down guest is looked at.
+const SHUTDOWN_POLL: Duration = Duration::from_secs(1);
 
 /// The machine a first-boot step acts on.
 pub(crate) struct Target<'a> {

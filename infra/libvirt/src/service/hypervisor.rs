@@ -24,8 +24,8 @@ use crate::drift::describe::{self, HostView, Scan};
 use crate::drift::orphans::Orphan;
 use crate::drift::tracked::Busy;
 use crate::guest::addresses;
-use crate::guest::agent;
 use crate::guest::bootstrap::{self as guest, DomainAgent};
+use crate::guest::{agent, probe};
 use crate::host::capacity::{Ledger, Node};
 use crate::host::connection::Host;
 use crate::host::error::{maybe_done, refused};
@@ -504,12 +504,19 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let (_, name) = self.target(machine)?;
         let agent = DomainAgent { host, name };
         self.agent_ready("drain", machine, &agent, until).await?;
+        let first_boot = self.boots_first(machine);
+        let hook = !first_boot || probe::allows(&agent, policy, &probe::DRAIN).await;
         let watch = Stopwatch::start();
-        guest::drain(&agent, clock, policy, request.grace_period_seconds)
-            .await
-            .map_err(|e| maybe_done(format!("drain: {e}")))?;
+        if hook {
+            guest::drain(&agent, clock, policy, request.grace_period_seconds)
+                .await
+                .map_err(|e| maybe_done(format!("drain: {e}")))?;
+        } else {
+            self.shut_down(&agent, request.grace_period_seconds, until)
+                .await?;
+        }
         self.inner.metrics.observe_phase("drain", watch.seconds());
-        if self.boots_first(machine) {
+        if first_boot {
             let operation = &request.operation_id;
             (self.first_boot("drain", Lane::Teardown, machine, operation, None)).await?;
         }
