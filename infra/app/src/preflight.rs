@@ -94,6 +94,16 @@ pub fn trial_plan(plan: &Plan) -> TrialPlan {
     }
 }
 
+/// A doctor run's report, and whether every host's probe returned (none was left behind
+/// at its timeout, its thread still inside libvirt).
+#[derive(Debug)]
+pub struct Probed {
+    /// The judgement.
+    pub report: Report,
+    /// Every probe returned before its timeout.
+    pub all_returned: bool,
+}
+
 /// Probes every host of `plan` (at most `timeout` each, all at once) and judges them;
 /// with `trial_domain`, each host also starts and destroys one paused domain per CPU
 /// choice ([`trial_plan`]).
@@ -102,7 +112,7 @@ pub async fn run<C: Clock>(
     clock: &C,
     timeout: Duration,
     trial_domain: bool,
-) -> Report {
+) -> Probed {
     let want = expectations(plan);
     let target = ProbeTarget {
         provider: plan.provider_label.clone(),
@@ -149,16 +159,21 @@ pub async fn run<C: Clock>(
                 held_devices: None,
             };
             futures::select_biased! {
-                done = futures::FutureExt::fuse(work) => done.unwrap_or_else(|e| {
+                done = futures::FutureExt::fuse(work) => (done.unwrap_or_else(|e| {
                     timed_out(format!("the probe failed: {e}"))
-                }),
-                () = futures::FutureExt::fuse(sleep) => timed_out(format!(
+                }), true),
+                () = futures::FutureExt::fuse(sleep) => (timed_out(format!(
                     "no answer within {}s",
                     timeout.as_secs()
-                )),
+                )), false),
             }
         }
     });
-    let hosts = futures::future::join_all(probes).await;
-    doctor::judge(&want, &hosts)
+    let probed = futures::future::join_all(probes).await;
+    let all_returned = probed.iter().all(|(_, returned)| *returned);
+    let hosts: Vec<HostFacts> = probed.into_iter().map(|(facts, _)| facts).collect();
+    Probed {
+        report: doctor::judge(&want, &hosts),
+        all_returned,
+    }
 }

@@ -21,8 +21,14 @@ use clap::Parser;
 
 mod cli;
 
-/// How long `doctor` waits for its threads to finish after printing the report.
+/// How long `doctor` waits for its threads to finish after printing the report when a
+/// host's probe was left behind at its timeout (its thread may never leave libvirt).
 const DOCTOR_JOIN_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long it waits when every probe returned: their threads only have to exit, which on
+/// a machine busy with guests took longer than a second (the C libraries' exit-time
+/// cleanup then ran beside a thread still tearing down its TLS state, and the process died
+/// of a signal after printing its report, its exit code lost).
+const DOCTOR_JOIN_RETURNED: Duration = Duration::from_secs(30);
 
 use cli::{Cli, Command, Format, Output, StateCommand};
 
@@ -51,12 +57,17 @@ fn main() -> ExitCode {
             allow_warnings: *allow_warnings,
             trial_domain: *trial_domain,
         };
-        let code = runtime.block_on(doctor(&cli, flags));
+        let (code, all_returned) = runtime.block_on(doctor(&cli, flags));
         // Join the runtime's threads before `exit` runs the C libraries' cleanup: a thread
         // still freeing its OpenSSL thread state while libcrypto tears down crashes the
         // process after the report is printed. A host that never answered keeps its
         // thread blocked, so give up on that one after a second instead of waiting.
-        runtime.shutdown_timeout(DOCTOR_JOIN_TIMEOUT);
+        let join = if all_returned {
+            DOCTOR_JOIN_RETURNED
+        } else {
+            DOCTOR_JOIN_TIMEOUT
+        };
+        runtime.shutdown_timeout(join);
         return code;
     }
     let exit = app::Exit::default();
@@ -94,17 +105,21 @@ struct DoctorFlags {
     trial_domain: bool,
 }
 
-/// `doctor`: the same configuration checks as serving, then every host probed and judged.
-async fn doctor(cli: &Cli, flags: DoctorFlags) -> ExitCode {
+/// `doctor`: the same configuration checks as serving, then every host probed and judged;
+/// the exit code, and whether every host's probe returned.
+async fn doctor(cli: &Cli, flags: DoctorFlags) -> (ExitCode, bool) {
     let DoctorFlags {
         output,
         host_timeout,
         allow_warnings,
         trial_domain,
     } = flags;
-    let report = match doctor_plan(cli) {
-        Ok(plan) => preflight::run(&plan, &SystemClock, host_timeout, trial_domain).await,
-        Err(e) => doctor::Report::refused_configuration(&one_line(&e)),
+    let (report, all_returned) = match doctor_plan(cli) {
+        Ok(plan) => {
+            let probed = preflight::run(&plan, &SystemClock, host_timeout, trial_domain).await;
+            (probed.report, probed.all_returned)
+        }
+        Err(e) => (doctor::Report::refused_configuration(&one_line(&e)), true),
     };
     let printed = match output {
         Output::Json => serde_json::to_string_pretty(&report).map(|json| json + "\n"),
@@ -114,13 +129,14 @@ async fn doctor(cli: &Cli, flags: DoctorFlags) -> ExitCode {
         Ok(text) => print!("{text}"),
         Err(e) => {
             eprintln!("bigfleet-libvirt: doctor: print the report: {e}");
-            return ExitCode::FAILURE;
+            return (ExitCode::FAILURE, all_returned);
         }
     }
-    match report.exit_code() {
+    let code = match report.exit_code() {
         2 if allow_warnings => ExitCode::SUCCESS,
         code => ExitCode::from(code),
-    }
+    };
+    (code, all_returned)
 }
 
 /// The plan serving would run, refused for the same reasons serving refuses it.
