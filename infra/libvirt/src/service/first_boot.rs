@@ -41,7 +41,8 @@ use crate::render::{seed, spec, xml};
 use crate::storage::{console, volumes};
 
 impl<C: Clock> LibvirtHypervisor<C> {
-    /// Whether `machine`'s type takes its configuration at first boot (`boot: nocloud`).
+    /// Whether `machine`'s type takes its configuration at first boot (`boot: nocloud` or
+    /// `ignition`).
     pub(super) fn boots_first(&self, machine: &Machine) -> bool {
         self.inner
             .config
@@ -49,9 +50,9 @@ impl<C: Clock> LibvirtHypervisor<C> {
             .boots_first(&machine.instance_type)
     }
 
-    /// A first-boot machine's host step ([`first_boot`]): Configure's (`blob`: write it as
-    /// the seed's user-data and start the domain) or Drain's (`None`: stop the domain and
-    /// write the seed back without it).
+    /// A first-boot machine's host step ([`first_boot`]): Configure's (`blob`: write it into
+    /// the guest's configuration and start the domain) or Drain's (`None`: stop the domain,
+    /// renew an Ignition machine's root, and write the configuration back without it).
     pub(super) async fn first_boot(
         &self,
         what: &str,
@@ -86,9 +87,7 @@ impl<C: Clock> LibvirtHypervisor<C> {
         .map_err(|e| prefixed(what, e))?;
         Ok(host)
     }
-}
 
-impl<C: Clock> LibvirtHypervisor<C> {
     /// A first-boot machine's Drain when its guest's agent forbids `guest-exec` (Talos):
     /// asks the guest to shut down (the ACPI power button, which such node OSes answer by
     /// leaving their cluster and powering off) and waits for it to stop, up to the Drain's
