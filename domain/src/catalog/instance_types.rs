@@ -5,7 +5,8 @@
 //! `data_disks`, see [`DiskShape`]; `hugepages` and `dedicated_cpus`, see [`Placement`];
 //! `devices`, a count per class of [`DeviceClasses`]; `tpm`, a virtual TPM 2.0;
 //! `secure_boot`, UEFI Secure Boot with the firmware's enrolled keys; `boot`, how a machine
-//! gets its node configuration, [`BootMode`]),
+//! gets its node configuration, [`BootMode`]; `guest_agent`, whether its image runs the qemu
+//! guest agent),
 //! which the configuration loader
 //! decodes into [`RawInstanceType`] entries and hands to [`InstanceCatalog::from_raw`]. The
 //! catalog is the only source of a machine's `allocatable`, so a shape is refused unless both
@@ -44,6 +45,10 @@ pub struct InstanceType {
     pub secure_boot: bool,
     /// How a machine of the type gets its node configuration (`boot`).
     pub boot: BootMode,
+    /// Whether the type's image runs the qemu guest agent (`guest_agent`, default true). Only
+    /// a first-boot type may go without: its Configure is done once the domain runs with its
+    /// configuration, and its Drain asks the guest to shut down.
+    pub guest_agent: bool,
 }
 
 /// How a machine gets its node configuration (docs/libvirt.md §3.5).
@@ -86,6 +91,37 @@ impl BootMode {
     }
 }
 
+/// A type's `boot` and `guest_agent`, checked together: only a first-boot type may go
+/// without the agent.
+fn boot_of(
+    shape: &RawInstanceType,
+    source_name: &str,
+    name: &str,
+) -> Result<(BootMode, bool), CatalogError> {
+    let boot = BootMode::parse(shape.boot.as_deref()).map_err(|problem| {
+        CatalogError::InstanceTypeField {
+            source_name: source_name.to_owned(),
+            name: name.to_owned(),
+            field: "boot".to_owned(),
+            problem,
+        }
+    })?;
+    let guest_agent = shape.guest_agent.unwrap_or(true);
+    if !guest_agent && !boot.first_boot() {
+        return Err(CatalogError::InstanceTypeField {
+            source_name: source_name.to_owned(),
+            name: name.to_owned(),
+            field: "guest_agent".to_owned(),
+            problem: "is false, but only a type that boots by \"nocloud\" or \
+                      \"ignition\" can go without the agent (the \"agent\" boot runs \
+                      its bootstrap hook through it); set \"boot\" or drop \
+                      \"guest_agent\""
+                .to_owned(),
+        });
+    }
+    Ok((boot, guest_agent))
+}
+
 /// Instance types by name, in name order, and the device classes they may ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceCatalog {
@@ -122,6 +158,9 @@ pub struct RawInstanceType {
     /// The boot mode as written (`agent`, `nocloud`).
     #[serde(default)]
     pub boot: Option<String>,
+    /// Whether the image runs the qemu guest agent, as written (absent: it does).
+    #[serde(default)]
+    pub guest_agent: Option<bool>,
 }
 
 impl InstanceCatalog {
@@ -151,6 +190,7 @@ impl InstanceCatalog {
                     tpm: false,
                     secure_boot: false,
                     boot: BootMode::Agent,
+                    guest_agent: true,
                 };
                 (name.to_owned(), shape)
             })
@@ -201,14 +241,7 @@ impl InstanceCatalog {
             let disks = DiskShape::from_raw(&shape.disks, source_name, &name)?;
             let placement = Placement::from_raw(&shape.placement, memory_mib, source_name, &name)?;
             let devices = device_counts(&shape.devices, source_name, &name)?;
-            let boot = BootMode::parse(shape.boot.as_deref()).map_err(|problem| {
-                CatalogError::InstanceTypeField {
-                    source_name: source_name.to_owned(),
-                    name: name.clone(),
-                    field: "boot".to_owned(),
-                    problem,
-                }
-            })?;
+            let (boot, guest_agent) = boot_of(&shape, source_name, &name)?;
             let shape = InstanceType {
                 vcpu,
                 memory_mib,
@@ -218,6 +251,7 @@ impl InstanceCatalog {
                 tpm: shape.tpm,
                 secure_boot: shape.secure_boot,
                 boot,
+                guest_agent,
             };
             types.insert(name, shape);
         }
@@ -263,6 +297,12 @@ impl InstanceCatalog {
     #[must_use]
     pub fn boots_first(&self, name: &str) -> bool {
         self.get(name).is_some_and(|t| t.boot.first_boot())
+    }
+
+    /// Whether machines of type `name` run the qemu guest agent (an unknown type does).
+    #[must_use]
+    pub fn has_agent(&self, name: &str) -> bool {
+        self.get(name).is_none_or(|t| t.guest_agent)
     }
 
     /// The names of the types that boot by `mode`, in name order.
@@ -354,6 +394,7 @@ mod tests {
             tpm: false,
             secure_boot: false,
             boot: BootMode::Agent,
+            guest_agent: true,
         };
         assert_eq!(catalog.get("kvm.small"), Some(&shape(2, 4096, 40)));
         assert_eq!(catalog.get("kvm.medium"), Some(&shape(4, 8192, 80)));
@@ -446,6 +487,27 @@ mod tests {
         assert!(
             error.contains("\"t.x\" boot is \"talos\"; use \"agent\"")
                 && error.contains("\"ignition\""),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn only_a_first_boot_type_may_go_without_the_guest_agent() {
+        let text = r#"{"t.bare": {"vcpu": 1, "memory_mib": 512, "boot": "nocloud",
+                                  "guest_agent": false},
+                       "t.nc": {"vcpu": 1, "memory_mib": 512, "boot": "nocloud"}}"#;
+        let catalog = from_json(text, "t").unwrap();
+        assert!(!catalog.has_agent("t.bare"));
+        assert!(catalog.has_agent("t.nc"), "on unless refused");
+        assert!(
+            InstanceCatalog::builtin()
+                .iter()
+                .all(|(_, t)| t.guest_agent)
+        );
+        let bad = r#"{"t.x": {"vcpu": 1, "memory_mib": 512, "guest_agent": false}}"#;
+        let error = from_json(bad, "types.json").unwrap_err().to_string();
+        assert!(
+            error.contains("\"t.x\" guest_agent is false, but only a type that boots by"),
             "{error}"
         );
     }

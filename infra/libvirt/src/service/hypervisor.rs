@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bigfleet_libvirt_domain::catalog::{DeviceClasses, parse_machine_id};
-use bigfleet_libvirt_domain::{Machine, MachineState, Timestamp};
+use bigfleet_libvirt_domain::{Machine, MachineState};
 use bigfleet_libvirt_ports::{
     Clock, ConfigureRequest, CreateRequest, Created, DeleteRequest, DomainRef, DrainRequest,
     Hypervisor, HypervisorError,
@@ -23,9 +23,8 @@ use super::{Inner, LibvirtHypervisor};
 use crate::drift::describe::{self, HostView, Scan};
 use crate::drift::orphans::Orphan;
 use crate::drift::tracked::Busy;
-use crate::guest::addresses;
 use crate::guest::bootstrap::{self as guest, DomainAgent};
-use crate::guest::{agent, probe};
+use crate::guest::probe;
 use crate::host::capacity::{Ledger, Node};
 use crate::host::connection::Host;
 use crate::host::error::{maybe_done, refused};
@@ -35,10 +34,8 @@ use crate::options::CapacityPolicy;
 use crate::render::ownership::Tag;
 use crate::render::spec::data_volumes;
 use crate::service::lifecycle::{self, CreateSpec};
-use crate::storage::console;
 use crate::storage::volumes::{self, Pools};
 use bigfleet_libvirt_config::naming::domain_name;
-use bigfleet_libvirt_observe::timeline::{self, What};
 use bigfleet_libvirt_system::Stopwatch;
 
 pub(super) fn prefixed(what: &str, error: HypervisorError) -> HypervisorError {
@@ -71,63 +68,6 @@ impl<C: Clock> LibvirtHypervisor<C> {
                 self.host(&machine.zone)?,
                 domain_name(&self.inner.config.provider, machine.id.as_str()),
             )),
-        }
-    }
-
-    /// Waits for the guest agent until `until` and records how long it took (the
-    /// `agent_ready` phase). An agent that cannot be reached (the guest stopped, or agent
-    /// calls cannot work) or stays silent until `until` (set a little before the call's
-    /// deadline, `AgentPolicy::fit_to`) fails with the last lines of the guest's console after
-    /// the reason.
-    async fn agent_ready(
-        &self,
-        what: &str,
-        machine: &Machine,
-        agent: &DomainAgent,
-        until: Timestamp,
-    ) -> Result<(), HypervisorError> {
-        let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
-        let watch = Stopwatch::start();
-        if let Err(e) = agent::wait_ready(agent, clock, policy, until).await {
-            let mut message = format!("{what}: {e}");
-            let (name, id) = (agent.name.clone(), machine.id.to_string());
-            let timeline = self.inner.metrics.timeline.clone();
-            let explained = agent.host.call(Lane::Agent, move |session| {
-                if let Ok(domain) = session.conn.lookup_domain_by_name(&name) {
-                    console::explain(&mut message, session, &domain, &id, &timeline);
-                }
-                Ok(message)
-            });
-            let message = explained.await.unwrap_or_else(|_| format!("{what}: {e}"));
-            return Err(maybe_done(message));
-        }
-        self.inner
-            .metrics
-            .observe_phase("agent_ready", watch.seconds());
-        Ok(())
-    }
-
-    /// The Configure log line, with the guest's addresses read once through its agent (and
-    /// put on the machine's timeline); a failure to read them is a warning and never fails
-    /// the Configure.
-    async fn log_addresses(&self, agent: &DomainAgent, machine: &Machine, cluster: &str) {
-        match addresses::read(agent, &self.inner.clock).await {
-            Ok(found) => {
-                let summary = addresses::summary(&found);
-                let shown = What::Addresses(timeline::bounded(&summary));
-                self.inner
-                    .metrics
-                    .timeline
-                    .record(machine.id.as_str(), None, shown);
-                info!(
-                    machine = %machine.id, domain = %agent.name, cluster, addresses = %summary,
-                    "configured"
-                );
-            }
-            Err(e) => warn!(
-                machine = %machine.id, domain = %agent.name, cluster, error = %e,
-                "configured, but the guest's addresses could not be read through its agent"
-            ),
         }
     }
 
@@ -477,8 +417,11 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         };
         let (_, name) = self.target(machine)?;
         let agent = DomainAgent { host, name };
-        self.agent_ready("configure", machine, &agent, until)
-            .await?;
+        let has_agent = self.has_agent(machine);
+        if has_agent {
+            self.agent_ready("configure", machine, &agent, until)
+                .await?;
+        }
         if !first_boot {
             let watch = Stopwatch::start();
             guest::bootstrap(&agent, clock, policy, &request.cluster_id, blob)
@@ -491,8 +434,10 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         // Only a successful bootstrap binds the domain to the cluster.
         self.retag("configure", Lane::Create, machine, &request.cluster_id)
             .await?;
-        self.log_addresses(&agent, machine, &request.cluster_id)
-            .await;
+        if has_agent {
+            self.log_addresses(&agent, machine, &request.cluster_id)
+                .await;
+        }
         Ok(())
     }
 
@@ -500,12 +445,19 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let (clock, policy) = (&self.inner.clock, &self.inner.config.agent);
         let until = clock.now().saturating_add(policy.drain_wait);
         let machine = &request.machine;
-        let host = self.power_on("drain", Lane::Teardown, machine).await?;
+        let has_agent = self.has_agent(machine);
+        let host = if has_agent {
+            self.power_on("drain", Lane::Teardown, machine).await?
+        } else {
+            self.target(machine)?.0
+        };
         let (_, name) = self.target(machine)?;
         let agent = DomainAgent { host, name };
-        self.agent_ready("drain", machine, &agent, until).await?;
+        if has_agent {
+            self.agent_ready("drain", machine, &agent, until).await?;
+        }
         let first_boot = self.boots_first(machine);
-        let hook = !first_boot || probe::allows(&agent, policy, &probe::DRAIN).await;
+        let hook = !first_boot || (has_agent && probe::allows(&agent, policy, &probe::DRAIN).await);
         let watch = Stopwatch::start();
         if hook {
             guest::drain(&agent, clock, policy, request.grace_period_seconds)

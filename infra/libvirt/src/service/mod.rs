@@ -5,6 +5,7 @@
 //! (`first_boot`).
 
 mod adapter;
+mod agent_steps;
 mod first_boot;
 mod hypervisor;
 pub(crate) mod lifecycle;

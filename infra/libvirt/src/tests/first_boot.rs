@@ -5,6 +5,9 @@
 //! guest agent, so the Configure then fails at once, as every Configure there does). The
 //! seed's bytes and the guest reading them are walked in the real-QEMU tier.
 //!
+//! A type whose image runs no guest agent (`"guest_agent": false`) is Configured once its
+//! domain runs with the blob, and its Drain shuts the guest down and writes the seed back.
+//!
 //! An Ignition type (`"boot": "ignition"`) gets its config volume with the domain, named
 //! in the domain's `fwcfg` entry; Configure writes the blob into it for the start and out
 //! again right after; Delete removes it.
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 use bigfleet_libvirt_config::instance_types_from_json;
 use bigfleet_libvirt_domain::OperationId;
-use bigfleet_libvirt_ports::{BootstrapBlob, ConfigureRequest, Hypervisor};
+use bigfleet_libvirt_ports::{BootstrapBlob, ConfigureRequest, DrainRequest, Hypervisor};
 
 use super::watch::{destroy_behind, drift, pause, until};
 use super::*;
@@ -28,9 +31,14 @@ const TEMPLATE: &[u8] = br#"{"ignition": {"version": "3.3.0"}}"#;
 /// A first-boot `kvm.small` (booting by `boot`) and an agent-booted `kvm.medium`, one slot
 /// each, watched every 100 ms; an Ignition template delivered by firmware configuration.
 async fn first_boot_rig(boot: &str) -> Rig {
+    first_boot_rig_with(&format!(r#""boot": "{boot}""#)).await
+}
+
+/// As [`first_boot_rig`], with `fields` (JSON members) in `kvm.small`'s entry.
+async fn first_boot_rig_with(fields: &str) -> Rig {
     let catalog = instance_types_from_json(
         &format!(
-            r#"{{"kvm.small": {{"vcpu": 2, "memory_mib": 4096, "boot": "{boot}"}},
+            r#"{{"kvm.small": {{"vcpu": 2, "memory_mib": 4096, {fields}}},
                 "kvm.medium": {{"vcpu": 2, "memory_mib": 4096}}}}"#
         ),
         "types.json",
@@ -50,18 +58,22 @@ async fn first_boot_rig(boot: &str) -> Rig {
 /// A Configure of `machine` with a 64 KiB blob, which fails (the test driver has no guest
 /// agent) without quoting the blob.
 async fn configure_fails_for_want_of_an_agent(rig: &Rig, machine: &Arc<Machine>) {
-    let request = ConfigureRequest {
-        machine: Arc::clone(machine),
-        cluster_id: "c1".to_owned(),
-        bootstrap_blob: BootstrapBlob::new(vec![b'x'; 64 * 1024]),
-        operation_id: OperationId::from_stored("op-9".to_owned()),
-    };
-    let error = rig.hv.configure(request).await.unwrap_err();
+    let error = rig.hv.configure(configuring(machine)).await.unwrap_err();
     assert!(error.message.contains("guest agent"), "{}", error.message);
     assert!(
         !error.message.contains("xxxx"),
         "the blob is never in a message"
     );
+}
+
+/// A Configure of `machine` with a 64 KiB blob, as operation `op-9`.
+fn configuring(machine: &Arc<Machine>) -> ConfigureRequest {
+    ConfigureRequest {
+        machine: Arc::clone(machine),
+        cluster_id: "c1".to_owned(),
+        bootstrap_blob: BootstrapBlob::new(vec![b'x'; 64 * 1024]),
+        operation_id: OperationId::from_stored("op-9".to_owned()),
+    }
 }
 
 /// The virtual size of volume `volume` in the default pool, if it exists.
@@ -172,5 +184,40 @@ async fn an_ignition_machine_gets_its_config_as_a_firmware_entry_and_the_blob_le
         size_of(&rig, &volume).await,
         None,
         "Delete removed the config"
+    );
+}
+
+#[tokio::test]
+async fn a_machine_without_an_agent_is_configured_once_it_runs_and_drains_by_shutting_down() {
+    let rig = first_boot_rig_with(r#""boot": "nocloud", "guest_agent": false"#).await;
+    let machine = Arc::new(create(&rig.hv, &rig.slots[0]).await.unwrap());
+    let name = domain_name("libvirt", machine.id.as_str());
+    let seed = seed_name(&name);
+    let resting = size_of(&rig, &seed).await.unwrap();
+    assert_eq!(power(&rig, &name).await, (false, false), "defined, off");
+
+    rig.hv.configure(configuring(&machine)).await.unwrap();
+    assert_eq!(
+        power(&rig, &name).await,
+        (true, true),
+        "running with the blob"
+    );
+    assert!(size_of(&rig, &seed).await.unwrap() >= resting + 64 * 1024 - 2048);
+
+    let drain = DrainRequest {
+        machine: Arc::clone(&machine),
+        grace_period_seconds: 5,
+        operation_id: OperationId::from_stored("op-10".to_owned()),
+    };
+    rig.hv.drain(drain).await.unwrap();
+    assert_eq!(
+        power(&rig, &name).await,
+        (false, false),
+        "shut down, not restarted"
+    );
+    assert_eq!(
+        size_of(&rig, &seed).await,
+        Some(resting),
+        "the seed is written back without the blob"
     );
 }
