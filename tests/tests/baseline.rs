@@ -663,3 +663,33 @@ async fn upstream_metadata_unknown_keys_preserved_verbatim() {
     })
     .await;
 }
+
+crate::harness::backend::on_test_driver!(
+    upstream_full_lifecycle,
+    upstream_full_lifecycle_bare_metal,
+    upstream_create_idempotent,
+    upstream_configure_idempotent,
+    upstream_drain_idempotent,
+    upstream_delete_idempotent,
+    upstream_get_unknown_machine,
+    upstream_delete_unknown_machine,
+    upstream_delete_unknown_machine_bare_metal,
+    upstream_list_filters_by_state,
+    upstream_list_max_results,
+    upstream_label_shape,
+    upstream_cost_field_bounds,
+    upstream_list_revision_advances,
+    upstream_drain_on_speculative,
+    upstream_transitional_state_observability,
+    upstream_drain_grace_timeout,
+    upstream_delete_on_configured,
+    upstream_fencing_unknown_shard_accepted,
+    upstream_fencing_stale_epoch_rejected,
+    upstream_fencing_stale_sequence_rejected,
+    upstream_fencing_per_machine_isolation,
+    upstream_fencing_new_epoch_resets_sequence,
+    upstream_fencing_reads_unaffected,
+    upstream_metadata_echoed_on_get_and_list,
+    upstream_metadata_and_binding_clear_on_drain,
+    upstream_metadata_unknown_keys_preserved_verbatim,
+);

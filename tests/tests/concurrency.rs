@@ -396,3 +396,15 @@ async fn b409_parallel_deletes_collapse() {
     no_fp(&results);
     reached_exactly_once(&mut c, &id, S::Speculative).await;
 }
+
+crate::harness::backend::on_test_driver!(
+    b401_parallel_creates_collapse,
+    b402_parallel_configures_collapse,
+    b403_parallel_drains_collapse_and_clear,
+    b404_configure_drain_race_ends_consistent,
+    b405_live_epoch_beats_zombies,
+    b406_idempotency_across_connections,
+    b407_parallel_creates_on_different_machines,
+    b408_burst_acks_carry_consistent_snapshots,
+    b409_parallel_deletes_collapse,
+);

@@ -408,3 +408,22 @@ async fn b215_unknown_id_get_and_delete_are_not_found() {
     let result = delete(&mut c, &id, None).await;
     assert_eq!(code(&result), Code::NotFound, "Delete: {result:?}");
 }
+
+crate::harness::backend::on_test_driver!(
+    b201_create_on_configured_is_refused_without_change,
+    b202_configure_on_speculative_is_refused_without_change,
+    b203_drain_on_idle_never_moves_the_machine,
+    b204_delete_out_of_position_leaves_the_state,
+    b205_at_target_replays_are_no_ops,
+    b206_at_target_replay_returns_the_original_operation_id,
+    b207_unknown_id_is_not_found_and_not_created,
+    b208_empty_machine_id_is_invalid_argument,
+    b208_empty_cluster_id_is_invalid_argument_without_fence_advance,
+    b209_oversized_metadata_is_echoed_exactly,
+    b210_negative_grace_is_accepted,
+    b211_negative_tokens_are_accepted,
+    b212_int64_max_token_becomes_the_mark,
+    b213_three_mib_blob_is_accepted,
+    b214_each_transition_gets_a_fresh_operation_id,
+    b215_unknown_id_get_and_delete_are_not_found,
+);

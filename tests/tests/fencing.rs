@@ -488,3 +488,18 @@ async fn b312_random_token_stream_matches_running_max() {
     );
     assert!(accepted >= 1, "no token was ever accepted");
 }
+
+crate::harness::backend::on_test_driver!(
+    b301_fence_runs_before_not_found,
+    b302_marks_are_per_shard_and_machine,
+    b302_with_the_upstream_harness_picks,
+    b303_strict_lexicographic_order,
+    b305_reads_unaffected_and_fenced_calls_change_nothing,
+    b306_fence_before_idempotency_on_configure,
+    b307_fence_before_idempotency_on_drain,
+    b308_all_zero_token_bypasses_fencing,
+    b309_advancing_session_accepted_on_every_rpc,
+    b310_new_epoch_refuses_old_tokens,
+    b311_passing_token_advances_mark_even_when_rejected,
+    b312_random_token_stream_matches_running_max,
+);

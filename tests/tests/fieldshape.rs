@@ -353,3 +353,13 @@ async fn b807_delete_clears_host_cluster_and_metadata() {
         m.shard_metadata
     );
 }
+
+crate::harness::backend::on_test_driver!(
+    b801_inventory_ids_state_and_instance_type_are_set,
+    b802_cost_fields_are_in_range,
+    b803_host_and_cluster_are_consistent_with_state,
+    b804_resource_quantities_parse_for_density,
+    b805_host_provider_is_stable_across_a_binding_cycle,
+    b806_hosted_machines_have_capacity_type_and_zone,
+    b807_delete_clears_host_cluster_and_metadata,
+);

@@ -550,3 +550,18 @@ async fn concurrent_capped_pickers_get_different_machines() {
     let distinct: BTreeSet<&String> = picks.iter().collect();
     assert_eq!(distinct.len(), 16, "pickers collided: {picks:?}");
 }
+
+crate::harness::backend::on_test_driver!(
+    b901_state_filters_return_exactly_matching_machines,
+    b902_max_results_caps_and_zero_means_no_cap,
+    b903_revision_advances_and_delta_includes_the_mutation,
+    b904_delta_since_head_is_empty,
+    b905_delta_from_any_earlier_cursor_covers_later_mutations,
+    b906_garbage_cursors_return_the_full_list,
+    b907_paging_with_cursor_loses_and_duplicates_nothing,
+    b908_quiescent_provider_keeps_the_revision,
+    b909_cursor_round_trips_and_corruption_falls_back,
+    back_to_back_capped_picks_return_different_machines,
+    capped_pages_walk_the_matching_set_without_repeats,
+    concurrent_capped_pickers_get_different_machines,
+);

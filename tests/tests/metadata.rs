@@ -223,17 +223,9 @@ async fn b503_oversize_map_is_echoed_exactly_never_truncated() {
 }
 
 /// The core profile with slower fake latencies (150–300 ms), so that B504's 1 ms sampling
-/// reliably lands inside the CONFIGURING window. `core_with` cannot override the core
-/// profile's own `--fake-delay-*` flags (the binary refuses a repeated flag), so the core
-/// flags are spelled out.
+/// reliably lands inside the CONFIGURING window.
 fn core_slow() -> Server {
-    Server::start(&[
-        "--use-fake-backend",
-        "--provider=certify",
-        "--seed-count=64",
-        "--fake-delay-min=150ms",
-        "--fake-delay-max=300ms",
-    ])
+    crate::harness::profiles::slowed("150ms", "300ms")
 }
 
 /// B504: metadata is visible from Configure accept: the ack and every CONFIGURING snapshot
@@ -330,3 +322,11 @@ async fn b505_provider_keeps_its_own_copy_of_the_map() {
         assert_map_eq(&m.shard_metadata, &original, &format!("fresh Get #{read}"));
     }
 }
+
+crate::harness::backend::on_test_driver!(
+    b501_hostile_map_is_echoed_byte_for_byte_on_get_and_list,
+    b502_drain_clears_binding_and_a_rebind_shows_no_old_keys,
+    b503_oversize_map_is_echoed_exactly_never_truncated,
+    b504_metadata_is_visible_while_configuring,
+    b505_provider_keeps_its_own_copy_of_the_map,
+);

@@ -437,3 +437,11 @@ async fn b1205_request_shape_code_discipline() {
         "fenced Create (1,{seq}) on a fresh shard: {result:?}"
     );
 }
+
+crate::harness::backend::on_test_driver!(
+    b1201_token_stream_matches_oracle,
+    b1202_random_utf8_metadata_round_trips,
+    b1203_random_lifecycle_follows_four_edge_model,
+    b1204_interleaved_shards_follow_per_pair_oracles,
+    b1205_request_shape_code_discipline,
+);

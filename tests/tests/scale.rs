@@ -19,17 +19,9 @@ const SOAK: Duration = Duration::from_secs(3);
 /// The scale lane's reach-state deadline.
 const REACH: Duration = Duration::from_secs(30);
 
-/// The core profile at scale size. `core_with(&["--seed-count=4000"])` cannot be used: the
-/// core profile already passes `--seed-count=64` and the binary's parser refuses a repeated
-/// flag, so this spells out the same core flags with the scale seed.
+/// The core profile at scale size.
 fn scale() -> Server {
-    Server::start(&[
-        "--use-fake-backend",
-        "--provider=certify",
-        "--seed-count=4000",
-        "--fake-delay-min=5ms",
-        "--fake-delay-max=40ms",
-    ])
+    crate::harness::profiles::seeded(4000)
 }
 
 /// The ids of a response, asserting none repeats.
@@ -442,3 +434,15 @@ async fn b1109_idle_machines_do_not_drift() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+crate::harness::backend::on_test_driver!(
+    b1101_full_list_meets_the_seed_and_every_record_is_in_shape,
+    b1102_delta_after_20_configures_is_exactly_those_20,
+    b1103_paging_by_500_is_complete_without_duplicates,
+    b1104_churn_soak_leaves_nothing_behind_at_idle,
+    b1105_create_delete_soak_conserves_the_fleet,
+    b1106_latency_sample_answers_every_call_and_reports_p99,
+    b1107_one_full_list_after_a_warm_up_returns_the_seed_and_reports_its_time,
+    b1108_parallel_creates_get_distinct_ops_and_reach_idle,
+    b1109_idle_machines_do_not_drift,
+);

@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod backend;
 pub mod faketime;
 pub mod http;
 pub mod logs;

@@ -35,6 +35,9 @@ pub struct Server {
     pub log: Arc<Mutex<Vec<String>>>,
     /// Machine ids handed out by `pick_*`, so one test never picks the same slot twice.
     pub claimed: Mutex<std::collections::BTreeSet<String>>,
+    /// Files the process reads for as long as it runs (a test-driver node file), removed
+    /// after it is stopped.
+    scratch: Option<tempfile::TempDir>,
 }
 
 /// How long the provider started with `args` may take to serve: 30 s, or 120 s when it
@@ -126,7 +129,15 @@ impl Server {
             metrics_addr,
             log,
             claimed: Mutex::default(),
+            scratch: None,
         }
+    }
+
+    /// This server, keeping `dir` until it is dropped.
+    #[must_use]
+    pub fn holding(mut self, dir: tempfile::TempDir) -> Self {
+        self.scratch = Some(dir);
+        self
     }
 
     /// A new connection (its own HTTP/2 connection) to the provider.
