@@ -1,4 +1,5 @@
-//! Compensation for Creates that may have left a domain behind.
+//! Compensation for Creates that may have left a domain behind, and for Deletes that did
+//! not finish.
 //!
 //! A Create that ends Failed leaves a Failed record without a host, and Failed is terminal:
 //! nothing will ever Delete that machine. If the failed call may still have acted on the
@@ -9,6 +10,13 @@
 //! `delete` is idempotent, so compensating a Create that in fact created nothing is
 //! harmless. The same compensation runs at start-up for every Failed record without a host,
 //! because a restart may have interrupted a Create or a compensation in flight.
+//!
+//! A Delete that ends Failed (an error, its deadline, a restart) keeps its host on the
+//! record, as the contract says, and is as terminal: the shard asked for the machine to go
+//! and will never ask again, so whatever the Delete did not remove yet (a running or stopped
+//! domain, volumes whose domain is gone) would stay on the host for good. It gets the same
+//! best-effort delete, and at start-up every Failed record with a host and no binding (only
+//! a Delete fails that way) gets it again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,7 +60,7 @@ pub(crate) async fn delete_leftover<H: Hypervisor, C: Clock>(
             Ok(()) => {
                 info!(
                     attempt,
-                    "compensating delete after a failed create succeeded"
+                    "compensating delete after a failed create or delete succeeded"
                 );
                 return true;
             }
@@ -65,7 +73,7 @@ pub(crate) async fn delete_leftover<H: Hypervisor, C: Clock>(
     }
     error!(
         attempts = ATTEMPTS_MAX,
-        "gave up deleting what a failed create may have left; the next start tries again"
+        "gave up deleting what a failed create or delete may have left; the next start tries again"
     );
     false
 }

@@ -10,7 +10,7 @@
 //! - `rewind.rs`: enqueueing change sets and the failed-commit rewind;
 //! - `transition.rs`: the transition runner and its completion;
 //! - `deadlines.rs`: the deadline sweep;
-//! - `compensate.rs`: starting the Create compensation.
+//! - `compensate.rs`: starting the compensation of failed Creates and Deletes.
 //!
 //! The domain core sits behind one mutex. A decision and the enqueueing of its change set
 //! happen under that lock, so the store sees change sets in decision order; waiting for

@@ -1,6 +1,6 @@
-//! Unit tests of the Create compensation: a Create whose effect is unknown is followed by a
+//! Unit tests of the compensation: a Create whose effect is unknown is followed by a
 //! delete of its domain, one that provably changed nothing is not, and a restart
-//! compensates interrupted Creates. Time is a clock whose timers fire at once, so backoff
+//! compensates interrupted Creates and Deletes. Time is a clock whose timers fire at once, so backoff
 //! and deadlines cost nothing.
 
 use bigfleet_libvirt_domain::{Core, FenceToken, MachineState, MutateRequest, Mutation, Timestamp};
@@ -110,4 +110,44 @@ async fn a_restart_compensates_a_create_it_interrupted() {
         "the restart issues the compensating delete"
     );
     assert_eq!(host.domain_count(), 0);
+}
+
+#[tokio::test]
+async fn a_restart_finishes_a_delete_it_interrupted() {
+    // The first process created m-1, and accepted its Delete; it died before the host had
+    // removed the domain. The record comes back Failed with its host: nothing will ever
+    // Delete it again, so the restart removes the domain.
+    let (host, store) = (TestHost::default(), TestDisk::default());
+    let first = start(host.clone(), store.clone()).await;
+    create(&first).await;
+    settle().await;
+    assert_eq!(state(&first), MachineState::Idle);
+    drop(first);
+    let (mut core, _) =
+        Core::restore(ProviderConfig::default().policy, store.durable()).expect("restore");
+    let mutation = Mutation {
+        machine_id: "m-1".to_owned(),
+        token: FenceToken::default(),
+        request: MutateRequest::Delete,
+    };
+    let changes = core
+        .mutate(mutation, Timestamp(1))
+        .changes
+        .expect("accepted");
+    store.apply(&changes);
+    assert_eq!(host.domain_count(), 1);
+
+    let second = start(host.clone(), store).await;
+    settle().await;
+    let failed = &second.peek(&Default::default()).machines[0];
+    assert_eq!(failed.state, MachineState::Failed);
+    assert!(
+        failed.has_host(),
+        "a failed Delete keeps its host on the record"
+    );
+    assert_eq!(
+        host.domain_count(),
+        0,
+        "the restart removed what the Delete left"
+    );
 }

@@ -1,6 +1,6 @@
-//! Starting the Create compensation: the best-effort delete of whatever a failed Create
-//! may have left on its host (the task itself is `compensation.rs`), and its start-up half
-//! for the Creates a restart interrupted.
+//! Starting the compensation: the best-effort delete of whatever a failed Create or a
+//! failed Delete may have left on its host (the task itself is `compensation.rs`), and its
+//! start-up half for the Creates and Deletes a restart interrupted.
 
 use std::sync::Arc;
 
@@ -16,10 +16,12 @@ use crate::spawn::Spawner;
 use crate::store::StateStore;
 
 impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
-    /// Start-up half of the Create compensation: a restart may have interrupted a Create
-    /// (now Failed without a host) or a compensation in flight, so every Failed record
-    /// without a host gets its compensating delete again (idempotent when nothing is left).
-    pub(super) fn compensate_failed_creates(&self) {
+    /// Start-up half of the compensation: a restart may have interrupted a Create (now
+    /// Failed without a host), a Delete (now Failed with its host and no binding: a failed
+    /// Configure or Drain keeps its cluster, and a Delete starts only from Idle, which has
+    /// none) or a compensation in flight, so each such record gets its compensating delete
+    /// again (idempotent when nothing is left).
+    pub(super) fn compensate_failed(&self) {
         let failed = {
             let guarded = self.lock();
             let query = ListQuery {
@@ -27,10 +29,13 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 ..ListQuery::default()
             };
             let page = guarded.core.list(&query);
-            page.machines
-                .into_iter()
-                .filter(|m| !m.has_host())
-                .filter_map(|m| Some((guarded.core.operation(&m.id, Kind::Create)?.clone(), m)))
+            let kind = |m: &Machine| match (m.has_host(), m.cluster.is_empty()) {
+                (false, _) => Some(Kind::Create),
+                (true, true) => Some(Kind::Delete),
+                (true, false) => None,
+            };
+            (page.machines.into_iter())
+                .filter_map(|m| Some((guarded.core.operation(&m.id, kind(&m)?)?.clone(), m)))
                 .collect::<Vec<_>>()
         };
         for (operation_id, machine) in failed {
@@ -38,8 +43,8 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         }
     }
 
-    /// Starts the best-effort delete of whatever a failed Create may have left on its host
-    /// (`compensation.rs`). The task holds the hypervisor and clock, not the provider.
+    /// Starts the best-effort delete of whatever a failed Create or Delete may have left on
+    /// its host (`compensation.rs`). The task holds the hypervisor and clock, not the provider.
     pub(super) fn compensate(&self, machine: Arc<Machine>, operation_id: OperationId) {
         if cfg!(feature = "bug-no-create-compensation") {
             return; // Injected bug (simulator bug hunt only): leak the domain.

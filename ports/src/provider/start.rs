@@ -1,7 +1,7 @@
 //! Starting the provider: loading durable state, seeding an empty store from the
 //! hypervisor on first boot (under the seed timeout) or failing the transitions a restart
 //! interrupted, persisting what start-up decided, then the deadline sweep and the start-up
-//! half of the Create compensation.
+//! half of the compensation.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -85,7 +85,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
                 sweep.instrument(info_span!("deadline_sweep")),
             );
         }
-        provider.compensate_failed_creates();
+        provider.compensate_failed();
         Ok(provider)
     }
 }

@@ -43,7 +43,10 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         };
         let ended = self.finish(&dispatch, result).await;
         let failed = ended.is_some_and(|m| m.state == MachineState::Failed);
-        if dispatch.kind == Kind::Create && failed && may_have_acted {
+        // A failed Create may have left a domain the state does not know; a failed Delete
+        // leaves a Failed record nothing will ever Delete again: both are cleaned up.
+        let leaves = matches!(dispatch.kind, Kind::Create | Kind::Delete);
+        if leaves && failed && may_have_acted {
             self.compensate(Arc::clone(&dispatch.machine), dispatch.operation_id.clone());
         }
     }

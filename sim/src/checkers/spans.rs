@@ -9,7 +9,7 @@
 //! inside the call's span). Exempt, because no call stands behind them:
 //! - spans opened under the simulator's `provider_start` span with no transition above
 //!   them: the restore hand-off and the start-up compensation of Failed Creates without a
-//!   host (`compensate_failed_creates`, and its hypervisor calls), which run when a process
+//!   host (`compensate_failed`, and its hypervisor calls), which run when a process
 //!   (re)starts, for transitions whose call belonged to a process that is gone;
 //! - `hypervisor` `DescribeManaged` spans with no transition above them: reading the hosts
 //!   (restore, the background reconcile pass) is no transition's work.
