@@ -54,6 +54,7 @@ mod qemu_faults;
 mod qemu_image;
 mod qemu_lanes;
 mod qemu_remote;
+mod qemu_slow;
 mod qemu_zones;
 mod read_wait;
 mod scale;
