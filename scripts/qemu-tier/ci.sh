@@ -6,7 +6,7 @@
 
 # The test groups, one `cargo test` run each (in this order, so each group's time shows);
 # every group runs even when an earlier one failed.
-test_groups=(qemu_e2e qemu_faults qemu_crash qemu_slow qemu_image qemu_ceph qemu_lanes qemu_remote)
+test_groups=(qemu_e2e qemu_faults qemu_crash qemu_slow on_real_libvirtd qemu_image qemu_ceph qemu_lanes qemu_remote)
 
 # Prints how long a step took and how it ended ("ok", "failed (exit status N)"), and appends
 # "tier: NAME<TAB>SECONDS<TAB>OUTCOME" to $BIGFLEET_PHASE_LOG when that is set (scripts/test.sh

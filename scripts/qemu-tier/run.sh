@@ -34,7 +34,8 @@
 #                                      rbd, ceph, rados, ... in the cluster's chroot with its
 #                                      ceph.conf as client.admin (no lock; stdin passes through)
 #   scripts/qemu-tier/run.sh ci        check (skip = exit 0), prepare, start, ceph start, run the
-#                                      qemu_e2e, qemu_faults, qemu_crash, qemu_slow, qemu_image, qemu_ceph,
+#                                      qemu_e2e, qemu_faults, qemu_crash, qemu_slow, on_real_libvirtd
+#                                      (the conformance behaviours), qemu_image, qemu_ceph,
 #                                      qemu_lanes and
 #                                      qemu_remote tests (tests/tests/), then the real-libvirt benchmark
 #                                      (scripts/bench/real-libvirt.sh), always stop; exits with the

@@ -693,3 +693,16 @@ crate::harness::backend::on_test_driver!(
     upstream_metadata_and_binding_clear_on_drain,
     upstream_metadata_unknown_keys_preserved_verbatim,
 );
+
+crate::harness::backend::on_real_libvirtd!(
+    upstream_full_lifecycle,
+    upstream_create_idempotent,
+    upstream_configure_idempotent,
+    upstream_drain_idempotent,
+    upstream_delete_idempotent,
+    upstream_list_max_results,
+    upstream_transitional_state_observability,
+    upstream_delete_on_configured,
+    upstream_fencing_stale_epoch_rejected,
+    upstream_metadata_and_binding_clear_on_drain,
+);

@@ -408,3 +408,12 @@ crate::harness::backend::on_test_driver!(
     b408_burst_acks_carry_consistent_snapshots,
     b409_parallel_deletes_collapse,
 );
+
+crate::harness::backend::on_real_libvirtd!(
+    b401_parallel_creates_collapse,
+    b402_parallel_configures_collapse,
+    b403_parallel_drains_collapse_and_clear,
+    b404_configure_drain_race_ends_consistent,
+    b407_parallel_creates_on_different_machines,
+    b409_parallel_deletes_collapse,
+);

@@ -427,3 +427,10 @@ crate::harness::backend::on_test_driver!(
     b214_each_transition_gets_a_fresh_operation_id,
     b215_unknown_id_get_and_delete_are_not_found,
 );
+
+crate::harness::backend::on_real_libvirtd!(
+    b201_create_on_configured_is_refused_without_change,
+    b205_at_target_replays_are_no_ops,
+    b206_at_target_replay_returns_the_original_operation_id,
+    b214_each_transition_gets_a_fresh_operation_id,
+);

@@ -503,3 +503,11 @@ crate::harness::backend::on_test_driver!(
     b311_passing_token_advances_mark_even_when_rejected,
     b312_random_token_stream_matches_running_max,
 );
+
+crate::harness::backend::on_real_libvirtd!(
+    b302_with_the_upstream_harness_picks,
+    b305_reads_unaffected_and_fenced_calls_change_nothing,
+    b306_fence_before_idempotency_on_configure,
+    b307_fence_before_idempotency_on_drain,
+    b311_passing_token_advances_mark_even_when_rejected,
+);

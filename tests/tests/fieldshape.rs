@@ -363,3 +363,8 @@ crate::harness::backend::on_test_driver!(
     b806_hosted_machines_have_capacity_type_and_zone,
     b807_delete_clears_host_cluster_and_metadata,
 );
+
+crate::harness::backend::on_real_libvirtd!(
+    b803_host_and_cluster_are_consistent_with_state,
+    b807_delete_clears_host_cluster_and_metadata,
+);

@@ -245,3 +245,14 @@ crate::harness::backend::on_test_driver!(
     b108_settled_machines_do_not_move,
     b109_delete_shows_only_deleting_and_clears_the_host,
 );
+
+crate::harness::backend::on_real_libvirtd!(
+    b101_repeated_cycles_return_to_a_clean_idle,
+    b103_configure_shows_only_configuring,
+    b104_drain_shows_only_draining,
+    b105_trace_uses_only_legal_steps,
+    b106_cluster_binding_follows_the_state,
+    b107_host_presence_follows_the_state,
+    b108_settled_machines_do_not_move,
+    b109_delete_shows_only_deleting_and_clears_the_host,
+);

@@ -565,3 +565,9 @@ crate::harness::backend::on_test_driver!(
     capped_pages_walk_the_matching_set_without_repeats,
     concurrent_capped_pickers_get_different_machines,
 );
+
+crate::harness::backend::on_real_libvirtd!(
+    b903_revision_advances_and_delta_includes_the_mutation,
+    back_to_back_capped_picks_return_different_machines,
+    concurrent_capped_pickers_get_different_machines,
+);

@@ -48,6 +48,7 @@ mod ops;
 mod phases;
 mod property;
 mod qemu_ceph;
+mod qemu_conformance;
 mod qemu_crash;
 mod qemu_e2e;
 mod qemu_faults;

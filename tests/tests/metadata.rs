@@ -330,3 +330,8 @@ crate::harness::backend::on_test_driver!(
     b504_metadata_is_visible_while_configuring,
     b505_provider_keeps_its_own_copy_of_the_map,
 );
+
+crate::harness::backend::on_real_libvirtd!(
+    b502_drain_clears_binding_and_a_rebind_shows_no_old_keys,
+    b505_provider_keeps_its_own_copy_of_the_map,
+);

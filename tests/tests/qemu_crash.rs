@@ -7,7 +7,8 @@
 //!
 //! - every acknowledged operation survives: its machine is at the target, and a replay (with
 //!   a newer token) returns the acknowledged operation id, or it is Failed with the restart's
-//!   reason; nothing is left transitional;
+//!   reason; nothing is left transitional; a binding (cluster and `shard_metadata`) survives
+//!   with its running guest;
 //! - a stale token's Delete of a running machine is fenced and leaves its domain running;
 //! - once settled, every domain and volume the test did not find at its start belongs to a
 //!   machine that has a host (Idle, Configured, or Failed with its host), every Idle or
@@ -333,6 +334,15 @@ impl Campaign {
             .await
             .expect("an acknowledged machine is known");
         let now = state(&machine);
+        // The binding survives with the guest: a Configured machine, or one whose Configure
+        // or Drain the kill cut off, keeps the cluster and the exact metadata it was given.
+        if now == S::Configured || (now == S::Failed && !machine.cluster.is_empty()) {
+            assert_eq!(machine.cluster, "crash-cluster", "{call:?} of {id}");
+            let metadata: Vec<(&str, &str)> = (machine.shard_metadata.iter())
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            assert_eq!(metadata, [("crash", "1")], "{call:?} of {id}");
+        }
         let token = self.token();
         let replay = call.send(&mut c, id, token).await;
         if now == call.target() {

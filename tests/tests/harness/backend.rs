@@ -17,13 +17,21 @@ use std::path::Path;
 
 use bigfleet_libvirt_libvirt::fixture::Fixture;
 
+use super::Server;
+
+/// Launches a provider with `seed` slots and `extra` flags on some backend.
+pub type Launch = fn(seed: u32, extra: &[&str]) -> Server;
+
 /// A backend the profiles can launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub enum Backend {
     /// `--use-fake-backend`.
     Fake,
     /// `--connect test:///…/node.xml` with `--image` and agentless first-boot types.
     TestDriver,
+    /// Real libvirtd daemons with real guests (the real-QEMU tier), launched by the tier's
+    /// own function (`tests/tests/qemu_conformance.rs`).
+    Real(Launch),
 }
 
 thread_local! {
@@ -39,6 +47,11 @@ pub fn current() -> Backend {
 /// launching on libvirt's test driver, and puts the fake back after (also when it panics,
 /// so the thread never leaks the choice).
 pub fn run_on_test_driver(test: fn()) {
+    run_on(Backend::TestDriver, test);
+}
+
+/// Runs `test` with the profiles launching on `backend`, and puts the fake back after.
+pub fn run_on(backend: Backend, test: fn()) {
     struct Restore;
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -46,8 +59,18 @@ pub fn run_on_test_driver(test: fn()) {
         }
     }
     let _restore = Restore;
-    BACKEND.with(|b| b.set(Backend::TestDriver));
+    BACKEND.with(|b| b.set(backend));
     test();
+}
+
+/// How long to wait for a state at most, for a wait of `timeout` on the fake: real guests
+/// boot and run their hooks under software emulation in the tier, so its waits are eight
+/// times as long (the provider's own deadlines still decide every outcome).
+pub fn stretch(timeout: std::time::Duration) -> std::time::Duration {
+    match current() {
+        Backend::Real(_) => timeout * 8,
+        Backend::Fake | Backend::TestDriver => timeout,
+    }
 }
 
 /// The instance types of the test-driver profile: the built-in catalog's shapes, booting by
@@ -100,3 +123,27 @@ macro_rules! on_test_driver {
 }
 #[allow(unused_imports)]
 pub(crate) use on_test_driver;
+
+/// As [`on_test_driver!`], on the real-QEMU tier's libvirtd daemons: a child module
+/// `on_real_libvirtd` whose tests are ignored outside the tier (`scripts/qemu-tier/run.sh ci`
+/// runs them as the group `on_real_libvirtd`).
+#[allow(unused_macros)] // the benchmarks share this harness and list no tests
+macro_rules! on_real_libvirtd {
+    ($($test:ident),* $(,)?) => {
+        /// This module's behaviours again, on real libvirtd (harness/backend.rs).
+        mod on_real_libvirtd {
+            $(
+                #[test]
+                #[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
+                fn $test() {
+                    let real = $crate::harness::backend::Backend::Real(
+                        $crate::qemu_conformance::launch,
+                    );
+                    $crate::harness::backend::run_on(real, super::$test);
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_real_libvirtd;

@@ -38,6 +38,8 @@ pub struct Server {
     /// Files the process reads for as long as it runs (a test-driver node file), removed
     /// after it is stopped.
     scratch: Option<tempfile::TempDir>,
+    /// Run once the process is stopped (for example, removing what it made on real hosts).
+    after_stop: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 /// How long the provider started with `args` may take to serve: 30 s, or 120 s when it
@@ -130,7 +132,15 @@ impl Server {
             log,
             claimed: Mutex::default(),
             scratch: None,
+            after_stop: Mutex::new(None),
         }
+    }
+
+    /// This server, running `cleanup` once its process is stopped (when dropped).
+    #[must_use]
+    pub fn after_stop(mut self, cleanup: impl FnOnce() + Send + 'static) -> Self {
+        self.after_stop = Mutex::new(Some(Box::new(cleanup)));
+        self
     }
 
     /// This server, keeping `dir` until it is dropped.
@@ -202,6 +212,10 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
+        let cleanup = self.after_stop.lock().map(|mut c| c.take());
+        if let Ok(Some(cleanup)) = cleanup {
+            cleanup();
+        }
     }
 }
 

@@ -48,8 +48,8 @@ pub fn bare_metal() -> Server {
 /// Starts the provider named `certify` with `seed` slots on this thread's backend: the fake
 /// with `fake` (its latency flags) and `extra`, or the test driver with `extra`.
 fn launch(seed: u32, fake: &[&str], extra: &[&str]) -> Server {
-    let seed = format!("--seed-count={seed}");
-    let common = ["--provider=certify", seed.as_str()];
+    let seeded = format!("--seed-count={seed}");
+    let common = ["--provider=certify", seeded.as_str()];
     match backend::current() {
         Backend::Fake => {
             let mut args = vec!["--use-fake-backend"];
@@ -72,5 +72,6 @@ fn launch(seed: u32, fake: &[&str], extra: &[&str]) -> Server {
             );
             server
         }
+        Backend::Real(launch) => launch(seed, extra),
     }
 }

@@ -202,8 +202,9 @@ pub async fn pick(server: &Server, c: &mut Client) -> String {
 }
 
 /// Polls Get every 20 ms until the machine is in `want`; panics with the last state after
-/// `timeout`.
+/// `timeout` (stretched on real libvirtd, `backend::stretch`).
 pub async fn reach(c: &mut Client, id: &str, want: S, timeout: Duration) -> pb::Machine {
+    let timeout = super::backend::stretch(timeout);
     let start = Instant::now();
     loop {
         if let Ok(m) = get(c, id).await {
@@ -265,6 +266,7 @@ pub async fn poll_window(
 
 /// Samples Get every 1 ms until `until`, returning the de-duplicated trace of states.
 pub async fn trace_until(c: &mut Client, id: &str, until: S, timeout: Duration) -> Vec<S> {
+    let timeout = super::backend::stretch(timeout);
     let start = Instant::now();
     let mut trace: Vec<S> = Vec::new();
     loop {
