@@ -5,9 +5,14 @@
 //! bootstrap and drain hooks: `qemu_zones`), so every Create boots a real QEMU guest, every
 //! Configure runs the bootstrap hook through the guest agent and every Drain the drain hook.
 //!
+//! The fault lane's behaviours, provoked with real faults of the guest's hooks, are in
+//! `on_real_libvirtd.rs` beside this file.
+//!
 //! A launch has a provider label of its own and, once its process is stopped, removes every
 //! domain and volume that appeared on either host while it ran, so the behaviours (run one
 //! at a time by the tier) never see each other's guests.
+
+mod on_real_libvirtd;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
