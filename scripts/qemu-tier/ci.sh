@@ -150,6 +150,7 @@ cmd_ci() {
     timed build-tests build_tests
     local status=0 failed group beside_pid beside_started=$SECONDS beside_status=0
     local beside_out="$tier_dir/beside-$beside_group.out"
+    mkdir -p "$tier_dir"
     test_group "$beside_group" >"$beside_out" 2>&1 &
     beside_pid=$!
     for group in "${test_groups[@]}"; do

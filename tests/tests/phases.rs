@@ -186,13 +186,23 @@ fn the_tier_records_each_step_and_runs_every_test_group_after_a_failure() {
             ok("build-tests"),
             ok("test qemu_e2e"),
             failed("test qemu_faults", 101),
-            ok("test qemu_image"),
+            ok("test qemu_crash"),
+            ok("test qemu_slow"),
+            ok("test on_real_libvirtd"),
             ok("test qemu_ceph"),
             ok("test qemu_lanes"),
             ok("test qemu_remote"),
+            ok("test qemu_image (beside the others)"),
             failed("bench", 3),
             ok("stop"),
         ]
+    );
+
+    let (code, log) = tier_ci(&[("FAIL_GROUP", "qemu_image")]);
+    assert_eq!(code, 101, "the group beside the others fails the tier too");
+    assert!(
+        steps(&log).contains(&failed("test qemu_image (beside the others)", 101)),
+        "{log}"
     );
 
     let (code, log) = tier_ci(&[("PREPARE_STATUS", "5")]);

@@ -11,7 +11,8 @@
 //!   with its running guest;
 //! - a stale token's Delete of a running machine is fenced and leaves its domain running;
 //! - once settled, every domain and volume the test did not find at its start belongs to a
-//!   machine that has a host (Idle, Configured, or Failed with its host), every Idle or
+//!   machine that has a host (Idle, Configured, or Failed with its host; the machines have a
+//!   data disk beside the overlay, the seed and the console log), every Idle or
 //!   Configured machine has exactly one domain, running, on its own zone's host, and no
 //!   machine without a host has one (an interrupted Create is compensated); an interrupted
 //!   Delete's volumes without their domain are collected as orphans (`--gc-orphans` with a
@@ -117,7 +118,9 @@ impl Campaign {
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         // A label of its own: domains an earlier, failed run left are not this provider's.
         let label = format!("crash{}", std::process::id());
-        let args = tier.provider_args(dir, &label, (SLOTS, SLOTS), &extra);
+        // A data disk too, so each machine has four volumes a crash can strand.
+        let disk = r#""data_disks": [{"size_gib": 1}]"#;
+        let args = tier.provider_args_shaped(dir, &label, (SLOTS, SLOTS), disk, &extra);
         let before = [&tier.a, &tier.b]
             .into_iter()
             .map(|zone| {

@@ -110,10 +110,28 @@ impl Tier {
         per_zone: (u32, u32),
         extra: &[&str],
     ) -> Vec<String> {
+        self.provider_args_shaped(dir, label, per_zone, "", extra)
+    }
+
+    /// As [`Tier::provider_args`], with `shape` (JSON members, e.g. a `"data_disks"` list)
+    /// added to the `e2e.tiny` type.
+    pub fn provider_args_shaped(
+        &self,
+        dir: &Path,
+        label: &str,
+        per_zone: (u32, u32),
+        shape: &str,
+        extra: &[&str],
+    ) -> Vec<String> {
         let types = dir.join(format!("{label}-types.json"));
+        let more = if shape.is_empty() {
+            String::new()
+        } else {
+            format!(", {shape}")
+        };
         std::fs::write(
             &types,
-            r#"{ "e2e.tiny": { "vcpu": 1, "memory_mib": 384 } }"#,
+            format!(r#"{{ "e2e.tiny": {{ "vcpu": 1, "memory_mib": 384{more} }} }}"#),
         )
         .unwrap();
         let offerings = dir.join(format!("{label}-offerings.json"));

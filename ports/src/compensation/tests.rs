@@ -46,6 +46,20 @@ async fn settle() {
     }
 }
 
+/// Writes to `store` what a process that accepted `request` on m-1, and died before its
+/// completion was persisted, leaves there.
+fn accepted_on_disk(store: &TestDisk, request: MutateRequest) {
+    let policy = ProviderConfig::default().policy;
+    let (mut core, _) = Core::restore(policy, store.durable()).expect("restore");
+    let mutation = Mutation {
+        machine_id: "m-1".to_owned(),
+        token: FenceToken::default(),
+        request,
+    };
+    let changes = core.mutate(mutation, Timestamp(1)).changes;
+    store.apply(&changes.expect("accepted"));
+}
+
 fn state(provider: &Subject) -> MachineState {
     provider.peek(&Default::default()).machines[0].state
 }
@@ -87,18 +101,7 @@ async fn a_restart_compensates_a_create_it_interrupted() {
     // died before the completion was persisted.
     let (host, store) = (TestHost::default(), TestDisk::default());
     drop(start(host.clone(), store.clone()).await); // first boot seeds m-1
-    let snapshot = store.durable();
-    let (mut core, _) = Core::restore(ProviderConfig::default().policy, snapshot).expect("restore");
-    let mutation = Mutation {
-        machine_id: "m-1".to_owned(),
-        token: FenceToken::default(),
-        request: MutateRequest::Create,
-    };
-    let changes = core
-        .mutate(mutation, Timestamp(1))
-        .changes
-        .expect("accepted");
-    store.apply(&changes);
+    accepted_on_disk(&store, MutateRequest::Create);
     host.add_domain("m-1");
 
     let second = start(host.clone(), store).await;
@@ -123,18 +126,7 @@ async fn a_restart_finishes_a_delete_it_interrupted() {
     settle().await;
     assert_eq!(state(&first), MachineState::Idle);
     drop(first);
-    let (mut core, _) =
-        Core::restore(ProviderConfig::default().policy, store.durable()).expect("restore");
-    let mutation = Mutation {
-        machine_id: "m-1".to_owned(),
-        token: FenceToken::default(),
-        request: MutateRequest::Delete,
-    };
-    let changes = core
-        .mutate(mutation, Timestamp(1))
-        .changes
-        .expect("accepted");
-    store.apply(&changes);
+    accepted_on_disk(&store, MutateRequest::Delete);
     assert_eq!(host.domain_count(), 1);
 
     let second = start(host.clone(), store).await;

@@ -102,12 +102,14 @@ impl Server {
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addrs) = serving_addrs(&line) {
+                let serving = serving_addrs(&line);
+                // The line is in the log before the start returns, so a caller can read it.
+                sink.lock().unwrap().push(line);
+                if let Some(addrs) = serving {
                     if let Some(tx) = tx.take() {
                         let _ = tx.send(addrs);
                     }
                 }
-                sink.lock().unwrap().push(line);
             }
         });
         let spawned = Instant::now();
