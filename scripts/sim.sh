@@ -18,6 +18,7 @@ bugs=(
     bug-ack-before-persist
     bug-keep-metadata-on-drain
     bug-no-create-compensation
+    bug-no-delete-compensation
     bug-per-shard-fence
     bug-transition-after-commit
     bug-detached-transition-span

@@ -32,6 +32,10 @@ fn features() -> Vec<&'static str> {
             cfg!(feature = "bug-no-create-compensation"),
         ),
         (
+            "bug-no-delete-compensation",
+            cfg!(feature = "bug-no-delete-compensation"),
+        ),
+        (
             "bug-transition-after-commit",
             cfg!(feature = "bug-transition-after-commit"),
         ),

@@ -37,6 +37,8 @@ pub enum Invariant {
     VolumeWithoutDomain,
     /// No configuration holding a join blob outlives its machine's Configured → Idle.
     BlobAfterIdle,
+    /// After quiescence no host holds the domain of a machine whose Delete failed.
+    FailedDeleteLeftover,
     /// No dedicated CPU or passthrough device is ever held by two machines, and no claim
     /// outlives the Create that made it unless its domain holds it.
     ClaimsHeldOnce,
@@ -68,6 +70,7 @@ impl Invariant {
             Self::OrphanDomain => "no-orphan-domain",
             Self::VolumeWithoutDomain => "no-volume-without-domain",
             Self::BlobAfterIdle => "no-blob-after-idle",
+            Self::FailedDeleteLeftover => "nothing-after-failed-delete",
             Self::ClaimsHeldOnce => "claims-held-once",
             Self::TransitionDeadline => "transition-deadline",
             Self::SpansInCallTrace => "spans-in-call-trace",
@@ -100,6 +103,9 @@ impl Invariant {
             Self::VolumeWithoutDomain => "after quiescence every volume belongs to a domain",
             Self::BlobAfterIdle => {
                 "no configuration holding a join blob outlives its machine's Configured -> Idle"
+            }
+            Self::FailedDeleteLeftover => {
+                "after quiescence no host holds the domain of a machine whose Delete failed"
             }
             Self::ClaimsHeldOnce => {
                 "no CPU or device is held by two machines, and a rolled-back claim is released"

@@ -49,6 +49,9 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         if cfg!(feature = "bug-no-create-compensation") {
             return; // Injected bug (simulator bug hunt only): leak the domain.
         }
+        if cfg!(feature = "bug-no-delete-compensation") && machine.has_host() {
+            return; // Injected bug (simulator bug hunt only): leave a failed Delete's domain.
+        }
         let timeout = self.lock().core.policy().timeouts.delete;
         let span = info_span!(
             "compensation",

@@ -43,10 +43,15 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
         };
         let ended = self.finish(&dispatch, result).await;
         let failed = ended.is_some_and(|m| m.state == MachineState::Failed);
-        // A failed Create may have left a domain the state does not know; a failed Delete
-        // leaves a Failed record nothing will ever Delete again: both are cleaned up.
-        let leaves = matches!(dispatch.kind, Kind::Create | Kind::Delete);
-        if leaves && failed && may_have_acted {
+        // A failed Create that may have acted may have left a domain the state does not
+        // know; a failed Delete, whatever it did, leaves a Failed record nothing will ever
+        // Delete again, while its shard asked for the machine to go: both are cleaned up.
+        let leaves = match dispatch.kind {
+            Kind::Create => may_have_acted,
+            Kind::Delete => true,
+            Kind::Configure | Kind::Drain => false,
+        };
+        if leaves && failed {
             self.compensate(Arc::clone(&dispatch.machine), dispatch.operation_id.clone());
         }
     }

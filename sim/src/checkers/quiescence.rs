@@ -8,6 +8,9 @@
 //!   Delete leave none behind.
 //! - No domain's configuration holds a join blob while its machine is Idle (or has no
 //!   record): Drain took it out, whatever crashes and lost replies came between.
+//! - No host holds the domain of a machine whose Delete failed (Failed with its host and
+//!   no binding): its shard asked for it to go and can never ask again, so the provider's
+//!   compensation finishes the removal, whatever cut the Delete off.
 //! - Each watcher's delta-maintained view, after one more delta, equals a full List.
 //! - The last acknowledged token of every (shard, machine) is still rejected, asked over
 //!   the same simulated network path the shards use.
@@ -117,6 +120,26 @@ fn blobs_after_idle(world: &World, serving: &Serving) -> Vec<String> {
     .collect()
 }
 
+/// Domains of machines whose Delete failed: Failed, with a host and no cluster (a failed
+/// Configure or Drain keeps its binding, and a Delete starts only from Idle).
+fn failed_delete_leftovers(world: &World, serving: &Serving) -> Vec<String> {
+    let Some(provider) = serving.get() else {
+        return vec!["the provider is not serving".to_owned()];
+    };
+    let page = provider.peek(&ListQuery::default());
+    let hosts = world.hosts();
+    (page.machines.iter())
+        .filter(|m| m.state == MachineState::Failed && m.has_host() && m.cluster.is_empty())
+        .filter_map(|m| {
+            let domain = hosts.domains[zone_index(&m.zone)].get(&m.id)?;
+            Some(format!(
+                "machine {}'s Delete failed ({}), and its domain {} is still on its host",
+                m.id, m.last_error, domain.name
+            ))
+        })
+        .collect()
+}
+
 fn transitional(serving: &Serving) -> Vec<String> {
     let Some(provider) = serving.get() else {
         return vec!["the provider is not serving".to_owned()];
@@ -135,9 +158,12 @@ fn transitional(serving: &Serving) -> Vec<String> {
 pub async fn run(checkers: &Checkers, serving: &Serving, watchers: &Watchers) {
     let world = checkers.world();
     let give_up = elapsed() + CONVERGENCE_BUDGET;
-    while elapsed() < give_up
-        && !(transitional(serving).is_empty() && disagreements(world, serving).is_empty())
-    {
+    let converged = || {
+        transitional(serving).is_empty()
+            && disagreements(world, serving).is_empty()
+            && failed_delete_leftovers(world, serving).is_empty()
+    };
+    while elapsed() < give_up && !converged() {
         madsim::time::sleep(Duration::from_secs(5)).await;
     }
     checkers.read_history();
@@ -153,6 +179,9 @@ pub async fn run(checkers: &Checkers, serving: &Serving, watchers: &Watchers) {
     }
     for problem in blobs_after_idle(world, serving) {
         checkers.violation(Invariant::BlobAfterIdle, problem);
+    }
+    for problem in failed_delete_leftovers(world, serving) {
+        checkers.violation(Invariant::FailedDeleteLeftover, problem);
     }
     check_memory_equals_disk(checkers, serving);
     check_watchers(checkers, watchers).await;
