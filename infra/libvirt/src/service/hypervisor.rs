@@ -446,12 +446,10 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
         let until = clock.now().saturating_add(policy.drain_wait);
         let machine = &request.machine;
         let has_agent = self.has_agent(machine);
-        let host = if has_agent {
-            self.power_on("drain", Lane::Teardown, machine).await?
-        } else {
-            self.target(machine)?.0
-        };
-        let (_, name) = self.target(machine)?;
+        let (mut host, name) = self.target(machine)?;
+        if has_agent {
+            host = self.power_on("drain", Lane::Teardown, machine).await?;
+        }
         let agent = DomainAgent { host, name };
         if has_agent {
             self.agent_ready("drain", machine, &agent, until).await?;
