@@ -323,11 +323,12 @@ async fn b505_provider_keeps_its_own_copy_of_the_map() {
     }
 }
 
+// B504 is not listed: it must sample a Configuring window of known length (the fake's
+// 150-300 ms latencies); on the test driver a Configure takes a few milliseconds.
 crate::harness::backend::on_test_driver!(
     b501_hostile_map_is_echoed_byte_for_byte_on_get_and_list,
     b502_drain_clears_binding_and_a_rebind_shows_no_old_keys,
     b503_oversize_map_is_echoed_exactly_never_truncated,
-    b504_metadata_is_visible_while_configuring,
     b505_provider_keeps_its_own_copy_of_the_map,
 );
 
