@@ -161,6 +161,9 @@ pub struct DeleteRequest {
 /// - `restored` is told, once the provider has started and before it serves, the machines
 ///   its durable state holds; an adapter that keeps its own view of what should be running
 ///   takes it from there, one that keeps none ignores it (the default).
+/// - `failed` is told each record that goes Failed while the provider runs (once its
+///   completion is durable), so an adapter that holds room for open slots can let a dead
+///   slot's room go.
 pub trait Hypervisor: Send + Sync + 'static {
     /// The substrate's view of every slot and machine this provider owns.
     fn describe(&self) -> impl Future<Output = Result<Vec<Machine>, HypervisorError>> + Send;
@@ -207,5 +210,13 @@ pub trait Hypervisor: Send + Sync + 'static {
     /// given back once before serving. The default keeps nothing.
     fn restored(&self, machines: &[Arc<Machine>]) {
         let _ = machines;
+    }
+
+    /// A record went Failed. Failed is terminal, so nothing will Create that slot again: an
+    /// adapter that fits slots onto limited capacity (`describe` withholding what does not
+    /// fit) stops holding room for it. Records already Failed at start-up come through
+    /// `restored`. The default keeps nothing.
+    fn failed(&self, machine: &Machine) {
+        let _ = machine;
     }
 }

@@ -243,4 +243,8 @@ impl<H: Hypervisor> Hypervisor for InstrumentedHypervisor<H> {
     fn restored(&self, machines: &[std::sync::Arc<Machine>]) {
         self.inner.restored(machines);
     }
+
+    fn failed(&self, machine: &Machine) {
+        self.inner.failed(machine);
+    }
 }

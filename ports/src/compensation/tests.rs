@@ -1,6 +1,7 @@
 //! Unit tests of the compensation: a Create whose effect is unknown is followed by a
 //! delete of its domain, one that provably changed nothing is not, and a restart
-//! compensates interrupted Creates and Deletes. Time is a clock whose timers fire at once, so backoff
+//! compensates interrupted Creates and Deletes; and the hypervisor is told of each record
+//! that goes Failed (`Hypervisor::failed`), and of no other. Time is a clock whose timers fire at once, so backoff
 //! and deadlines cost nothing.
 
 use bigfleet_libvirt_domain::{Core, FenceToken, MachineState, MutateRequest, Mutation, Timestamp};
@@ -93,6 +94,24 @@ async fn a_successful_create_is_not_compensated() {
     settle().await;
     assert_eq!(state(&provider), MachineState::Idle);
     assert_eq!((host.delete_count(), host.domain_count()), (0, 1));
+}
+
+#[tokio::test]
+async fn the_hypervisor_is_told_of_a_record_that_went_failed_and_of_no_other() {
+    let host = TestHost::failing_create(HypervisorError::permanent("no such image"));
+    let provider = start(host.clone(), TestDisk::default()).await;
+    create(&provider).await;
+    settle().await;
+    assert_eq!(state(&provider), MachineState::Failed);
+    let told: Vec<String> = host.told_failed().iter().map(ToString::to_string).collect();
+    assert_eq!(told, ["m-1"]);
+
+    let host = TestHost::default();
+    let provider = start(host.clone(), TestDisk::default()).await;
+    create(&provider).await;
+    settle().await;
+    assert_eq!(state(&provider), MachineState::Idle);
+    assert!(host.told_failed().is_empty());
 }
 
 #[tokio::test]

@@ -153,6 +153,7 @@ impl<H: Hypervisor, S: StateStore, C: Clock, E: Spawner> Provider<H, S, C, E> {
             CompletionOutcome::Applied(machine) => {
                 if machine.state == MachineState::Failed {
                     warn!(error = %machine.last_error, "transition failed");
+                    self.inner.hypervisor.failed(&machine);
                 } else {
                     info!(state = %machine.state, "transition completed");
                 }

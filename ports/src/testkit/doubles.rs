@@ -46,6 +46,7 @@ pub struct TestHost {
     inventory: Arc<Mutex<Vec<Machine>>>,
     calls: Arc<Mutex<Vec<Kind>>>,
     domains: Arc<Mutex<BTreeSet<MachineId>>>,
+    failed: Arc<Mutex<Vec<MachineId>>>,
     create_answer: Option<HypervisorError>,
     create_gate: Option<Arc<Notify>>,
 }
@@ -56,6 +57,7 @@ impl Default for TestHost {
             inventory: Arc::new(Mutex::new(vec![speculative("m-1")])),
             calls: Arc::default(),
             domains: Arc::default(),
+            failed: Arc::default(),
             create_answer: None,
             create_gate: None,
         }
@@ -118,6 +120,11 @@ impl TestHost {
         locked(&self.domains).len()
     }
 
+    /// The machines the provider said went Failed ([`Hypervisor::failed`]), in order.
+    pub fn told_failed(&self) -> Vec<MachineId> {
+        locked(&self.failed).clone()
+    }
+
     fn record(&self, kind: Kind) {
         locked(&self.calls).push(kind);
     }
@@ -167,6 +174,10 @@ impl Hypervisor for TestHost {
         self.record(Kind::Delete);
         locked(&self.domains).remove(&request.machine.id);
         Ok(())
+    }
+
+    fn failed(&self, machine: &Machine) {
+        locked(&self.failed).push(machine.id.clone());
     }
 }
 

@@ -276,13 +276,15 @@ pub struct HostView<'a> {
 
 /// The inventory: every slot on a reachable host, Idle when its domain runs, Speculative
 /// when it can be created (or adopted), withheld otherwise. `views` holds only the hosts
-/// that were scanned.
+/// that were scanned. Slots in `dead` (their record is Failed, which is terminal) are left
+/// out and hold no room: a failed Create must not keep the next slot of its type withheld.
 #[must_use]
 pub fn inventory(
     provider: &str,
     slots: &[Machine],
     catalog: &InstanceCatalog,
     views: &BTreeMap<String, HostView<'_>>,
+    dead: &BTreeSet<String>,
 ) -> Vec<Machine> {
     let mut free: BTreeMap<&str, Option<Shape>> =
         views.iter().map(|(z, v)| (z.as_str(), v.free)).collect();
@@ -290,7 +292,7 @@ pub fn inventory(
         .map(|(z, v)| (z.as_str(), v.room.clone()))
         .collect();
     let mut machines = Vec::new();
-    for slot in slots {
+    for slot in slots.iter().filter(|s| !dead.contains(s.id.as_str())) {
         let Some(view) = views.get(&slot.zone) else {
             continue;
         };

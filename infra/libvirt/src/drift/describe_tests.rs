@@ -52,7 +52,7 @@ fn slots_map_to_idle_speculative_or_withheld() {
     });
     let views = BTreeMap::from([("a".to_owned(), view(&scan, free))]);
     let catalog = InstanceCatalog::builtin();
-    let machines = inventory(P, &slots, &catalog, &views);
+    let machines = inventory(P, &slots, &catalog, &views, &BTreeSet::new());
     let states: Vec<(String, MachineState, bool)> = machines
         .iter()
         .map(|m| (m.id.to_string(), m.state, m.host.is_some()))
@@ -82,9 +82,40 @@ fn capacity_withholds_slots_in_offering_order_and_unscanned_zones_vanish() {
         disk_bytes: u64::MAX,
     });
     let views = BTreeMap::from([("a".to_owned(), view(&scan, five_vcpus))]);
-    let machines = inventory(P, &all, &InstanceCatalog::builtin(), &views);
+    let machines = inventory(
+        P,
+        &all,
+        &InstanceCatalog::builtin(),
+        &views,
+        &BTreeSet::new(),
+    );
     let ids: Vec<&str> = machines.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, [all[0].id.as_str(), all[1].id.as_str()]);
+}
+
+/// A Failed slot is never created again: it is left out and holds no room, so the room it
+/// took in offering order goes to the next slot (before, one failed Create of a type whose
+/// host fits one machine withheld every other slot of it for good).
+#[test]
+fn a_dead_slot_holds_no_room() {
+    let all = slots(P, "a", "kvm.small", 3);
+    let scan = Scan::default();
+    let one = Some(Shape {
+        vcpu: 2,
+        memory_mib: 4096,
+        disk_bytes: u64::MAX,
+    });
+    let views = BTreeMap::from([("a".to_owned(), view(&scan, one))]);
+    let catalog = InstanceCatalog::builtin();
+    let ids = |dead: &[usize]| -> Vec<String> {
+        let dead: BTreeSet<String> = dead.iter().map(|&i| all[i].id.to_string()).collect();
+        let machines = inventory(P, &all, &catalog, &views, &dead);
+        machines.iter().map(|m| m.id.to_string()).collect()
+    };
+    assert_eq!(ids(&[]), [all[0].id.to_string()]);
+    assert_eq!(ids(&[0]), [all[1].id.to_string()]);
+    assert_eq!(ids(&[0, 1]), [all[2].id.to_string()]);
+    assert!(ids(&[0, 1, 2]).is_empty());
 }
 
 #[test]
@@ -210,13 +241,28 @@ fn storage_withholds_slots_whose_disks_do_not_fit_and_roots_smaller_than_the_ima
         disk_bytes: 100 << 30,
     });
     let views = BTreeMap::from([("a".to_owned(), view(&scan, room))]);
-    let machines = inventory(P, &all, &InstanceCatalog::builtin(), &views);
+    let machines = inventory(
+        P,
+        &all,
+        &InstanceCatalog::builtin(),
+        &views,
+        &BTreeSet::new(),
+    );
     assert_eq!(machines.len(), 2);
     // A golden image larger than the type's 40 GiB root: no kvm.small can be made.
     let mut big_image = view(&scan, room);
     big_image.image_bytes = Some(41 << 30);
     let views = BTreeMap::from([("a".to_owned(), big_image)]);
-    assert!(inventory(P, &all, &InstanceCatalog::builtin(), &views).is_empty());
+    assert!(
+        inventory(
+            P,
+            &all,
+            &InstanceCatalog::builtin(),
+            &views,
+            &BTreeSet::new()
+        )
+        .is_empty()
+    );
 }
 
 #[test]

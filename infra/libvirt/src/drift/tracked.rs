@@ -1,6 +1,7 @@
 //! The machines the adapter tracks per host, shared with the drift watch: which machines the
-//! provider's records place on which zone, and which have a Delete in flight (the watch
-//! leaves those alone, their domain going away is expected).
+//! provider's records place on which zone, which have a Delete in flight (the watch
+//! leaves those alone, their domain going away is expected), and which slots are dead
+//! (their record is Failed, so describe holds no room for them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
@@ -10,6 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 pub(crate) struct Tracked {
     known: Mutex<BTreeMap<String, String>>,
     busy: Mutex<BTreeSet<String>>,
+    dead: Mutex<BTreeSet<String>>,
 }
 
 impl Tracked {
@@ -23,6 +25,13 @@ impl Tracked {
     /// Machine ids with a Delete in flight.
     pub(crate) fn busy(&self) -> MutexGuard<'_, BTreeSet<String>> {
         self.busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Slots whose record is Failed: terminal, so nothing will Create them again.
+    pub(crate) fn dead(&self) -> MutexGuard<'_, BTreeSet<String>> {
+        self.dead
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }

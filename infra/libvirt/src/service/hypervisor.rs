@@ -360,8 +360,9 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             };
             views.insert(zone.clone(), view);
         }
-        let machines =
-            describe::inventory(provider, &inner.config.slots, &inner.config.catalog, &views);
+        let dead = inner.tracked.dead().clone();
+        let (slots, catalog) = (&inner.config.slots, &inner.config.catalog);
+        let machines = describe::inventory(provider, slots, catalog, &views, &dead);
         let orphans = self.find_orphans(&scans);
         self.report_drift(&views, &orphans);
         {
@@ -506,11 +507,20 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
     /// their domains are never taken for orphans.
     fn restored(&self, machines: &[Arc<Machine>]) {
         let mut known = self.inner.known();
+        let mut dead = self.inner.tracked.dead();
         for machine in machines {
             if machine.host.as_ref().is_some_and(|h| h.is_set()) {
                 known.insert(machine.id.to_string(), machine.zone.clone());
             }
+            if machine.state == MachineState::Failed {
+                dead.insert(machine.id.to_string());
+            }
         }
+    }
+
+    /// A Failed slot is never created again: describe stops holding room for it.
+    fn failed(&self, machine: &Machine) {
+        self.inner.tracked.dead().insert(machine.id.to_string());
     }
 }
 

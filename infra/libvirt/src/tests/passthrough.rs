@@ -2,9 +2,9 @@
 //! IOMMU groups and one outside any, two VFs of a NIC, a mediated device; the test driver
 //! keeps no driver binding, so a device on a host driver is unit-tested in `host::claims`):
 //! discovery, one device per claim in the domain XML, exhaustion and the inventory that
-//! withholds the slot, release on Delete and on a failed Create, a restarted provider that
-//! reads the claims back from the definitions, a device a foreign domain holds, and the
-//! `devices_<class>` capacity series.
+//! withholds the slot (and leaves out a Failed slot), release on Delete and on a failed
+//! Create, a restarted provider that reads the claims back from the definitions, a device a
+//! foreign domain holds, and the `devices_<class>` capacity series.
 
 use bigfleet_libvirt_config::instance_types_from_json;
 use bigfleet_libvirt_config::naming::domain_name;
@@ -245,4 +245,29 @@ async fn a_create_that_fails_after_its_claim_gives_the_devices_back() {
         held(&rig, &rig.slots[1]).await.0,
         ["0000:17:00.2", "0000:3b:00.0"]
     );
+}
+
+/// A Failed slot is never created again, so the inventory gives its device to the next slot:
+/// with one A100 left, slot 1 is offered and slot 2 withheld until the provider says slot 1
+/// went Failed (`Hypervisor::failed`), or a restarted provider hands its Failed record over
+/// (`restored`); then slot 2 is offered and slot 1 no longer.
+#[tokio::test]
+async fn a_failed_slot_leaves_its_device_to_the_next_one() {
+    for restart in [false, true] {
+        let rig = rig_devices(Vec::new()).await;
+        let s = &rig.slots;
+        create(&rig.hv, &s[0]).await.unwrap();
+        let id = |i: usize| s[i].id.to_string();
+        let now = offered(&rig.hv.describe().await.unwrap());
+        assert!(now.contains(&id(1)) && !now.contains(&id(2)), "{now:?}");
+        let mut failed = s[1].clone();
+        failed.state = bigfleet_libvirt_domain::MachineState::Failed;
+        if restart {
+            rig.hv.restored(&[Arc::new(failed)]);
+        } else {
+            rig.hv.failed(&failed);
+        }
+        let now = offered(&rig.hv.describe().await.unwrap());
+        assert!(!now.contains(&id(1)) && now.contains(&id(2)), "{now:?}");
+    }
 }
