@@ -11,6 +11,7 @@ use virt::domain::{Domain, DomainState};
 use virt::sys;
 
 use bigfleet_libvirt_ports::HypervisorError;
+use bigfleet_libvirt_ports::claims::PlacedDevice;
 
 use crate::host::error::{context, is_missing_domain, maybe_done, one_line, refused, text};
 use crate::host::session::Session;
@@ -110,6 +111,22 @@ pub(crate) fn start(domain: &Domain, name: &str) -> Result<(), HypervisorError> 
         ))),
         _ => Ok(()),
     }
+}
+
+/// Adds to a start failure's message the passthrough devices the domain was given and where
+/// to check them: libvirt refuses to start a domain whose device the host cannot pass
+/// through (no IOMMU or VFIO, a device gone or back on a host driver) in words that need not
+/// name the device.
+pub(crate) fn name_devices(message: &mut String, devices: &[PlacedDevice]) {
+    if devices.is_empty() {
+        return;
+    }
+    let keys: Vec<String> = devices.iter().map(|d| d.key.to_string()).collect();
+    message.push_str(&format!(
+        "; the domain was given the passthrough device(s) {}: `bigfleet-libvirt doctor` with \
+         the provider's flags checks this host's IOMMU, vfio-pci bindings and devices",
+        keys.join(", ")
+    ));
 }
 
 /// Where a domain's QEMU log is on a host of the system libvirt daemon.
@@ -212,5 +229,37 @@ pub(crate) fn remove(domain: &Domain, name: &str) -> Result<(), HypervisorError>
         Ok(()) => Ok(()),
         Err(e) if is_missing_domain(&e) => Ok(()),
         Err(e) => Err(maybe_done(format!("undefine domain {name}: {}", text(&e)))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bigfleet_libvirt_ports::claims::{DeviceKey, PciAddress};
+
+    #[test]
+    fn a_start_failure_names_the_devices_the_domain_was_given() {
+        let gpu = |bus| PlacedDevice {
+            key: DeviceKey::Pci(PciAddress {
+                domain: 0,
+                bus,
+                slot: 0,
+                function: 0,
+            }),
+            vf: false,
+            vlan: None,
+        };
+        let mut message = "start domain d: host doesn't support passthrough".to_owned();
+        name_devices(&mut message, &[]);
+        assert_eq!(message, "start domain d: host doesn't support passthrough");
+        name_devices(&mut message, &[gpu(0xff), gpu(0x3b)]);
+        assert!(
+            message.ends_with(
+                "; the domain was given the passthrough device(s) 0000:ff:00.0, 0000:3b:00.0: \
+                 `bigfleet-libvirt doctor` with the provider's flags checks this host's IOMMU, \
+                 vfio-pci bindings and devices"
+            ),
+            "{message}"
+        );
     }
 }

@@ -476,6 +476,7 @@ impl steps::Substrate for OnHost<'_> {
             .ok_or_else(|| nothing_done(format!("domain {name} was not defined")))?;
         let watch = Stopwatch::start();
         if let Err(mut e) = domains::start(domain, name) {
+            domains::name_devices(&mut e.message, &self.spec.placed.devices);
             let (machine, timeline) = (&self.spec.tag.machine_id, &self.settings.metrics.timeline);
             console::explain(&mut e.message, self.session, domain, machine, timeline);
             return Err(e);
