@@ -48,12 +48,14 @@ launch_daemons() {
     launch_libvirtd
 }
 
+# SYSTEMD_DEVICE_VERIFY_SYSFS=0: libudev takes a device directory outside sysfs (the
+# phantom device below); every real device is on sysfs and read as before.
 launch_libvirtd() {
     if ! chroot_pid libvirtd >/dev/null; then
         rm -f "$R/run/libvirtd.pid"
         local listen=()
         listens_tls && listen=(--listen)
-        in_chroot libvirtd -d "${listen[@]}" -p /run/libvirtd.pid 9>&-
+        in_chroot env SYSTEMD_DEVICE_VERIFY_SYSFS=0 libvirtd -d "${listen[@]}" -p /run/libvirtd.pid 9>&-
     fi
 }
 
@@ -110,6 +112,51 @@ release_hugepages() {
     rm -f "$tier_dir/hugepages.before"
 }
 
+# A PCI device that is not there, for qemu_e2e::passthrough: zone $phantom_zone's libvirtd
+# lists an A100 (10de:20b0) at $phantom_address in IOMMU group $phantom_group, bound to no
+# driver, with no hardware behind it. The zone's /sys/bus/pci/devices becomes a tmpfs with
+# the host's entries (the same relative links into /sys/devices) plus a directory with the
+# attributes libvirt reads (uevent, vendor, device, class, config space, the group link).
+# The mount is the zone's own ($R/sys is a slave bind), so the host's sysfs is not changed.
+# Without an IOMMU (the machines this runs on) libvirt refuses any PCI passthrough before it
+# touches a device; with one, its attempt to bind the phantom to vfio-pci writes into the
+# phantom's own directory and asks the kernel to probe an address that does not exist.
+# It must be in place before the zone's libvirtd starts (libvirt enumerates devices once).
+phantom_zone=a
+phantom_address=0000:ff:00.0
+phantom_group=4077
+plant_phantom_device() {
+    local devices=$R/sys/bus/pci/devices group=$R/run/bigfleet-phantom/iommu_groups/$phantom_group
+    mountpoint -q "$devices" && return 0
+    local entries=() entry
+    for entry in /sys/bus/pci/devices/*; do
+        [[ -e $entry ]] && entries+=("$(basename "$entry")" "$(readlink "$entry")")
+    done
+    mount -t tmpfs -o mode=755,size=1m bigfleet-phantom-pci "$devices" \
+        || die "cannot mount a tmpfs on $devices (the phantom device)"
+    local i
+    for ((i = 0; i < ${#entries[@]}; i += 2)); do
+        ln -s "${entries[i + 1]}" "$devices/${entries[i]}"
+    done
+    local dir=$devices/$phantom_address
+    mkdir "$dir"
+    printf '0x10de\n' >"$dir/vendor"
+    printf '0x20b0\n' >"$dir/device"
+    printf '0x030200\n' >"$dir/class"
+    printf -- '-1\n' >"$dir/numa_node"
+    printf 'PCI_CLASS=30200\nPCI_ID=10DE:20B0\nPCI_SLOT_NAME=%s\n' "$phantom_address" >"$dir/uevent"
+    # Config space: vendor and device ids, class 03:02 (3D controller), header type 0, no
+    # capability list; the rest zero.
+    {
+        printf '\xde\x10\xb0\x20\x00\x00\x00\x00\xa1\x00\x02\x03\x00\x00\x00\x00'
+        head -c 240 /dev/zero
+    } >"$dir/config"
+    ln -s /sys/bus/pci "$dir/subsystem"
+    mkdir -p "$group/devices"
+    ln -sfn "/sys/bus/pci/devices/$phantom_address" "$group/devices/$phantom_address"
+    ln -s "/run/bigfleet-phantom/iommu_groups/$phantom_group" "$dir/iommu_group"
+}
+
 cmd_start() {
     local started=$SECONDS z
     prepared || die "not prepared; run: $0 prepare"
@@ -121,6 +168,7 @@ cmd_start() {
         mount_zone "$z"
         in_zone "$z" mount_chroot
         in_zone "$z" mount_hugetlbfs
+        [[ $z != "$phantom_zone" ]] || in_zone "$z" plant_phantom_device
         in_zone "$z" setup_remote_zone "$z"
         in_zone "$z" set_daemon_limits
         in_zone "$z" launch_daemons
@@ -250,6 +298,7 @@ cmd_env() {
     # The fault tests stop and start daemons through this script, in this tier.
     # The image zone: the real golden image, and whether its QEMU can use KVM.
     echo "export BIGFLEET_QEMU_REAL_IMAGE='$real_image'"
+    echo "export BIGFLEET_QEMU_PHANTOM_PCI='$phantom_address'"
     echo "export BIGFLEET_QEMU_KVM='$(cat "$(zone_dir "$image_zone")/kvm" 2>/dev/null || echo "no: the tier is not started")'"
     # The image zone's network namespace (the static address test pings its guest from it).
     echo "export BIGFLEET_QEMU_NETNS='$(netns_name)'"

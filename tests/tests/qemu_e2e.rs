@@ -517,6 +517,7 @@ async fn a_domain_that_will_not_start_says_why() {
 mod doctor;
 mod full_pool;
 mod image_source;
+mod passthrough;
 mod placement;
 mod silent;
 mod stopped;

@@ -20,7 +20,7 @@ fn flags(tier: &Tier, dir: &Path, domain_type: &str) -> Vec<String> {
 }
 
 /// Runs doctor as a table (printed) and as JSON (returned with the exit code).
-fn doctor(args: &[String]) -> (i32, Value) {
+pub(super) fn doctor(args: &[String]) -> (i32, Value) {
     let table = Command::new(binary())
         .arg("doctor")
         .args(args)
@@ -46,7 +46,7 @@ fn doctor(args: &[String]) -> (i32, Value) {
     (json.status.code().expect("an exit code"), report)
 }
 
-fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
+pub(super) fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
     report["checks"]
         .as_array()
         .unwrap()
