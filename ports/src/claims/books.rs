@@ -210,6 +210,15 @@ impl Claims {
         self.committed.insert(name.to_owned(), claim);
     }
 
+    /// Sets the committed domain `name`'s claim to what its Create committed: `claim`, or
+    /// nothing held alone (`None`), whatever a scan read for that name before.
+    pub fn keep_or_forget(&mut self, name: &str, claim: Option<&Claim>) {
+        match claim {
+            Some(claim) => self.keep(name, claim.clone()),
+            None => self.forget(name),
+        }
+    }
+
     /// Every claim, each name counted once (a pending claim replaces a scanned one).
     fn all(&self) -> impl Iterator<Item = &Claim> {
         let scanned = (self.committed.iter())

@@ -154,7 +154,9 @@ impl Ledger {
 
     /// Replaces the node info and the committed domains with what the scan of `ticket`
     /// read. Reservations in flight are kept, and so are domains committed after that scan
-    /// began (it may have missed them; the next scan reads them).
+    /// began, as their commit left them: the scan may have missed them, or read an older
+    /// definition of the same name (deleted and made again while it ran), which must not
+    /// replace what the new one holds. The next scan reads them.
     /// `pool` is `None` when the pool could not be read (its last reading is kept).
     pub fn refresh(
         &mut self,
@@ -170,12 +172,8 @@ impl Ledger {
         }
         self.recent.retain(|_, (at, _, _)| *at >= ticket);
         for (name, (_, shape, claim)) in &self.recent {
-            if !self.committed.contains_key(name) {
-                self.committed.insert(name.clone(), *shape);
-                if let Some(claim) = claim {
-                    self.claims.keep(name, claim.clone());
-                }
-            }
+            self.committed.insert(name.clone(), *shape);
+            self.claims.keep_or_forget(name, claim.as_ref());
         }
     }
 
@@ -192,8 +190,8 @@ impl Ledger {
     ) {
         self.claims.refresh(claims, free, running);
         for (name, (at, _, claim)) in &self.recent {
-            if let (true, Some(claim)) = (*at >= ticket, claim) {
-                self.claims.keep(name, claim.clone());
+            if *at >= ticket {
+                self.claims.keep_or_forget(name, claim.as_ref());
             }
         }
     }

@@ -1,5 +1,6 @@
 //! The books of dedicated CPUs, huge pages and devices: choices, exhaustion, release, pages
-//! in use elsewhere, a scan that began before a commit, and a property test that no CPU and
+//! in use elsewhere, a scan that began before a commit or before a Delete and a new Create
+//! of the same name, and a property test that no CPU and
 //! no device is ever held twice under any order of Creates, rollbacks, Deletes, removals and
 //! scans.
 
@@ -257,6 +258,69 @@ fn a_scan_that_began_before_a_commit_keeps_its_claim() {
         .unwrap();
     // The shared budget leaves the dedicated CPUs out: 8 − 4 − 1 reserved, times 4.
     assert_eq!(ledger.allocatable(&policy).unwrap().vcpu, 12);
+}
+
+/// A scan that began before a Delete and a new Create of the same name, and is applied after
+/// them, read the old definition: what the new one holds stands. Found by the property test
+/// below (the old definition held no CPU alone, the scan put that back over the new one's
+/// CPU 4, and the next Create was given CPU 4 again).
+#[test]
+fn a_scan_older_than_a_recreate_does_not_replace_its_claim() {
+    let policy = CapacityPolicy {
+        dedicated_cpus: cpus("4-7"),
+        ..CapacityPolicy::default()
+    };
+    let node = Node {
+        cpus: 8,
+        memory_kib: 16 << 20,
+    };
+    let mut ledger = Ledger::default();
+    ledger.claims_mut().set_topology(topology(), &classes());
+    ledger
+        .claims_mut()
+        .refresh(BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new());
+    let one = Ask {
+        dedicated: 1,
+        ..gpus(0)
+    };
+    ledger
+        .reserve("m", Shape::default(), &gpus(0), &policy)
+        .unwrap();
+    ledger.commit("m");
+    let old = ledger.begin_scan();
+    let held = |cpus: CpuSet| Claim {
+        cpus,
+        pages: None,
+        devices: BTreeSet::new(),
+    };
+    let seen = BTreeMap::from([("m".to_owned(), held(CpuSet::default()))]);
+    ledger.forget("m");
+    let placed = ledger
+        .reserve("m", Shape::default(), &one, &policy)
+        .unwrap();
+    ledger.commit("m");
+    ledger
+        .claims_mut()
+        .refresh(seen, &BTreeMap::new(), &BTreeMap::new());
+    let shapes = BTreeMap::from([("m".to_owned(), Shape::default())]);
+    ledger.refresh(old, node, shapes, None);
+    let next = ledger
+        .reserve("n", Shape::default(), &one, &policy)
+        .unwrap();
+    assert_ne!(pinned(&next).0, pinned(&placed).0, "a CPU given twice");
+    // The same through refresh_claims (a Create before the first describe).
+    let old = ledger.begin_scan();
+    ledger.commit("n");
+    let seen = BTreeMap::from([
+        ("m".to_owned(), held(cpus(&pinned(&placed).0))),
+        ("n".to_owned(), held(CpuSet::default())),
+    ]);
+    ledger.refresh_claims(old, seen, (&BTreeMap::new(), &BTreeMap::new()));
+    let third = ledger
+        .reserve("o", Shape::default(), &one, &policy)
+        .unwrap();
+    let taken = [pinned(&placed).0, pinned(&next).0];
+    assert!(!taken.contains(&pinned(&third).0), "{taken:?} {third:?}");
 }
 
 /// One step a host's books can take.
