@@ -73,20 +73,27 @@ impl Scrape {
 
 /// Scrapes until `ok` holds (transition bookkeeping may land just after the state change).
 pub async fn scrape_until(addr: SocketAddr, what: &str, ok: impl Fn(&Scrape) -> bool) -> Scrape {
+    scrape_within(addr, what, Duration::from_secs(5), ok).await
+}
+
+/// Scrapes until `ok` holds, for at most `within` (a series a reconcile sets: it waits for
+/// the next describe of a real host).
+pub async fn scrape_within(
+    addr: SocketAddr,
+    what: &str,
+    within: Duration,
+    ok: impl Fn(&Scrape) -> bool,
+) -> Scrape {
     let start = Instant::now();
     loop {
         let page = scrape(addr).await;
         if ok(&page) {
-            super::timing::seen(
-                &format!("scrape until {what}"),
-                start.elapsed(),
-                Duration::from_secs(5),
-            );
+            super::timing::seen(&format!("scrape until {what}"), start.elapsed(), within);
             return page;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "{what} never held; last page:\n{}",
+            start.elapsed() < within,
+            "{what} never held within {within:?}; last page:\n{}",
             page.text
         );
         tokio::time::sleep(Duration::from_millis(50)).await;

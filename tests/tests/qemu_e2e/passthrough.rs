@@ -14,8 +14,12 @@ use bigfleet_libvirt_proto::v1alpha1 as pb;
 use pb::MachineState as S;
 
 use super::{BOOT, Libvirt, Tier};
-use crate::harness::scrape::{Scrape, scrape_until};
+use crate::harness::scrape::{Scrape, scrape_within};
 use crate::harness::*;
+
+/// How long a series set by describe may take: the next reconcile (every second here) of a
+/// real host, on a machine that may be busy.
+const DESCRIBED: Duration = Duration::from_secs(60);
 
 /// The `devices_a100` capacity series of zone `local`: (allocatable, committed).
 fn devices(scrape: &Scrape) -> (f64, f64) {
@@ -40,7 +44,7 @@ async fn offered(c: &mut Client, n: usize) -> Vec<pb::Machine> {
             return speculative;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(30),
+            start.elapsed() < DESCRIBED,
             "List offers {} GPU slots, not {n}: {speculative:?}",
             speculative.len()
         );
@@ -101,19 +105,10 @@ fn gpu_flags(tier: &Tier, dir: &std::path::Path) -> Vec<String> {
     args
 }
 
-#[tokio::test]
-#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
-async fn a_device_that_is_not_there_fails_the_start_and_is_given_back() {
-    let _wall = crate::qemu_image::WallTime::start("qemu_e2e::passthrough");
-    let tier = Tier::from_env();
-    let phantom = std::env::var("BIGFLEET_QEMU_PHANTOM_PCI")
-        .expect("BIGFLEET_QEMU_PHANTOM_PCI (eval \"$(scripts/qemu-tier/run.sh env)\")");
-    let dir = tempfile::tempdir().unwrap();
-    let args = gpu_flags(&tier, dir.path());
-
-    // doctor reads the device through the same node-device API, usable: in an IOMMU group,
-    // on no host driver; one machine's worth, not every slot's.
-    let (_, report) = super::doctor::doctor(&args);
+/// `doctor` reads the device through the same node-device API, usable: in an IOMMU group,
+/// on no host driver; one machine's worth, not every slot's.
+fn doctor_sees(args: &[String], phantom: &str) {
+    let (_, report) = super::doctor::doctor(args);
     let line = super::doctor::check(&report, "devices");
     let detail = line["detail"].as_str().unwrap_or_default();
     assert_eq!(line["status"], "warn", "{line}");
@@ -125,6 +120,19 @@ async fn a_device_that_is_not_there_fails_the_start_and_is_given_back() {
         detail.contains("one machine needs 1, every slot 3"),
         "{line}"
     );
+}
+
+#[tokio::test]
+#[ignore = "needs the real-QEMU tier: run scripts/qemu-tier/run.sh ci"]
+async fn a_device_that_is_not_there_fails_the_start_and_is_given_back() {
+    let _wall = crate::qemu_image::WallTime::start("qemu_e2e::passthrough");
+    let tier = Tier::from_env();
+    let phantom = std::env::var("BIGFLEET_QEMU_PHANTOM_PCI")
+        .expect("BIGFLEET_QEMU_PHANTOM_PCI (eval \"$(scripts/qemu-tier/run.sh env)\")");
+    let dir = tempfile::tempdir().unwrap();
+    let args = gpu_flags(&tier, dir.path());
+
+    doctor_sees(&args, &phantom);
 
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let server = Server::start(&args);
@@ -137,7 +145,13 @@ async fn a_device_that_is_not_there_fails_the_start_and_is_given_back() {
     let gpu = (first.allocatable.as_ref()).and_then(|a| a.resources.get("nvidia.com/gpu"));
     assert_eq!(gpu.map(String::as_str), Some("1"), "{first:?}");
     let free = |s: &Scrape| devices(s) == (1.0, 0.0);
-    scrape_until(metrics, "the phantom counted usable and free", free).await;
+    scrape_within(
+        metrics,
+        "the phantom counted usable and free",
+        DESCRIBED,
+        free,
+    )
+    .await;
 
     let virt = Libvirt::open(Tier::from_env());
     let domains = || -> Vec<String> {
@@ -162,7 +176,7 @@ async fn a_device_that_is_not_there_fails_the_start_and_is_given_back() {
         "the attempt was rolled back"
     );
     assert_eq!(domains(), domains_before, "the domain was undefined");
-    scrape_until(metrics, "the device given back", free).await;
+    scrape_within(metrics, "the device given back", DESCRIBED, free).await;
     let second = offered(&mut c, 1).await.remove(0);
     assert_ne!(second.id, first.id, "the failed machine stays Failed");
     create_fails_naming(&mut c, &second.id, &phantom).await;
@@ -173,7 +187,7 @@ async fn a_device_that_is_not_there_fails_the_start_and_is_given_back() {
     let server = Server::start(&args);
     let mut c = server.client().await;
     let metrics = server.metrics_addr.expect("a metrics address");
-    scrape_until(metrics, "no claim after a restart", free).await;
+    scrape_within(metrics, "no claim after a restart", DESCRIBED, free).await;
     for id in [&first.id, &second.id] {
         let kept = get(&mut c, id).await.expect("the failed machine is kept");
         assert_eq!(state(&kept), S::Failed, "{kept:?}");

@@ -10,6 +10,9 @@ use crate::tests::slots;
 
 const P: &str = "libvirt";
 
+/// No slot's record is Failed.
+const NONE_DEAD: BTreeSet<String> = BTreeSet::new();
+
 fn tagged(machine_id: &str, running: bool) -> ScannedDomain {
     ScannedDomain {
         running,
@@ -52,7 +55,7 @@ fn slots_map_to_idle_speculative_or_withheld() {
     });
     let views = BTreeMap::from([("a".to_owned(), view(&scan, free))]);
     let catalog = InstanceCatalog::builtin();
-    let machines = inventory(P, &slots, &catalog, &views, &BTreeSet::new());
+    let machines = inventory(P, &slots, &catalog, &views, &NONE_DEAD);
     let states: Vec<(String, MachineState, bool)> = machines
         .iter()
         .map(|m| (m.id.to_string(), m.state, m.host.is_some()))
@@ -82,13 +85,7 @@ fn capacity_withholds_slots_in_offering_order_and_unscanned_zones_vanish() {
         disk_bytes: u64::MAX,
     });
     let views = BTreeMap::from([("a".to_owned(), view(&scan, five_vcpus))]);
-    let machines = inventory(
-        P,
-        &all,
-        &InstanceCatalog::builtin(),
-        &views,
-        &BTreeSet::new(),
-    );
+    let machines = inventory(P, &all, &InstanceCatalog::builtin(), &views, &NONE_DEAD);
     let ids: Vec<&str> = machines.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, [all[0].id.as_str(), all[1].id.as_str()]);
 }
@@ -241,28 +238,13 @@ fn storage_withholds_slots_whose_disks_do_not_fit_and_roots_smaller_than_the_ima
         disk_bytes: 100 << 30,
     });
     let views = BTreeMap::from([("a".to_owned(), view(&scan, room))]);
-    let machines = inventory(
-        P,
-        &all,
-        &InstanceCatalog::builtin(),
-        &views,
-        &BTreeSet::new(),
-    );
+    let machines = inventory(P, &all, &InstanceCatalog::builtin(), &views, &NONE_DEAD);
     assert_eq!(machines.len(), 2);
     // A golden image larger than the type's 40 GiB root: no kvm.small can be made.
     let mut big_image = view(&scan, room);
     big_image.image_bytes = Some(41 << 30);
     let views = BTreeMap::from([("a".to_owned(), big_image)]);
-    assert!(
-        inventory(
-            P,
-            &all,
-            &InstanceCatalog::builtin(),
-            &views,
-            &BTreeSet::new()
-        )
-        .is_empty()
-    );
+    assert!(inventory(P, &all, &InstanceCatalog::builtin(), &views, &NONE_DEAD).is_empty());
 }
 
 #[test]
