@@ -210,8 +210,8 @@ fn without_placement_nothing_is_claimed_and_before_a_scan_nothing_is_granted() {
     assert_eq!(claims.held(), (0, BTreeMap::new()));
 }
 
-#[test]
-fn a_scan_that_began_before_a_commit_keeps_its_claim() {
+/// CPUs 4-7 dedicated on an 8-CPU node, and a ledger whose books a first, empty scan filled.
+fn scanned_ledger() -> (CapacityPolicy, Node, Ledger) {
     let policy = CapacityPolicy {
         dedicated_cpus: cpus("4-7"),
         ..CapacityPolicy::default()
@@ -225,6 +225,12 @@ fn a_scan_that_began_before_a_commit_keeps_its_claim() {
     ledger
         .claims_mut()
         .refresh(BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new());
+    (policy, node, ledger)
+}
+
+#[test]
+fn a_scan_that_began_before_a_commit_keeps_its_claim() {
+    let (policy, node, mut ledger) = scanned_ledger();
     let early = ledger.begin_scan();
     let ask = Ask {
         dedicated: 4,
@@ -266,19 +272,7 @@ fn a_scan_that_began_before_a_commit_keeps_its_claim() {
 /// CPU 4, and the next Create was given CPU 4 again).
 #[test]
 fn a_scan_older_than_a_recreate_does_not_replace_its_claim() {
-    let policy = CapacityPolicy {
-        dedicated_cpus: cpus("4-7"),
-        ..CapacityPolicy::default()
-    };
-    let node = Node {
-        cpus: 8,
-        memory_kib: 16 << 20,
-    };
-    let mut ledger = Ledger::default();
-    ledger.claims_mut().set_topology(topology(), &classes());
-    ledger
-        .claims_mut()
-        .refresh(BTreeMap::new(), &BTreeMap::new(), &BTreeMap::new());
+    let (policy, node, mut ledger) = scanned_ledger();
     let one = Ask {
         dedicated: 1,
         ..gpus(0)
