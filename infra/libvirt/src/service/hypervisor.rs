@@ -360,9 +360,11 @@ impl<C: Clock> Hypervisor for LibvirtHypervisor<C> {
             };
             views.insert(zone.clone(), view);
         }
-        let dead = inner.tracked.dead().clone();
         let (slots, catalog) = (&inner.config.slots, &inner.config.catalog);
-        let machines = describe::inventory(provider, slots, catalog, &views, &dead);
+        let machines = {
+            let dead = inner.tracked.dead();
+            describe::inventory(provider, slots, catalog, &views, &dead)
+        };
         let orphans = self.find_orphans(&scans);
         self.report_drift(&views, &orphans);
         {
